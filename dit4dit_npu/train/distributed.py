@@ -1,0 +1,107 @@
+"""Accelerator construction: accelerate + DeepSpeed (ZeRO-2 by default) on NPU, CUDA or CPU.
+
+The same code path runs everywhere; only the device layer's answers differ (hccl/nccl/gloo).
+Launch with `accelerate launch ... -m dit4dit_npu.train` or plainly with `python -m` (one process).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from pathlib import Path
+
+from dit4dit_npu import device
+from dit4dit_npu.config import Config, ConfigError
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def ensure_single_process_env() -> None:
+    """A bare `python -m dit4dit_npu.train` is a world of one.
+
+    DeepSpeed otherwise falls back to MPI discovery (ModuleNotFoundError: mpi4py); torchrun and
+    accelerate set these variables themselves, so we only fill what is missing.
+    """
+    if "LOCAL_RANK" in os.environ:
+        return
+    os.environ.update(
+        {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}
+    )
+    os.environ.setdefault("MASTER_PORT", str(_free_port()))
+
+
+def resolve_path(path: str) -> Path:
+    """Config paths are relative to the working directory, falling back to the repo root."""
+    p = Path(path)
+    if p.is_absolute() or p.exists():
+        return p
+    return REPO_ROOT / p
+
+
+def deepspeed_config(cfg: Config, world_size: int) -> dict:
+    """Load the DeepSpeed json and fill the batch fields that depend on this run."""
+    path = resolve_path(cfg.trainer.deepspeed_config or "")
+    if not path.is_file():
+        raise ConfigError(f"trainer.deepspeed_config: file not found: {path}")
+    try:
+        ds = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"trainer.deepspeed_config: {path} is not valid JSON ({e})") from None
+    micro = cfg.datasets.vla_data.per_device_batch_size
+    accum = cfg.trainer.gradient_accumulation_steps
+    # We never hand the DataLoader to accelerate (our sampler shards by rank itself), so "auto"
+    # batch sizes cannot be inferred: fill them here.
+    ds["train_micro_batch_size_per_gpu"] = micro
+    ds["gradient_accumulation_steps"] = accum
+    ds["train_batch_size"] = micro * accum * world_size
+    ds["gradient_clipping"] = cfg.trainer.gradient_clipping
+    # Parameters stay fp32 (DeepSpeed's bf16 mode would cast the fp32 action head to bf16);
+    # the video pass runs under bf16 autocast on the device type instead.
+    ds["bf16"] = {"enabled": False}
+    ds.pop("fp16", None)
+    return ds
+
+
+def _disable_cpu_shm_op() -> None:
+    # DeepSpeed JIT-compiles a shared-memory all-reduce op (g++, 26-77 s) at its first
+    # init_distributed on the CPU accelerator. Only inference_all_reduce uses it, never training.
+    # Marking it incompatible in DeepSpeed's own op table (a dict it keeps for exactly this
+    # purpose) makes TorchBackend use plain gloo collectives. CPU only.
+    import deepspeed.ops
+    from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder
+
+    deepspeed.ops.__compatible_ops__[ShareMemCommBuilder.NAME] = False
+
+
+def build_accelerator(cfg: Config):
+    from accelerate import Accelerator
+    from accelerate.utils import DeepSpeedPlugin, InitProcessGroupKwargs
+
+    ensure_single_process_env()
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    device.check_local_ranks(int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1"))))
+    os.environ.setdefault("DS_ACCELERATOR", device.deepspeed_accelerator_name())
+    kwargs: dict = {
+        "gradient_accumulation_steps": cfg.trainer.gradient_accumulation_steps,
+        # Autocast is applied inside the model on the device layer's type, so accelerate's own
+        # mixed precision stays off (it would also wrap the fp32 action head).
+        "mixed_precision": "no",
+        # An explicit backend makes accelerate read world size/rank from torch.distributed
+        # (without it accelerate 1.15 reports num_processes=1 on CPU under DeepSpeed).
+        "kwargs_handlers": [InitProcessGroupKwargs(backend=device.dist_backend())],
+    }
+    if cfg.trainer.deepspeed_config:
+        if device.device_type() == device.CPU:
+            _disable_cpu_shm_op()
+        ds = deepspeed_config(cfg, world_size)
+        kwargs["deepspeed_plugin"] = DeepSpeedPlugin(hf_ds_config=ds)
+    elif device.device_type() == device.CPU:
+        kwargs["cpu"] = True
+    return Accelerator(**kwargs)

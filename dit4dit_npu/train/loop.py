@@ -1,0 +1,262 @@
+"""The training loop: accelerate + DeepSpeed, exact resume, atomic checkpoints, policy export.
+
+One step (per micro-batch): prompt embeddings come from the cache built before the loop, the
+model computes `action_loss + λ·video_loss` (models/dit4dit.py), accelerate/DeepSpeed does the
+backward, clipping and the optimizer step, and we step the LR schedule. Host syncs (`.item()`)
+happen only on logging, eval and save steps.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+
+import torch
+from accelerate.utils import DistributedType
+
+from dit4dit_npu import device
+from dit4dit_npu.config import Config, ConfigError, save_config
+from dit4dit_npu.train import checkpoint as ckpt_io
+from dit4dit_npu.train.distributed import build_accelerator
+from dit4dit_npu.train.metrics import MetricsLogger, plot_losses
+from dit4dit_npu.train.optim import build_optimizer, build_scheduler, freeze_modules, group_lrs
+
+
+class TrainingError(RuntimeError):
+    """A training problem with a one-line, user-facing message."""
+
+
+def _prepare_run_dir(cfg: Config, is_main: bool) -> Path:
+    run_dir = cfg.run_dir
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        probe = run_dir / f".write-probe-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise ConfigError(f"run_root_dir/run_id: cannot write to {run_dir} ({e.strerror})") from None
+    if is_main:
+        save_config(cfg, run_dir / "config.yaml")
+    return run_dir
+
+
+def _to_device(batch: dict, dev: torch.device) -> dict:
+    return {k: (v.to(dev, non_blocking=True) if torch.is_tensor(v) else v) for k, v in batch.items()}
+
+
+def _unwrap(model):
+    return getattr(model, "module", model)
+
+
+def _build_prompt_cache(cfg: Config, accelerator, instructions: list[str], run_dir: Path):
+    """Rank 0 encodes every instruction once; the others load its file. The encoder is then freed."""
+    from dit4dit_npu.models import PromptCache, build_prompt_encoder
+
+    path = Path(cfg.framework.cosmos25.prompt_cache or run_dir / "prompt_cache.safetensors")
+    if accelerator.is_main_process:
+        cache = PromptCache.load(path) if path.is_file() else PromptCache()
+        missing = [t for t in dict.fromkeys(instructions) if t not in cache]
+        if missing:
+            encoder = build_prompt_encoder(cfg)
+            cache.build(missing, encoder)
+            del encoder  # the 7B text model never stays resident during training
+        cache.save(path)
+    accelerator.wait_for_everyone()
+    return PromptCache.load(path), path
+
+
+def _evaluate(model, data, cfg: Config, accelerator, step: int) -> dict[str, float]:
+    """Held-out action MSE (normalized units) in eval mode (the original used train mode, SPEC A6)."""
+    ds = data.val_dataset
+    if ds is None or len(ds) == 0 or cfg.trainer.eval_samples <= 0:
+        return {}
+    from dit4dit_npu.data import collate
+
+    n = min(cfg.trainer.eval_samples, len(ds))
+    # Evenly spaced held-out samples, sharded over ranks; the same set at every eval.
+    indices = [round(i * (len(ds) - 1) / max(n - 1, 1)) for i in range(n)][accelerator.process_index :: accelerator.num_processes]
+    inner = _unwrap(model)
+    was_training = inner.training
+    inner.eval()
+    sq, cnt = torch.zeros((), device=accelerator.device), torch.zeros((), device=accelerator.device)
+    bs = cfg.datasets.vla_data.per_device_batch_size
+    with torch.no_grad():
+        for i in range(0, len(indices), bs):
+            batch = _to_device(collate([ds[j] for j in indices[i : i + bs]]), accelerator.device)
+            pred = inner.predict_action(batch, seed=cfg.seed + step)
+            mask = batch["action_mask"].float()
+            sq += ((pred.float() - batch["action"].float()) ** 2 * mask).sum()
+            cnt += mask.sum()
+    inner.train(was_training)
+    sq, cnt = accelerator.reduce(sq, "sum"), accelerator.reduce(cnt, "sum")
+    return {"val/action_mse": float(sq / cnt.clamp(min=1))}
+
+
+def train(cfg: Config, config_path: str | None = None) -> Path:
+    device.apply_env_defaults()
+    accelerator = build_accelerator(cfg)
+    is_main = accelerator.is_main_process
+    run_dir = _prepare_run_dir(cfg, is_main)
+    resume_from = ckpt_io.find_resume(cfg)
+    if resume_from is not None:
+        ckpt_io.check_fingerprint(resume_from, cfg)
+    device.seed_everything(cfg.seed + accelerator.process_index)
+
+    from dit4dit_npu.data import build_training_data
+    from dit4dit_npu.models import build_dit4dit
+
+    data = build_training_data(
+        cfg, rank=accelerator.process_index, world_size=accelerator.num_processes, barrier=accelerator.wait_for_everyone
+    )
+    model = build_dit4dit(cfg)
+    cache, cache_path = _build_prompt_cache(cfg, accelerator, data.instructions, run_dir)
+    model.set_prompt_cache(cache)
+    freeze_modules(model, cfg.trainer.freeze_modules)
+    if cfg.trainer.enable_gradient_checkpointing:
+        model.enable_gradient_checkpointing()
+    optimizer = build_optimizer(model, cfg.trainer)
+    scheduler = build_scheduler(optimizer, cfg.trainer)
+    model, optimizer = accelerator.prepare(model, optimizer)
+
+    sampler = data.sampler
+    step = 0
+    if resume_from is not None:
+        accelerator.load_state(str(resume_from / "state"))
+        state = ckpt_io.read_trainer_state(resume_from)
+        step = state["step"]
+        scheduler.load_state_dict(state["scheduler"])
+        sampler.load_state_dict(state["sampler"])
+        accelerator.print(f"resumed from {resume_from} at step {step}")
+
+    from dit4dit_npu.data import collate
+
+    vla = cfg.datasets.vla_data
+    loader = torch.utils.data.DataLoader(
+        data.train_dataset,
+        batch_size=vla.per_device_batch_size,
+        sampler=sampler,
+        collate_fn=collate,
+        num_workers=vla.num_workers,
+        drop_last=True,
+        persistent_workers=False,
+        # A private generator: creating the iterator must not draw from the global RNG, or a
+        # resumed run's dropout/noise would shift by one draw (deepspeed_cpu.md, determinism).
+        generator=torch.Generator().manual_seed(cfg.seed),
+    )
+    logger = MetricsLogger(cfg, run_dir, enabled=is_main)
+    trainer_cfg = cfg.trainer
+    accum = trainer_cfg.gradient_accumulation_steps
+    global_batch = vla.per_device_batch_size * accum * accelerator.num_processes
+
+    progress = None
+    if is_main:
+        from tqdm.auto import tqdm
+
+        progress = tqdm(total=trainer_cfg.max_train_steps, initial=step, desc="train", dynamic_ncols=True)
+
+    model.train()
+    data_iter = iter(loader)
+    running = {k: torch.zeros((), device=accelerator.device) for k in ("action_loss", "video_loss", "total_loss")}
+    nonfinite = torch.zeros((), device=accelerator.device)
+    window_steps, data_time, window_start = 0, 0.0, time.perf_counter()
+    grad_norm = None
+    use_deepspeed = accelerator.distributed_type == DistributedType.DEEPSPEED
+
+    def next_batch():
+        nonlocal data_iter
+        try:
+            return next(data_iter)
+        except StopIteration:  # a new epoch: the sampler reshuffles deterministically
+            sampler.set_epoch(sampler.epoch + 1)
+            data_iter = iter(loader)
+            return next(data_iter)
+
+    try:
+        while step < trainer_cfg.max_train_steps:
+            for _ in range(accum):
+                t0 = time.perf_counter()
+                batch = _to_device(next_batch(), accelerator.device)
+                data_time += time.perf_counter() - t0
+                with accelerator.accumulate(model):
+                    out = model(batch)
+                    accelerator.backward(out["total_loss"])
+                    if accelerator.sync_gradients and not use_deepspeed:  # DeepSpeed clips itself
+                        grad_norm = accelerator.clip_grad_norm_(model.parameters(), trainer_cfg.gradient_clipping)
+                    optimizer.step()
+                    optimizer.zero_grad(set_to_none=True)
+                for k in running:
+                    running[k] += out[k].detach().float() / accum
+                nonfinite += (~torch.isfinite(out["total_loss"].detach())).float()
+            scheduler.step()
+            step += 1
+            window_steps += 1
+            if progress is not None:
+                progress.update(1)
+
+            log_now = step % trainer_cfg.logging_frequency == 0 or step == trainer_cfg.max_train_steps
+            save_now = step % trainer_cfg.save_interval == 0 or step == trainer_cfg.max_train_steps
+            eval_now = step % trainer_cfg.eval_interval == 0 or step == trainer_cfg.max_train_steps
+            if log_now or save_now:
+                if float(accelerator.reduce(nonfinite, "sum")) > 0:
+                    raise TrainingError(
+                        f"non-finite loss at or before step {step}; stopping without saving "
+                        "(last valid checkpoint is kept; try a lower learning rate)"
+                    )
+            if log_now:
+                if use_deepspeed:
+                    grad_norm = model.get_global_grad_norm()
+                elapsed = time.perf_counter() - window_start
+                values = {k: float(accelerator.reduce(v, "mean")) / window_steps for k, v in running.items()}
+                values.update(group_lrs(optimizer))
+                values.update(
+                    grad_norm=float("nan") if grad_norm is None else float(grad_norm),
+                    data_time=float(accelerator.reduce(torch.tensor(data_time / window_steps, device=accelerator.device), "mean")),
+                    step_time=elapsed / window_steps,
+                    samples_per_s=global_batch * window_steps / max(elapsed, 1e-9),
+                )
+                logger.log(step, values)
+                if progress is not None:
+                    progress.set_postfix(loss=f"{values['total_loss']:.4f}", refresh=False)
+                for v in running.values():
+                    v.zero_()
+                window_steps, data_time, window_start = 0, 0.0, time.perf_counter()
+            if eval_now:
+                metrics = _evaluate(model, data, cfg, accelerator, step)
+                if metrics:
+                    logger.log(step, metrics)
+            if save_now:
+                _save(cfg, accelerator, model, scheduler, sampler, data, cache, run_dir, step)
+    finally:
+        if progress is not None:
+            progress.close()
+        logger.close()
+
+    if is_main:
+        plot_losses(run_dir / "metrics.jsonl", run_dir / "loss.png")
+        latest = ckpt_io.list_checkpoints(run_dir)[-1][1]
+        accelerator.print(f"done: {step} steps; policy at {latest / 'policy'}")
+    accelerator.wait_for_everyone()
+    accelerator.end_training()
+    return run_dir
+
+
+def _save(cfg, accelerator, model, scheduler, sampler, data, cache, run_dir: Path, step: int) -> None:
+    from dit4dit_npu.policy import export_policy
+
+    tmp = ckpt_io.tmp_dir_for(run_dir, step)
+    if accelerator.is_main_process:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    accelerator.wait_for_everyone()
+    accelerator.save_state(str(tmp / "state"))  # collective: every rank writes its shards + RNG
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        export_policy(
+            tmp / "policy", _unwrap(model), cfg, data.normalizer, cache, data.split, data.dataset_paths, step
+        )
+        ckpt_io.write_trainer_state(tmp, cfg, step, scheduler, sampler.state_dict())
+        ckpt_io.commit(tmp, ckpt_io.final_dir_for(run_dir, step))
+        ckpt_io.prune(run_dir, cfg.trainer.keep_last_checkpoints)
+    accelerator.wait_for_everyone()

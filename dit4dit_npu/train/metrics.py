@@ -1,0 +1,90 @@
+"""Run logging: metrics.jsonl (always), optional tensorboard / wandb, and a loss plot at the end.
+
+Only rank 0 writes; values arrive already averaged across ranks.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from dit4dit_npu.config import Config, ConfigError
+
+
+class MetricsLogger:
+    def __init__(self, cfg: Config, run_dir: Path, enabled: bool):
+        self.enabled = enabled
+        self.path = run_dir / "metrics.jsonl"
+        self._tb = None
+        self._wandb = None
+        if not enabled:
+            return
+        if "tensorboard" in cfg.trackers:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:
+                raise ConfigError("trackers: tensorboard needs `pip install tensorboard`") from None
+            self._tb = SummaryWriter(str(run_dir / "tensorboard"))
+        if "wandb" in cfg.trackers:
+            try:
+                import wandb
+            except ImportError:
+                raise ConfigError("trackers: wandb needs `pip install wandb`") from None
+            import os
+
+            os.environ.setdefault("WANDB_MODE", "offline")  # offline unless the user opts in
+            self._wandb = wandb.init(
+                project=cfg.wandb_project, entity=cfg.wandb_entity, name=cfg.run_id, dir=str(run_dir)
+            )
+
+    def log(self, step: int, values: dict[str, float]) -> None:
+        if not self.enabled:
+            return
+        row = {"step": step, **{k: (None if not math.isfinite(v) else v) for k, v in values.items()}}
+        with self.path.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        if self._tb is not None:
+            for k, v in values.items():
+                self._tb.add_scalar(k, v, step)
+        if self._wandb is not None:
+            self._wandb.log(values, step=step)
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.close()
+        if self._wandb is not None:
+            self._wandb.finish()
+
+
+def read_metrics(path: Path) -> list[dict]:
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def plot_losses(metrics_path: Path, out_png: Path) -> None:
+    rows = [r for r in read_metrics(metrics_path) if "total_loss" in r]
+    if not rows:
+        return
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    steps = [r["step"] for r in rows]
+    for key in ("total_loss", "action_loss", "video_loss"):
+        ys = [r.get(key) for r in rows]
+        if any(y for y in ys):
+            ax.plot(steps, ys, label=key)
+    val = [(r["step"], r["val/action_mse"]) for r in read_metrics(metrics_path) if "val/action_mse" in r]
+    if val:
+        ax.plot(*zip(*val), "o-", label="val/action_mse")
+    ax.set_xlabel("step")
+    ax.set_yscale("log")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out_png, dpi=100)
+    plt.close(fig)

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Create/refresh the project virtualenv at .venv/ (idempotent: a second run only checks).
+# Order matters: torch first, then wheel, then DeepSpeed with --no-build-isolation (its sdist
+# imports torch at build time), then this package in editable mode with dev extras.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="$ROOT/.venv"
+PY="${PYTHON:-python3}"
+TORCH_SPEC="${TORCH_SPEC:-torch==2.14.1 torchvision==0.29.1}"
+STAMP="$VENV/.dit4dit-installed"
+want="$(cat "$ROOT/pyproject.toml" "$ROOT/scripts/setup_env.sh" | sha256sum | cut -c1-16)"
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && [ -x "$VENV/bin/python" ]; then
+  exit 0
+fi
+[ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
+PIP=("$VENV/bin/python" -m pip install --quiet --disable-pip-version-check)
+echo "[setup] installing torch ($TORCH_SPEC) into $VENV ..."
+# shellcheck disable=SC2086
+"${PIP[@]}" $TORCH_SPEC wheel setuptools
+echo "[setup] installing deepspeed (--no-build-isolation) ..."
+"${PIP[@]}" --no-build-isolation deepspeed
+echo "[setup] installing dit4dit-npu[dev] ..."
+"${PIP[@]}" --no-build-isolation -e "$ROOT[dev]"
+echo "$want" > "$STAMP"
+echo "[setup] done: $VENV"
