@@ -369,6 +369,8 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
                 errors.append(str(e))
         raise ConfigError(f"{key}: got {value!r}, expected {_type_name(tp)}")
     if origin is Literal:
+        if isinstance(value, bool) and ("yes" if value else "no") in args:
+            value = "yes" if value else "no"  # YAML 1.1 reads a bare no/yes as a bool
         if value not in args:
             raise ConfigError(f"{key}: got {value!r}, expected one of {list(args)}")
         return value

@@ -40,11 +40,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         print(dump_yaml(cfg), end="")
         return 0
-    from dit4dit_npu.train.loop import TrainingError, train  # heavy imports only when training
+    from dit4dit_npu.train.loop import train, user_errors  # heavy imports only when training
 
     try:
-        train(cfg, config_path=args.config)
-    except (ConfigError, TrainingError) as e:
+        train(cfg)
+    except user_errors() as e:  # bad input: one line, no traceback; anything else is a bug
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0

@@ -8,6 +8,7 @@ happen only on logging, eval and save steps.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import time
@@ -28,6 +29,14 @@ class TrainingError(RuntimeError):
     """A training problem with a one-line, user-facing message."""
 
 
+def user_errors() -> tuple[type[Exception], ...]:
+    """Errors that mean bad input (config, data, base model, launch), not a bug."""
+    from dit4dit_npu.data import DatasetError
+    from dit4dit_npu.models import ActionInputError, FrameInputError, PromptCacheError
+
+    return (ConfigError, TrainingError, device.DeviceError, DatasetError, ActionInputError, FrameInputError, PromptCacheError)
+
+
 def _prepare_run_dir(cfg: Config, is_main: bool) -> Path:
     run_dir = cfg.run_dir
     try:
@@ -37,9 +46,19 @@ def _prepare_run_dir(cfg: Config, is_main: bool) -> Path:
         probe.unlink()
     except OSError as e:
         raise ConfigError(f"run_root_dir/run_id: cannot write to {run_dir} ({e.strerror})") from None
-    if is_main:
-        save_config(cfg, run_dir / "config.yaml")
+    if cfg.trainer.resume is None and ckpt_io.list_checkpoints(run_dir):
+        raise ConfigError(
+            f"{run_dir} already has checkpoints: continue it with trainer.resume=auto, "
+            "or choose another run_id (nothing was overwritten)"
+        )
     return run_dir
+
+
+def _truncate_metrics(path: Path, step: int) -> None:
+    """On resume, drop rows the interrupted run logged after its last checkpoint."""
+    if path.is_file():
+        rows = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= step]
+        path.write_text("".join(r + "\n" for r in rows))
 
 
 def _to_device(batch: dict, dev: torch.device) -> dict:
@@ -70,8 +89,8 @@ def _build_prompt_cache(cfg: Config, accelerator, instructions: list[str], run_d
 def _evaluate(model, data, cfg: Config, accelerator, step: int) -> dict[str, float]:
     """Held-out action MSE (normalized units) in eval mode (the original used train mode, SPEC A6)."""
     ds = data.val_dataset
-    if ds is None or len(ds) == 0 or cfg.trainer.eval_samples <= 0:
-        return {}
+    if ds is None or len(ds) == 0 or cfg.trainer.eval_samples <= 0 or _unwrap(model).action_model is None:
+        return {}  # video-only training has no action head to score
     from dit4dit_npu.data import collate
 
     n = min(cfg.trainer.eval_samples, len(ds))
@@ -94,14 +113,25 @@ def _evaluate(model, data, cfg: Config, accelerator, step: int) -> dict[str, flo
     return {"val/action_mse": float(sq / cnt.clamp(min=1))}
 
 
-def train(cfg: Config, config_path: str | None = None) -> Path:
+def train(cfg: Config) -> Path:
+    """Run (or resume) training; returns the run folder."""
     device.apply_env_defaults()
     accelerator = build_accelerator(cfg)
+    try:
+        return _train(cfg, accelerator)
+    finally:
+        # Also on errors: tear the process group down so gloo threads do not abort at exit.
+        accelerator.end_training()
+
+
+def _train(cfg: Config, accelerator) -> Path:
     is_main = accelerator.is_main_process
     run_dir = _prepare_run_dir(cfg, is_main)
     resume_from = ckpt_io.find_resume(cfg)
     if resume_from is not None:
         ckpt_io.check_fingerprint(resume_from, cfg)
+    if is_main:  # only once the run is known to be valid: a refused run overwrites nothing
+        save_config(cfg, run_dir / "config.yaml")
     device.seed_everything(cfg.seed + accelerator.process_index)
 
     from dit4dit_npu.data import build_training_data
@@ -111,11 +141,10 @@ def train(cfg: Config, config_path: str | None = None) -> Path:
         cfg, rank=accelerator.process_index, world_size=accelerator.num_processes, barrier=accelerator.wait_for_everyone
     )
     model = build_dit4dit(cfg)
-    cache, cache_path = _build_prompt_cache(cfg, accelerator, data.instructions, run_dir)
+    instructions = [task for ds in data.datasets for task in ds.meta.tasks.values()]
+    cache, _ = _build_prompt_cache(cfg, accelerator, instructions, run_dir)
     model.set_prompt_cache(cache)
     freeze_modules(model, cfg.trainer.freeze_modules)
-    if cfg.trainer.enable_gradient_checkpointing:
-        model.enable_gradient_checkpointing()
     optimizer = build_optimizer(model, cfg.trainer)
     scheduler = build_scheduler(optimizer, cfg.trainer)
     model, optimizer = accelerator.prepare(model, optimizer)
@@ -128,6 +157,8 @@ def train(cfg: Config, config_path: str | None = None) -> Path:
         step = state["step"]
         scheduler.load_state_dict(state["scheduler"])
         sampler.load_state_dict(state["sampler"])
+        if is_main:
+            _truncate_metrics(run_dir / "metrics.jsonl", step)
         accelerator.print(f"resumed from {resume_from} at step {step}")
 
     from dit4dit_npu.data import collate
@@ -164,14 +195,19 @@ def train(cfg: Config, config_path: str | None = None) -> Path:
     grad_norm = None
     use_deepspeed = accelerator.distributed_type == DistributedType.DEEPSPEED
 
+    # Samples this rank has trained on since the current iterator began: the data cursor saved
+    # in checkpoints (a prefetching loader has already drawn more indices than that).
+    consumed = 0
+
     def next_batch():
-        nonlocal data_iter
+        nonlocal data_iter, consumed
         try:
-            return next(data_iter)
-        except StopIteration:  # a new epoch: the sampler reshuffles deterministically
-            sampler.set_epoch(sampler.epoch + 1)
-            data_iter = iter(loader)
-            return next(data_iter)
+            batch = next(data_iter)
+        except StopIteration:  # the sampler has moved to the next epoch by itself
+            data_iter, consumed = iter(loader), 0
+            batch = next(data_iter)
+        consumed += vla.per_device_batch_size
+        return batch
 
     try:
         while step < trainer_cfg.max_train_steps:
@@ -227,7 +263,7 @@ def train(cfg: Config, config_path: str | None = None) -> Path:
                 if metrics:
                     logger.log(step, metrics)
             if save_now:
-                _save(cfg, accelerator, model, scheduler, sampler, data, cache, run_dir, step)
+                _save(cfg, accelerator, model, scheduler, sampler.state_dict(consumed), data, cache, run_dir, step)
     finally:
         if progress is not None:
             progress.close()
@@ -238,12 +274,11 @@ def train(cfg: Config, config_path: str | None = None) -> Path:
         latest = ckpt_io.list_checkpoints(run_dir)[-1][1]
         accelerator.print(f"done: {step} steps; policy at {latest / 'policy'}")
     accelerator.wait_for_everyone()
-    accelerator.end_training()
     return run_dir
 
 
-def _save(cfg, accelerator, model, scheduler, sampler, data, cache, run_dir: Path, step: int) -> None:
-    from dit4dit_npu.policy import export_policy
+def _save(cfg, accelerator, model, scheduler, sampler_state: dict, data, cache, run_dir: Path, step: int) -> None:
+    from dit4dit_npu import policy_folder
 
     tmp = ckpt_io.tmp_dir_for(run_dir, step)
     if accelerator.is_main_process:
@@ -253,10 +288,10 @@ def _save(cfg, accelerator, model, scheduler, sampler, data, cache, run_dir: Pat
     accelerator.save_state(str(tmp / "state"))  # collective: every rank writes its shards + RNG
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
-        export_policy(
+        policy_folder.export_policy(
             tmp / "policy", _unwrap(model), cfg, data.normalizer, cache, data.split, data.dataset_paths, step
         )
-        ckpt_io.write_trainer_state(tmp, cfg, step, scheduler, sampler.state_dict())
+        ckpt_io.write_trainer_state(tmp, cfg, step, scheduler, sampler_state)
         ckpt_io.commit(tmp, ckpt_io.final_dir_for(run_dir, step))
         ckpt_io.prune(run_dir, cfg.trainer.keep_last_checkpoints)
     accelerator.wait_for_everyone()
