@@ -1,0 +1,160 @@
+"""``build_training_data(cfg)``: config -> validated datasets, split, normalizer, sampler.
+
+Order matters: resolve paths (generating the demo dataset when asked and absent, rank 0 only),
+open every dataset and validate it against the config (cameras, state/action dims, the clip
+offsets on each video's frame grid) before anything expensive, split episodes, compute
+normalization statistics from the *training* episodes only, then build the datasets and the
+sampler. Nothing is written anywhere except the generated demo dataset.
+"""
+
+from __future__ import annotations
+
+import time
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dit4dit_npu.config import Config, VLADataConfig
+from dit4dit_npu.data.errors import DatasetError
+from dit4dit_npu.data.lerobot import LeRobotDataset
+from dit4dit_npu.data.mixture import MixtureSampler, split_episodes
+from dit4dit_npu.data.normalize import Normalizer, compute_stats
+from dit4dit_npu.data.robotwin import RoboTwinDataset, check_cameras, feature_dim
+
+
+@dataclass
+class TrainingData:
+    train_dataset: RoboTwinDataset
+    val_dataset: RoboTwinDataset | None
+    sampler: MixtureSampler
+    normalizer: Normalizer
+    # resolved dataset path -> {"train": [episode indices], "val": [...]}
+    split: dict[str, dict[str, list[int]]]
+    dataset_paths: list[Path]
+    datasets: list[LeRobotDataset] = field(default_factory=list)
+
+
+def resolve_dataset_paths(d: VLADataConfig) -> list[Path]:
+    if not d.data_mix:
+        raise DatasetError("datasets.vla_data.data_mix is empty: list at least one {path, weight}")
+    root = Path(d.data_root_dir)
+    return [Path(e.path) if Path(e.path).is_absolute() else root / e.path for e in d.data_mix]
+
+
+def _demo_size(d: VLADataConfig) -> tuple[int, int]:
+    """Generate demo frames at the training size when it is small and even (no resize at all)."""
+    h, w = d.image_size
+    return (h, w) if h % 2 == 0 and w % 2 == 0 and 16 <= min(h, w) and max(h, w) <= 256 else (32, 32)
+
+
+def ensure_demo_data(
+    paths: list[Path], d: VLADataConfig, rank: int, world_size: int, barrier: Callable[[], None] | None
+) -> None:
+    """Write the demo dataset at every missing path (rank 0); other ranks wait for it."""
+    missing = [p for p in paths if not p.exists()]
+    if not missing:
+        if barrier is not None and world_size > 1:
+            barrier()  # every rank calls the barrier the same number of times
+        return
+    if rank == 0:
+        from dit4dit_npu.data.demo import write_demo_dataset
+
+        for p in missing:
+            write_demo_dataset(p, image_size=_demo_size(d))
+    if barrier is not None and world_size > 1:
+        barrier()
+    elif rank != 0:  # no barrier: the writer renames a finished folder into place, so poll for it
+        deadline = time.monotonic() + 600
+        while not all(p.exists() for p in missing):
+            if time.monotonic() > deadline:
+                raise DatasetError(f"timed out waiting for rank 0 to generate demo data at {missing}")
+            time.sleep(0.5)
+
+
+def validate_dataset(ds: LeRobotDataset, cfg: Config) -> None:
+    """Cameras, dims and clip-offset grid of one dataset against the config (clear errors)."""
+    d, a = cfg.datasets.vla_data, cfg.framework.action_model
+    check_cameras(ds, d.camera_keys)
+    for key, what, want, limit, name in (
+        (d.state_key, "state", a.state_dim, d.max_state_dim, "state_dim"),
+        (d.action_key, "action", a.action_dim, d.max_action_dim, "action_dim"),
+    ):
+        have = feature_dim(ds, key, what)
+        if have != want:
+            raise DatasetError(
+                f"{ds.root}: {what} {key!r} has {have} dims but framework.action_model.{name} is {want}"
+            )
+        if have > limit:
+            raise DatasetError(
+                f"{ds.root}: {what} {key!r} has {have} dims > datasets.vla_data.max_{name} {limit}"
+            )
+    # Clip offsets are frames of the dataset's fps; each camera's video must have those times on
+    # its own frame grid (a video at another rate would silently return the wrong frame).
+    for key in d.camera_keys:
+        feat = ds.meta.features[key]
+        vfps = float((feat.get("info") or feat.get("video_info") or {}).get("video.fps", ds.fps))
+        for off in d.video_delta_indices:
+            t = off / ds.fps
+            if abs(t * vfps - round(t * vfps)) / vfps > ds.tolerance_s:
+                raise DatasetError(
+                    f"{ds.root}: clip offset {off} frames = {t:.6f} s is off the {vfps:g} fps grid of {key!r}"
+                )
+
+
+def _split_seed(seed: int, name: str) -> int:
+    # Stable across machines (the config path, not the resolved one) and different per dataset.
+    return (seed * 1_000_003 + zlib.crc32(name.encode())) % (2**32)
+
+
+def build_training_data(
+    cfg: Config, rank: int = 0, world_size: int = 1, barrier: Callable[[], None] | None = None
+) -> TrainingData:
+    d = cfg.datasets.vla_data
+    paths = resolve_dataset_paths(d)
+    if d.generate_demo_if_missing:
+        ensure_demo_data(paths, d, rank, world_size, barrier)
+    for p in paths:
+        if not p.exists():
+            raise DatasetError(
+                f"dataset folder not found: {p} (data_root_dir={d.data_root_dir!r}; set "
+                "datasets.vla_data.generate_demo_if_missing=true to generate the demo dataset there)"
+            )
+    datasets = [LeRobotDataset(p, image_size=tuple(d.image_size)) for p in paths]
+    for ds in datasets:
+        validate_dataset(ds, cfg)
+
+    known = {e.path for e in d.data_mix} | {str(p) for p in paths}
+    unknown = sorted(set(d.val_episodes or {}) - known)
+    if unknown:
+        raise DatasetError(
+            f"datasets.vla_data.val_episodes names {unknown}, which are not in data_mix "
+            f"({[e.path for e in d.data_mix]})"
+        )
+    split: dict[str, dict[str, list[int]]] = {}
+    train_eps, val_eps = [], []
+    for entry, p, ds in zip(d.data_mix, paths, datasets):
+        explicit = (d.val_episodes or {}).get(entry.path, (d.val_episodes or {}).get(str(p)))
+        val_spec = explicit if explicit is not None else d.val_fraction
+        try:
+            train, val = split_episodes(ds.selected_episodes, val_spec, _split_seed(cfg.seed, entry.path))
+        except DatasetError as e:
+            raise DatasetError(f"{p}: {e}") from None
+        split[str(p)] = {"train": train, "val": val}
+        train_eps.append(train)
+        val_eps.append(val)
+
+    stats = compute_stats(datasets, [d.state_key, d.action_key], train_eps)
+    normalizer = Normalizer(stats[d.action_key], stats[d.state_key], d.action_norm, d.state_norm)
+    chunk = cfg.framework.action_model.chunk_length
+    train_ds = RoboTwinDataset(datasets, d, chunk, normalizer, train_eps)
+    val_ds = RoboTwinDataset(datasets, d, chunk, normalizer, val_eps) if any(val_eps) else None
+    sampler = MixtureSampler(
+        train_ds.dataset_sizes,
+        [e.weight for e in d.data_mix],
+        seed=cfg.seed,
+        rank=rank,
+        world_size=world_size,
+        batch_size=d.per_device_batch_size,
+    )
+    return TrainingData(train_ds, val_ds, sampler, normalizer, split, paths, datasets)

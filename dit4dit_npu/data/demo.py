@@ -1,0 +1,283 @@
+"""A small, learnable, RoboTwin-shaped LeRobot dataset (v2.1 or v3.0) with real mp4s (h264).
+
+    python -m dit4dit_npu.data.demo --out DIR [--version v2.1|v3.0] [--episodes 16] [--length 48]
+
+Why it is learnable: each task has two 14-d joint goals (reach, then carry with the grippers
+closed); the expert's absolute joint action moves a capped fraction of the way from the current
+state to the current goal, and the state follows the action (the phase is visible in the state's
+grippers). So (instruction or goal marker in the frames, state) -> action
+chunk is a deterministic-plus-small-noise function, and predicting the approach beats the
+hold-position baseline. The frames are *caused* by the state: each arm is a blob whose position
+is a function of its joints, gripper opening sets blob size, the task's goal is drawn as a
+marker, and the wrist views show the arm-to-goal offset.
+
+Why it is testable: the bottom quarter of every frame encodes the dataset-global frame ``index``
+as 16 black/white blocks (``read_frame_code``), so a decoder returning a neighbouring frame is
+detected; parquet values are ``demo_episode(...)`` of (seed, episode), recomputable by tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+from dit4dit_npu.data.writer import DatasetSpec, Episode, write_lerobot_dataset
+
+ARM_JOINTS = ("waist", "shoulder", "elbow", "forearm_roll", "wrist_angle", "wrist_rotate")
+MOTORS = (
+    [f"left_{j}" for j in ARM_JOINTS]
+    + ["left_gripper"]
+    + [f"right_{j}" for j in ARM_JOINTS]
+    + ["right_gripper"]
+)
+CAMERAS = ("cam_high", "cam_left_wrist", "cam_right_wrist")
+TASKS = (
+    "lift the red block with the left arm",
+    "push the blue box to the right with the right arm",
+    "hand the bottle over from the left arm to the right arm",
+    "stack the green cube on the yellow cube",
+    "open the drawer with both arms",
+    "place the cup on the coaster",
+)
+# Which grippers (left, right) each task closes.
+TASK_GRIPPERS = ((1, 0), (0, 1), (1, 1), (0, 1), (1, 1), (1, 0))
+TASK_COLORS = ((200, 40, 40), (40, 80, 220), (40, 180, 60), (210, 190, 30), (170, 60, 200), (30, 190, 190))
+L_JOINTS, R_JOINTS, L_GRIP, R_GRIP = slice(0, 6), slice(7, 13), 6, 13
+CODE_BITS = 16
+
+
+DemoEpisode = Episode  # (states (T, 14), actions (T, 14), task_index)
+
+
+def task_goal(task_index: int, seed: int = 0, phase: int = 0) -> np.ndarray:
+    """The 14-d joint goal of a task phase: joints in [-0.8, 0.8] rad, grippers 1 (closed) or 0.
+
+    Phase 0 reaches for the object (grippers open), phase 1 carries it to a second pose with the
+    task's grippers closed, so the arms keep moving for most of an episode.
+    """
+    rng = np.random.default_rng([seed, 1000 + task_index, phase])
+    goal = np.zeros(14)
+    goal[L_JOINTS] = rng.uniform(-0.8, 0.8, 6)
+    goal[R_JOINTS] = rng.uniform(-0.8, 0.8, 6)
+    goal[L_GRIP], goal[R_GRIP] = TASK_GRIPPERS[task_index % len(TASK_GRIPPERS)]
+    return goal
+
+
+# The expert's joint speed: a fraction of the remaining distance, capped per step (rad), so
+# motion is sustained rather than front-loaded and a 0.5 s chunk ahead differs from "hold".
+GAIN, MAX_STEP = 0.25, 0.045
+
+
+def demo_phase(state: np.ndarray, task_index: int) -> int:
+    """Phase 1 once the task's grippers have closed (visible in the state): the expert's switch."""
+    grips = TASK_GRIPPERS[task_index % len(TASK_GRIPPERS)]
+    closed = [state[g] > 0.5 for g, want in zip((L_GRIP, R_GRIP), grips) if want]
+    return int(bool(closed) and all(closed))
+
+
+def demo_episode(episode_index: int, length: int, num_tasks: int, seed: int = 0) -> DemoEpisode:
+    """The expert trajectory of one episode (the parquet values are exactly these)."""
+    task = episode_index % num_tasks
+    goals = [task_goal(task, seed, 0), task_goal(task, seed, 1)]
+    rng = np.random.default_rng([seed, episode_index])
+    s = np.zeros(14)
+    s[L_JOINTS] = rng.normal(0.0, 0.3, 6)
+    s[R_JOINTS] = rng.normal(0.0, 0.3, 6)
+    states, actions = np.zeros((length, 14)), np.zeros((length, 14))
+    joints = np.r_[np.arange(0, 6), np.arange(7, 13)]
+    for t in range(length):
+        phase = demo_phase(s, task)
+        goal = goals[phase]
+        a = s.copy()
+        step = np.clip(GAIN * (goal[joints] - s[joints]), -MAX_STEP, MAX_STEP)
+        a[joints] = s[joints] + step + rng.normal(0.0, 0.003, 12)
+        near = np.abs(goal[joints] - s[joints]).mean() < 0.1
+        # Grippers close on reaching the phase-0 goal and stay closed while carrying.
+        a[L_GRIP] = goal[L_GRIP] if (near or phase == 1) else 0.0
+        a[R_GRIP] = goal[R_GRIP] if (near or phase == 1) else 0.0
+        states[t], actions[t] = s, a
+        s = a.copy()  # position control: joints reach the commanded position
+        s[[L_GRIP, R_GRIP]] = states[t][[L_GRIP, R_GRIP]] + 0.5 * (
+            a[[L_GRIP, R_GRIP]] - states[t][[L_GRIP, R_GRIP]]
+        )
+    return Episode(states.astype(np.float32), actions.astype(np.float32), task)
+
+
+# -- rendering ------------------------------------------------------------------------------
+
+
+def _arm_xy(joints: np.ndarray) -> tuple[float, float]:
+    """Where an arm appears (fractions of the scene): a fixed smooth function of its 6 joints."""
+    x = 0.5 + 0.4 * np.tanh(joints[0] + 0.5 * joints[1] - 0.3 * joints[2])
+    y = 0.5 + 0.4 * np.tanh(joints[3] - 0.5 * joints[4] + 0.3 * joints[5])
+    return float(x), float(y)
+
+
+def _disk(img: np.ndarray, cx: float, cy: float, r: float, color: tuple[int, int, int]) -> None:
+    h, w = img.shape[:2]
+    yy, xx = np.mgrid[0:h, 0:w]
+    img[(xx - cx * w) ** 2 + (yy - cy * h) ** 2 <= (r * min(h, w)) ** 2] = color
+
+
+def _write_code(img: np.ndarray, code: int) -> None:
+    """Bottom quarter: two rows of 8 blocks, bit b of ``code`` white (255) or black (0)."""
+    h, w = img.shape[:2]
+    top = h - h // 4
+    for b in range(CODE_BITS):
+        r0 = top + (b // 8) * (h // 8)
+        c0 = (b % 8) * (w // 8)
+        img[r0 : r0 + h // 8, c0 : c0 + w // 8] = 255 if (code >> b) & 1 else 0
+
+
+def read_frame_code(image: np.ndarray) -> int:
+    """Inverse of the code band: the frame ``index`` drawn into a (possibly resized) HWC frame."""
+    img = np.asarray(image, dtype=np.float32)
+    if img.ndim == 3 and img.shape[0] == 3 and img.shape[2] != 3:  # CHW
+        img = img.transpose(1, 2, 0)
+    if img.max() <= 1.0:
+        img = img * 255.0
+    gray = img.mean(-1)
+    h, w = gray.shape
+    code = 0
+    for b in range(CODE_BITS):
+        cy = (0.75 + (b // 8 + 0.5) / 8) * h
+        cx = ((b % 8) + 0.5) / 8 * w
+        ry, rx = max(1, int(h / 32)), max(1, int(w / 32))
+        block = gray[int(cy) - ry + 1 : int(cy) + ry, int(cx) - rx + 1 : int(cx) + rx]
+        code |= int(block.mean() > 127.5) << b
+    return code
+
+
+def render(
+    camera: str, state: np.ndarray, goal: np.ndarray, task: int, code: int, size_hw: tuple[int, int]
+) -> np.ndarray:
+    h, w = size_hw
+    img = np.zeros((h, w, 3), np.uint8)
+    scene = img[: h - h // 4]
+    tint = np.array(TASK_COLORS[task % len(TASK_COLORS)], np.float32)
+    scene[:] = (0.25 * tint + 20).astype(np.uint8)
+    lx, ly = _arm_xy(state[L_JOINTS])
+    rx, ry = _arm_xy(state[R_JOINTS])
+    if camera == "cam_high":
+        gl, gr = _arm_xy(goal[L_JOINTS]), _arm_xy(goal[R_JOINTS])
+        _disk(scene, *gl, 0.07, tuple(int(c) for c in tint))
+        _disk(scene, *gr, 0.07, tuple(int(c) for c in tint))
+        _disk(scene, lx, ly, 0.10 + 0.06 * state[L_GRIP], (255, 110, 110))
+        _disk(scene, rx, ry, 0.10 + 0.06 * state[R_GRIP], (110, 110, 255))
+    else:
+        left = camera == "cam_left_wrist"
+        joints, grip = (L_JOINTS, L_GRIP) if left else (R_JOINTS, R_GRIP)
+        ax, ay = (lx, ly) if left else (rx, ry)
+        gx, gy = _arm_xy(goal[joints])
+        # The goal seen from the wrist: offset from the view centre, magnified.
+        _disk(scene, 0.5 + 1.5 * (gx - ax), 0.5 + 1.5 * (gy - ay), 0.12, tuple(int(c) for c in tint))
+        bar = int(round(float(state[grip]) * (scene.shape[0] - 2)))
+        scene[scene.shape[0] - bar :, : max(2, w // 8)] = 230
+    _write_code(img, code)
+    return img
+
+
+# -- writing --------------------------------------------------------------------------------
+
+
+def _modality() -> dict:
+    """starVLA/GR00T's modality.json for RoboTwin (written so those loaders accept the demo too)."""
+    parts = {
+        "left_joints": (0, 6),
+        "left_gripper": (6, 7),
+        "right_joints": (7, 13),
+        "right_gripper": (13, 14),
+    }
+    return {
+        "state": {k: {"start": s, "end": e} for k, (s, e) in parts.items()},
+        "action": {k: {"start": s, "end": e} for k, (s, e) in parts.items()},
+        "video": {c: {"original_key": f"observation.images.{c}"} for c in CAMERAS},
+        "annotation": {"human.action.task_description": {"original_key": "task_index"}},
+    }
+
+
+def write_demo_dataset(
+    out: str | Path,
+    version: str = "v2.1",
+    num_episodes: int = 16,
+    episode_length: int = 48,
+    fps: int = 15,
+    image_size: tuple[int, int] = (32, 32),
+    seed: int = 0,
+    num_tasks: int = 4,
+    gop: int = 8,
+    codec: str = "libx264",
+) -> Path:
+    """Write the demo dataset to ``out`` atomically (temp folder + rename); returns ``out``."""
+    out = Path(out)
+    if version not in ("v2.1", "v3.0"):
+        raise ValueError(f"version must be 'v2.1' or 'v3.0', got {version!r}")
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise FileExistsError(f"refusing to write the demo dataset into non-empty {out}")
+    if image_size[0] % 2 or image_size[1] % 2 or min(image_size) < 16:
+        raise ValueError(f"image_size must be even and >= 16, got {image_size}")
+    if not 1 <= num_tasks <= len(TASKS):
+        raise ValueError(f"num_tasks must be in 1..{len(TASKS)}")
+    size_hw = (int(image_size[0]), int(image_size[1]))
+    episodes = [demo_episode(e, episode_length, num_tasks, seed) for e in range(num_episodes)]
+    frames: dict[str, list[np.ndarray]] = {f"observation.images.{c}": [] for c in CAMERAS}
+    for e, ep in enumerate(episodes):
+        goals = [task_goal(ep.task_index, seed, phase) for phase in (0, 1)]
+        first = e * episode_length  # the dataset-global `index` of the episode's first frame
+        for c in CAMERAS:
+            images = [
+                render(c, s, goals[demo_phase(s, ep.task_index)], ep.task_index, first + t, size_hw)
+                for t, s in enumerate(ep.states)
+            ]
+            frames[f"observation.images.{c}"].append(np.stack(images))
+    spec = DatasetSpec(
+        fps=fps,
+        tasks=TASKS[:num_tasks],
+        video_keys=list(frames),
+        motors=MOTORS,
+        codec=codec,
+        gop=gop,
+        extra_meta={"modality.json": _modality()},
+    )
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        write_lerobot_dataset(tmp, version, spec, episodes, frames)
+        if out.exists():
+            out.rmdir()
+        os.replace(tmp, out)  # readers (other ranks) never see a half-written dataset
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", required=True, type=Path)
+    p.add_argument("--version", default="v2.1", choices=["v2.1", "v3.0"])
+    p.add_argument("--episodes", type=int, default=16)
+    p.add_argument("--length", type=int, default=48)
+    p.add_argument("--fps", type=int, default=15)
+    p.add_argument("--height", type=int, default=32)
+    p.add_argument("--width", type=int, default=32)
+    p.add_argument("--tasks", type=int, default=4)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--codec", default="libx264", help="libx264 (default) or libsvtav1 (lerobot's default)")
+    p.add_argument("--gop", type=int, default=8, help="keyframe interval")
+    a = p.parse_args(argv)
+    out = write_demo_dataset(
+        a.out, a.version, a.episodes, a.length, a.fps, (a.height, a.width), a.seed, a.tasks, a.gop, a.codec
+    )
+    print(
+        f"wrote {a.version} demo dataset: {a.episodes} episodes x {a.length} frames, 3 cameras "
+        f"{a.height}x{a.width} @ {a.fps} fps -> {out}"
+    )
+
+
+if __name__ == "__main__":
+    main()

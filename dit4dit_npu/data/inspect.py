@@ -1,0 +1,206 @@
+"""Inspect and validate a LeRobot dataset folder (read-only).
+
+    python -m dit4dit_npu.data.inspect ROOT            # summary: episodes, fps, cameras, tasks, dims, stats
+    python -m dit4dit_npu.data.inspect ROOT --check    # + validation; exit 1 listing every problem
+
+``--check`` does not stop at the first problem: it reports, each with its file, parquet rows vs
+episode lengths, frame_index/timestamps (monotonic, 1/fps apart), NaN/inf in numeric columns,
+unknown task indices, missing/unreadable videos, video frame counts, durations and sizes, and an
+unknown format version. Videos are demuxed, not decoded, so a check is fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from dit4dit_npu.data.errors import DatasetError
+from dit4dit_npu.data.lerobot import STANDARD_COLUMNS, _column_to_numpy
+from dit4dit_npu.data.meta import LeRobotDatasetMetadata, read_parquet
+from dit4dit_npu.data.video import probe_video
+
+
+def _numeric_keys(meta: LeRobotDatasetMetadata) -> list[str]:
+    keys = [k for k, f in meta.features.items() if f.get("dtype") not in ("video", "image", "string")]
+    return keys + [k for k in STANDARD_COLUMNS if k not in keys]
+
+
+def _episode_groups(meta: LeRobotDatasetMetadata, kind: str, key: str = "") -> dict[Path, list[dict]]:
+    """File -> its episodes in file order (one per file in v2.x, several in v3.0)."""
+    groups: dict[Path, list[dict]] = {}
+    for ep in meta.episodes.values():
+        path = ep["data_path"] if kind == "data" else ep["videos"][key]["path"]
+        groups.setdefault(meta.root / path, []).append(ep)
+    for eps in groups.values():
+        eps.sort(
+            key=lambda e: e["videos"][key]["from_timestamp"] if kind == "video" else e["dataset_from_index"]
+        )
+    return groups
+
+
+def _check_data(meta: LeRobotDatasetMetadata, tol: float) -> list[str]:
+    problems: list[str] = []
+    keys = _numeric_keys(meta)
+    for path, eps in _episode_groups(meta, "data").items():
+        try:
+            table = read_parquet(path)
+        except DatasetError as e:
+            problems.append(str(e))
+            continue
+        missing = [k for k in keys if k not in table.column_names]
+        if missing:
+            problems.append(f"{path}: missing columns {missing}")
+            continue
+        try:
+            cols = {k: _column_to_numpy(table.column(k), k, path) for k in keys}
+        except DatasetError as e:
+            problems.append(str(e))
+            continue
+        for k, arr in cols.items():
+            if arr.dtype.kind == "f":
+                bad = ~np.isfinite(arr.reshape(len(arr), -1)).all(1)
+                if bad.any():
+                    problems.append(f"{path}: {int(bad.sum())} rows with NaN/inf in column {k!r}")
+        unknown = sorted(set(np.unique(cols["task_index"]).tolist()) - set(meta.tasks))
+        if unknown:
+            problems.append(f"{path}: task_index values {unknown} not in the tasks metadata")
+        for ep in eps:
+            e = ep["episode_index"]
+            rows = np.flatnonzero(cols["episode_index"] == e)
+            if len(rows) != ep["length"]:
+                problems.append(
+                    f"{path}: episode {e} has {len(rows)} rows, metadata length is {ep['length']}"
+                )
+                continue
+            if not np.array_equal(cols["frame_index"][rows], np.arange(len(rows))):
+                problems.append(f"{path}: episode {e} frame_index is not 0..{len(rows) - 1}")
+            ts = cols["timestamp"][rows].astype(np.float64)
+            d = np.diff(ts)
+            if (d <= 0).any():
+                problems.append(f"{path}: episode {e} timestamps are not strictly increasing")
+            elif (np.abs(d - 1.0 / meta.fps) > tol).any():
+                problems.append(f"{path}: episode {e} timestamps are not 1/fps = {1 / meta.fps:.6f} s apart")
+            if len(ts) and abs(ts[0]) > tol:
+                problems.append(f"{path}: episode {e} timestamps start at {ts[0]:.6f} s, expected 0")
+    return problems
+
+
+def _check_videos(meta: LeRobotDatasetMetadata, tol: float) -> list[str]:
+    problems: list[str] = []
+    for key in meta.video_keys:
+        want_hw = meta.video_size(key)
+        for path, eps in _episode_groups(meta, "video", key).items():
+            try:
+                info = probe_video(path)
+            except DatasetError as e:
+                problems.append(str(e))
+                continue
+            n = sum(ep["length"] for ep in eps)
+            if info["frames"] != n:
+                problems.append(
+                    f"{path}: {info['frames']} video frames, episodes {[e['episode_index'] for e in eps]} have {n}"
+                )
+            if want_hw and (info["height"], info["width"]) != want_hw:
+                problems.append(
+                    f"{path}: frames are {info['height']}x{info['width']}, info.json says {want_hw[0]}x{want_hw[1]}"
+                )
+            t = 0.0
+            for ep in eps:
+                start = ep["videos"][key]["from_timestamp"]
+                if abs(start - t) > tol:
+                    problems.append(
+                        f"{path}: episode {ep['episode_index']} from_timestamp {start:.6f} s, expected {t:.6f} s"
+                    )
+                t = start + ep["length"] / meta.fps
+            last = info["last_time"]
+            if last is not None and abs(last - (t - 1 / meta.fps)) > max(tol, 0.5 / meta.fps):
+                problems.append(
+                    f"{path}: last frame at {last:.6f} s, episodes end at {t - 1 / meta.fps:.6f} s (duration mismatch)"
+                )
+    return problems
+
+
+def check_dataset(root: str | Path, tolerance_s: float = 1e-4) -> list[str]:
+    """Every problem found in the dataset at ``root`` (empty list = valid)."""
+    try:
+        meta = LeRobotDatasetMetadata(root)
+    except DatasetError as e:
+        return [str(e)]
+    return _check_data(meta, tolerance_s) + _check_videos(meta, tolerance_s)
+
+
+def _fmt(v: np.ndarray) -> str:
+    return "[" + ", ".join(f"{x:+.3f}" for x in np.asarray(v).reshape(-1)) + "]"
+
+
+def summarize(root: str | Path) -> str:
+    meta = LeRobotDatasetMetadata(root)
+    lengths = [e["length"] for e in meta.episodes.values()]
+    lines = [
+        f"dataset   {meta.root}",
+        f"format    {meta.codebase_version}   robot {meta.robot_type}   fps {meta.fps:g}",
+        f"episodes  {meta.total_episodes}   frames {meta.total_frames}   "
+        f"length min/mean/max {min(lengths)}/{np.mean(lengths):.1f}/{max(lengths)}"
+        if lengths
+        else "episodes  0",
+        f"tasks     {len(meta.tasks)}",
+    ]
+    lines += [f"  {i:>4}: {t}" for i, t in sorted(meta.tasks.items())]
+    lines.append(f"cameras   {len(meta.camera_keys)}")
+    for k in meta.camera_keys:
+        info = meta.features[k].get("info") or meta.features[k].get("video_info") or {}
+        hw = meta.video_size(k)
+        size = f"{hw[0]}x{hw[1]}" if hw else "?"
+        lines.append(
+            f"  {k}: {size} (HxW) {info.get('video.codec', '?')} {info.get('video.fps', meta.fps)} fps"
+        )
+    lines.append("features")
+    for k, f in meta.features.items():
+        if f.get("dtype") not in ("video", "image") and k not in STANDARD_COLUMNS:
+            names = f.get("names")
+            names = names.get("motors", names) if isinstance(names, dict) else names
+            lines.append(f"  {k}: {f.get('dtype')} {f.get('shape')}  {names if names else ''}")
+    try:
+        from dit4dit_npu.data.lerobot import LeRobotDataset
+        from dit4dit_npu.data.normalize import FeatureStats
+
+        ds = LeRobotDataset(root)
+        lines.append("stats (from parquet, all episodes)")
+        for k, f in meta.features.items():
+            if f.get("dtype") not in ("video", "image", "string") and k not in STANDARD_COLUMNS:
+                s = FeatureStats.from_data(ds.column(k))
+                for name in ("min", "max", "mean", "std"):
+                    lines.append(f"  {k} {name:>4} {_fmt(getattr(s, name))}")
+    except DatasetError as e:
+        lines.append(f"stats unavailable: {e}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description="Inspect (and with --check validate) a LeRobot dataset folder.")
+    p.add_argument("root", type=Path)
+    p.add_argument("--check", action="store_true", help="validate; exit 1 listing every problem")
+    p.add_argument("--tolerance-s", type=float, default=1e-4)
+    a = p.parse_args(argv)
+    if a.check:
+        problems = check_dataset(a.root, a.tolerance_s)
+        if problems:
+            print(f"{len(problems)} problem(s) in {a.root}:")
+            for pr in problems:
+                print(f"  - {pr}")
+            return 1
+    try:
+        print(summarize(a.root))
+    except DatasetError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    if a.check:
+        print("check: OK")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
