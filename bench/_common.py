@@ -1,0 +1,79 @@
+"""Shared helpers for bench/ scripts: FLOP proportions of the model parts, memory readings."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from dit4dit_npu import device as dev
+from dit4dit_npu.models import DiT4DiT, PromptEncoder
+
+
+def count_flops(fn: Callable[[], object]) -> int:
+    """FLOPs of one call (matmul/conv/SDPA at 2 per multiply-add), as torch's FlopCounterMode counts."""
+    with FlopCounterMode(display=False) as fc:
+        fn()
+    return int(fc.get_total_flops())
+
+
+@torch.no_grad()
+def part_flops(model: DiT4DiT, encoder: PromptEncoder, batch: dict) -> dict[str, float]:
+    """Per-sample FLOPs of: the text encoder on one prompt, one full transformer forward on the
+    training clip, one VAE encode of that clip (the proportions the real model has are
+    7.3 : 2.52 : 2.35 TFLOP = 2.9 : 1 : 0.93, cosmos25_tiny_recipe.md §4)."""
+    one = {k: v[:1] for k, v in batch.items()}
+    video = model.video_input(one["frames"])
+    prompts = encoder.encode(one["instruction"]).to(model.device)
+    bb = model.backbone
+    latents = bb.encode_video(video)
+    inputs = bb._inputs(latents[:, :, :1], latents, torch.tensor([0.5], device=model.device), prompts)
+    return {
+        "text_encoder": count_flops(lambda: encoder.encode(one["instruction"])),
+        "transformer_fwd": count_flops(lambda: bb.transformer(**inputs)),
+        "vae_encode": count_flops(lambda: bb.encode_video(video)),
+        "tokens": latents.shape[2] * latents.shape[3] * latents.shape[4] // 4,
+    }
+
+
+def step_peak_mib(fn: Callable[[], object]) -> tuple[float, str]:
+    """Peak memory that ``fn`` adds on top of what was live before it (activations, gradients,
+    temporaries), in MiB, and how it was measured.
+
+    Accelerator: the caching allocator's peak minus what was allocated at the start. CPU: torch
+    keeps no allocator statistics there (and peak RSS is dominated by the ~1 GB of mapped torch
+    libraries), so we replay the profiler's per-allocation memory events (every torch CPU
+    alloc/free with its size and time) and take the high-water mark of their running sum.
+    """
+    if dev.device_type() != dev.CPU:
+        dev.synchronize()
+        base = dev.memory_stats()["allocated_gib"]
+        dev.reset_peak_memory()
+        fn()
+        dev.synchronize()
+        return (dev.memory_stats()["peak_allocated_gib"] - base) * 1024, "allocator peak"
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
+    live = peak = 0
+    for e in sorted(events, key=lambda e: e.start_ns()):
+        live += e.nbytes()
+        peak = max(peak, live)
+    return peak / 2**20, "profiler alloc/free events"
+
+
+def param_mib(module: torch.nn.Module) -> float:
+    return sum(p.numel() * p.element_size() for p in module.parameters()) / 2**20
+
+
+def timed(fn: Callable[[], object]) -> float:
+    """Wall seconds of fn, with the device drained before and after."""
+    dev.synchronize()
+    t0 = time.perf_counter()
+    fn()
+    dev.synchronize()
+    return time.perf_counter() - t0

@@ -1,0 +1,161 @@
+"""Training-step time and peak memory: our path vs the reference-faithful path, same model, same batch.
+
+    python bench/train_step.py [--config bench/medium.yaml] [--steps 5] [key=value overrides ...]
+
+"reference" switches on everything the original DiT4DiT does per step (SPEC 1.7, B1-B5): the text
+encoder every step; a full-depth feature pass with autograd on (its graph kept alive until the
+loss); a second, per-sample VAE encode of the zero-padded conditioning clip (stochastic sample)
+besides the batched ground-truth encode; and R materialised copies of the features for the action
+head. "ours" uses the prompt cache, an early-exit no-grad feature pass, one batched VAE encode and
+shared K/V for the R repeats. Both run forward + backward + AdamW step on one model (the switches
+are runtime flags), alternating step by step so machine noise hits both alike; the median is shown.
+
+Memory: the peak a training step adds on top of the resident state (weights, optimizer state,
+prompt cache): the allocator's peak on an accelerator; on CPU, where torch keeps no allocator
+statistics and peak RSS is dominated by the mapped torch libraries, the high-water mark of the
+profiler's alloc/free events (``_common.step_peak_mib``). Resident memory differs too: the
+reference keeps the text encoder loaded, ours frees it once the prompt cache is built (shown).
+
+The last line is exactly ``speedup: X.XX`` (reference median step time / ours).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import statistics
+import time
+from pathlib import Path
+
+import torch
+from _common import count_flops, param_mib, part_flops, step_peak_mib, timed
+
+from dit4dit_npu import device as dev
+from dit4dit_npu.config import Config, load_config
+from dit4dit_npu.models import DiT4DiT, PromptCache, build_dit4dit, build_prompt_encoder
+from dit4dit_npu.models.testing import make_batch
+
+# quiet the profiler's per-session log lines (set before torch loads kineto)
+os.environ.setdefault("KINETO_LOG_LEVEL", "5")
+
+HERE = Path(__file__).resolve().parent
+PATHS = ("ours", "reference")
+
+
+def set_path(model: DiT4DiT, cfg: Config, path: str) -> None:
+    ref = path == "reference"
+    model.cosmos = dataclasses.replace(
+        cfg.framework.cosmos25,
+        reference_text_encoder_per_step=ref,
+        reference_full_depth_feature_pass=ref,
+        reference_separate_condition_encode=ref,
+    )
+    model.action_model.reference_copied_repeats = ref
+
+
+def setup(args: argparse.Namespace):
+    torch.set_num_threads(args.threads)
+    dev.seed_everything(0)
+    cfg = load_config(args.config, args.overrides)
+    if cfg.framework.cosmos25.training != "joint":
+        raise SystemExit(
+            "bench/train_step.py compares joint training steps: set framework.cosmos25.training=joint"
+        )
+    device = dev.get_device()
+    model = build_dit4dit(cfg).to(device)
+    encoder = build_prompt_encoder(cfg).to(device)
+    model.prompt_encoder = encoder  # used only while the reference path is on
+    d = cfg.datasets.vla_data
+    batch = make_batch(
+        cfg,
+        batch_size=args.batch_size,
+        num_frames=len(range(0, len(d.video_delta_indices), d.action_video_freq_ratio)),
+        num_views=len(d.camera_keys),
+        size=tuple(d.image_size),
+    )
+    cache = PromptCache()
+    t0 = time.perf_counter()
+    cache.build(batch["instruction"], encoder)
+    print(f"prompt cache: {len(cache)} instruction(s) encoded once, {time.perf_counter() - t0:.3f} s")
+    model.set_prompt_cache(cache)
+    params = [p for p in model.parameters() if p.requires_grad]
+    # Fused AdamW wherever torch has it (CPU too): the optimizer is the same for both paths, and
+    # on an accelerator it is a few % of a step; the unfused CPU loop would dilute the comparison.
+    try:
+        opt = torch.optim.AdamW(params, lr=1e-5, betas=(0.9, 0.95), fused=True)
+    except RuntimeError:
+        opt = torch.optim.AdamW(params, lr=1e-5, betas=(0.9, 0.95))
+    model.train()
+    return cfg, model, encoder, batch, opt, cache
+
+
+def train_step(model: DiT4DiT, batch: dict, opt: torch.optim.Optimizer) -> None:
+    out = model(batch)
+    opt.zero_grad(set_to_none=True)
+    out["total_loss"].backward()
+    opt.step()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", default=str(HERE / "medium.yaml"))
+    p.add_argument("--steps", type=int, default=5, help="timed steps per path (after one warm-up each)")
+    p.add_argument("--batch-size", type=int, default=4, help="per-device batch (the shipped runs used 4)")
+    # 1 thread: on a shared 2-core box, 2 intra-op threads made steps 5-20x slower and erratic
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("overrides", nargs="*", help="config overrides, key=value")
+    args = p.parse_args()
+    cfg, model, encoder, batch, opt, cache = setup(args)
+    c = cfg.framework.cosmos25
+    f = part_flops(model, encoder, batch)
+    tr = f["transformer_fwd"]
+    print(f"device: {dev.describe()}  threads={args.threads}  batch={args.batch_size}")
+    print(
+        f"per-sample FLOPs: text encoder {f['text_encoder'] / 1e9:.3f} G, transformer forward {tr / 1e9:.3f} G "
+        f"({f['tokens']} video tokens), VAE encode {f['vae_encode'] / 1e9:.3f} G"
+    )
+    print(
+        f"proportions text : transformer : VAE = {f['text_encoder'] / tr:.2f} : 1 : {f['vae_encode'] / tr:.2f} "
+        f"(real model 2.90 : 1 : 0.93); extract_layer {c.extract_layer} of {model.backbone.num_layers} blocks "
+        f"= {(c.extract_layer + 1) / model.backbone.num_layers:.2f} of depth (real 18/28 = 0.64)"
+    )
+
+    times: dict[str, list[float]] = {path: [] for path in PATHS}
+    for path in PATHS:  # warm-up (allocations, optimizer state)
+        set_path(model, cfg, path)
+        train_step(model, batch, opt)
+    for _ in range(args.steps):
+        for path in PATHS:
+            set_path(model, cfg, path)
+            times[path].append(timed(lambda: train_step(model, batch, opt)))
+    med = {path: statistics.median(ts) for path, ts in times.items()}
+
+    mem, flops = {}, {}
+    for path in PATHS:
+        set_path(model, cfg, path)
+        mem[path], how = step_peak_mib(lambda: train_step(model, batch, opt))
+        flops[path] = count_flops(lambda: train_step(model, batch, opt))
+    resident = {
+        "ours": param_mib(model) + cache.nbytes / 2**20,
+        "reference": param_mib(model) + param_mib(encoder.language_model),
+    }
+    print(
+        f"{'path':<10} {'step median s':>14} {'min':>8} {'max':>8} {'step GFLOP':>11} "
+        f"{'step peak MiB':>14} {'resident MiB':>13}"
+    )
+    for path in PATHS:
+        print(
+            f"{path:<10} {med[path]:>14.4f} {min(times[path]):>8.4f} {max(times[path]):>8.4f} "
+            f"{flops[path] / 1e9:>11.2f} {mem[path]:>14.1f} {resident[path]:>13.1f}"
+        )
+    print(
+        f"step peak = memory a step adds over the resident state ({how}); resident = model weights + "
+        "prompt cache (ours) or + text encoder (reference); optimizer state is equal and excluded"
+    )
+    print(f"FLOP ratio reference/ours (device-independent): {flops['reference'] / flops['ours']:.2f}")
+    print(f"speedup: {med['reference'] / med['ours']:.2f}")
+
+
+if __name__ == "__main__":
+    main()

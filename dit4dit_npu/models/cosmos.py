@@ -1,0 +1,334 @@
+"""Video backbone: Cosmos-Predict2.5 transformer + Wan VAE (SPEC §1).
+
+Per training step, versus the original (SPEC 1.7, B2-B4):
+- one batched VAE encode of the clip (posterior mean, no grad); latent frame 0 conditions;
+- the feature pass runs under ``no_grad`` and stops after block ``extract_layer`` (the original
+  ran all blocks and the output head with an autograd graph it then discarded);
+- the video flow-matching pass is the only one with gradients.
+Tensors are channels-first video: (B, C, T, H, W), latents (B, 16, T_lat, H/8, W/8).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import warnings
+from typing import Any
+
+import torch
+from torch import nn
+
+from dit4dit_npu import device as dev
+from dit4dit_npu.config import ConfigError, FlowMatchingConfig
+from dit4dit_npu.models.views import FrameInputError
+
+log = logging.getLogger(__name__)
+
+
+def fresh_schedule(scheduler: Any, num_steps: int, device: torch.device | None = None) -> Any:
+    """A copy of the scheduler set to ``num_steps`` (``set_timesteps`` and ``step`` mutate it)."""
+    s = copy.deepcopy(scheduler)
+    with warnings.catch_warnings():  # diffusers' numpy-2 __array__ DeprecationWarning, not ours
+        warnings.simplefilter("ignore", DeprecationWarning)
+        s.set_timesteps(num_steps, device=device)
+    return s
+
+
+def first_step_sigma(scheduler: Any) -> float:
+    """sigma of a 1-step schedule = the feature pass's noise level (real config: 200/201 ~ 0.995).
+
+    Read from the scheduler, never hard-coded, so a different scheduler_config.json is honoured.
+    """
+    return float(fresh_schedule(scheduler, 1).sigmas[0])
+
+
+def run_blocks(
+    transformer: nn.Module,
+    hidden_states: torch.Tensor,
+    timestep: torch.Tensor,
+    encoder_hidden_states: torch.Tensor,
+    condition_mask: torch.Tensor,
+    padding_mask: torch.Tensor,
+    last_block: int,
+) -> torch.Tensor:
+    """``CosmosTransformer3DModel.forward`` (diffusers 0.42) steps 1-5 and 7, stopped after block
+    ``last_block``: returns that block's output (B, T*H/2*W/2, hidden), i.e. exactly what a forward
+    hook on ``transformer_blocks[last_block]`` sees, without running the later blocks or the output
+    head. Uses the model's own submodules; tests compare against a hooked full pass, which guards
+    this against drift in diffusers."""
+    from torchvision import transforms  # what transformer_cosmos uses for the padding mask
+
+    tr, cfg = transformer, transformer.config
+    batch_size, _, num_frames, height, width = hidden_states.shape
+    hidden_states = torch.cat([hidden_states, condition_mask], dim=1)
+    if cfg.concat_padding_mask:
+        pm = transforms.functional.resize(
+            padding_mask, [height, width], interpolation=transforms.InterpolationMode.NEAREST
+        )
+        hidden_states = torch.cat(
+            [hidden_states, pm.unsqueeze(2).repeat(batch_size, 1, num_frames, 1, 1)], dim=1
+        )
+    image_rotary_emb = tr.rope(hidden_states, fps=None)
+    extra_pos_emb = tr.learnable_pos_embed(hidden_states) if cfg.extra_pos_embed_type else None
+    p_t, p_h, p_w = cfg.patch_size
+    hidden_states = tr.patch_embed(hidden_states).flatten(1, 3)
+    if timestep.shape != (batch_size, 1, num_frames, 1, 1):
+        raise ValueError(f"timestep: expected (B, 1, T, 1, 1), got {tuple(timestep.shape)}")
+    temb, embedded_timestep = tr.time_embed(hidden_states, timestep.flatten())
+    temb, embedded_timestep = (
+        x.view(batch_size, num_frames // p_t, 1, 1, -1)
+        .expand(-1, -1, height // p_h, width // p_w, -1)
+        .flatten(1, 3)
+        for x in (temb, embedded_timestep)
+    )
+    text_context = (
+        tr.crossattn_proj(encoder_hidden_states) if cfg.use_crossattn_projection else encoder_hidden_states
+    )
+    args = (text_context, embedded_timestep, temb, image_rotary_emb, extra_pos_emb, None, None)
+    for block in tr.transformer_blocks[: last_block + 1]:
+        if torch.is_grad_enabled() and tr.gradient_checkpointing:
+            hidden_states = tr._gradient_checkpointing_func(block, hidden_states, *args)
+        else:
+            hidden_states = block(hidden_states, *args)
+    return hidden_states
+
+
+class CosmosBackbone(nn.Module):
+    """Transformer (trainable) + VAE (always frozen, eval) + the scheduler's sigma convention."""
+
+    def __init__(
+        self,
+        transformer: nn.Module,
+        vae: nn.Module,
+        scheduler: Any,
+        conditional_frame_timestep: float = 1e-4,
+        flow_matching: FlowMatchingConfig | None = None,
+        attention_backend: str = "auto",
+    ) -> None:
+        super().__init__()
+        self.transformer = transformer
+        self.vae = vae.eval().requires_grad_(False)
+        self.scheduler = scheduler  # stateless use only (copies are stepped)
+        self.conditional_frame_timestep = conditional_frame_timestep
+        self.flow_matching = flow_matching or FlowMatchingConfig()
+        self.attention_backend = attention_backend
+        z = vae.config.z_dim
+        # Convention: latents_std holds the TRUE per-channel std (the VAE config's value) and we
+        # normalise z_n = (z - mean) / std. The diffusers pipeline stores 1/std in pipe.latents_std
+        # and multiplies, which is the same thing; DiT4DiT divided by the pipeline's 1/std, i.e.
+        # multiplied by std (a bug we do not reproduce). Plain fp32 tensors, not buffers: a bf16
+        # cast of the whole model (DeepSpeed) must not round these constants.
+        self.latents_mean = torch.tensor(vae.config.latents_mean, dtype=torch.float32).view(1, z, 1, 1, 1)
+        self.latents_std = torch.tensor(vae.config.latents_std, dtype=torch.float32).view(1, z, 1, 1, 1)
+        self.temporal_factor = 2 ** sum(vae.config.temperal_downsample)  # 4 (causal: T_lat = (T-1)//4+1)
+        self.spatial_factor = 2 ** len(vae.config.temperal_downsample)  # 8
+        self.feature_sigma = first_step_sigma(scheduler)
+        self._warned_pad = False
+
+    # ------------------------------------------------------------------ properties / mode
+
+    @property
+    def hidden_size(self) -> int:
+        c = self.transformer.config
+        return int(c.num_attention_heads * c.attention_head_dim)
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.transformer.transformer_blocks)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.transformer.parameters()).dtype
+
+    def train(self, mode: bool = True) -> CosmosBackbone:
+        super().train(mode)
+        self.vae.eval()  # frozen: never in train mode, whatever the caller does
+        return self
+
+    def check_extract_layer(self, extract_layer: int) -> None:
+        if not 0 <= extract_layer < self.num_layers:
+            raise ConfigError(
+                f"framework.cosmos25.extract_layer: got {extract_layer}, expected 0..{self.num_layers - 1} "
+                f"(the transformer has {self.num_layers} blocks)"
+            )
+
+    def latent_frames(self, num_frames: int) -> int:
+        """Latent frames of a clip of ``num_frames`` pixel frames (after padding to 1 + 4k)."""
+        return (num_frames - 1 + self.temporal_factor - 1) // self.temporal_factor + 1
+
+    # ------------------------------------------------------------------ VAE
+
+    def check_frame_size(self, height: int, width: int) -> None:
+        mult = self.spatial_factor * self.transformer.config.patch_size[1]  # 8 x 2 = 16
+        if height % mult or width % mult:
+            raise FrameInputError(
+                f"frames: tiled frame size {height}x{width} must be divisible by {mult} (VAE x"
+                f"{self.spatial_factor} then patch x{mult // self.spatial_factor}); change "
+                "datasets.vla_data.image_size or framework.cosmos25.view_layout"
+            )
+
+    def pad_clip(self, video: torch.Tensor) -> torch.Tensor:
+        """(B, 3, T, H, W): pad T to 1 + 4k by repeating the last frame (the causal VAE would
+        otherwise silently drop the trailing frames)."""
+        t = video.shape[2]
+        target = (self.latent_frames(t) - 1) * self.temporal_factor + 1
+        if target == t:
+            return video
+        if not self._warned_pad:
+            log.warning(
+                "clip of %d frames is not 1 + %dk: padding to %d by repeating the last frame "
+                "(pick video_delta_indices / action_video_freq_ratio to avoid this)",
+                t,
+                self.temporal_factor,
+                target,
+            )
+            self._warned_pad = True
+        return torch.cat([video, video[:, :, -1:].expand(-1, -1, target - t, -1, -1)], dim=2)
+
+    def normalize(self, z: torch.Tensor) -> torch.Tensor:
+        return (z.float() - self.latents_mean.to(z.device)) / self.latents_std.to(z.device)
+
+    def denormalize(self, z: torch.Tensor) -> torch.Tensor:
+        return z.float() * self.latents_std.to(z.device) + self.latents_mean.to(z.device)
+
+    @torch.no_grad()
+    def encode_video(self, video: torch.Tensor) -> torch.Tensor:
+        """(B, 3, T, H, W) in [-1, 1] -> normalised latents (B, 16, T_lat, H/8, W/8), float32.
+
+        One batched encode, posterior mean (deterministic, like the pipeline's ``argmax``). With
+        T == 1 only the conditioning latent is computed: the Wan VAE is causal and encodes pixel
+        frame 0 alone, so this equals latent 0 of the whole clip's encode.
+        """
+        self.check_frame_size(video.shape[-2], video.shape[-1])
+        video = self.pad_clip(video)
+        z = self.vae.encode(video.to(next(self.vae.parameters()).dtype)).latent_dist.mode()
+        return self.normalize(z)
+
+    @torch.no_grad()
+    def encode_condition_reference(self, first_frame: torch.Tensor, num_frames: int) -> torch.Tensor:
+        """The original's separate conditioning encode (SPEC 1.4, B4), for bench only: frame 0
+        zero-padded to ``num_frames`` in pixel space, one sample at a time, stochastic
+        ``latent_dist.sample()``. Returns its normalised latent frame 0 (B, 16, 1, h, w)."""
+        b, c, _, h, w = first_frame.shape
+        clip = torch.cat([first_frame, first_frame.new_zeros(b, c, num_frames - 1, h, w)], dim=2)
+        clip = self.pad_clip(clip).to(next(self.vae.parameters()).dtype)
+        lat = [self.vae.encode(clip[i : i + 1]).latent_dist.sample() for i in range(b)]
+        return self.normalize(torch.cat(lat))[:, :, :1]
+
+    # ------------------------------------------------------------------ transformer inputs
+
+    def _inputs(
+        self, cond: torch.Tensor, x: torch.Tensor, sigma: torch.Tensor, prompt_embeds: torch.Tensor
+    ) -> dict[str, torch.Tensor]:
+        """Conditioned transformer inputs: frame 0 replaced by the clean conditioning latent, a
+        condition-mask channel, and a per-frame timestep (conditional_frame_timestep on frame 0,
+        ``sigma`` (B,) elsewhere), as the pipeline's denoising loop builds them."""
+        b, _, t, h, w = x.shape
+        ind = torch.zeros(1, 1, t, 1, 1, device=x.device)
+        ind[:, :, 0] = 1.0
+        mask = ind.expand(b, 1, t, h, w)
+        lat = mask * cond.float() + (1 - mask) * x.float()
+        tau = ind * self.conditional_frame_timestep + (1 - ind) * sigma.float().view(b, 1, 1, 1, 1)
+        dtype = self.dtype
+        if not torch.is_autocast_enabled(dev.device_type()):
+            # without autocast the weights' dtype rules; under it, leave the prompt embeddings as
+            # cached (bf16 for the real model: ~100 MB per sample, not worth an fp32 copy)
+            prompt_embeds = prompt_embeds.to(dtype)
+        return dict(
+            hidden_states=lat.to(dtype),
+            timestep=tau,  # fp32 is fine: the time embedding casts it
+            encoder_hidden_states=prompt_embeds,
+            condition_mask=mask.to(dtype),
+            padding_mask=x.new_zeros(1, 1, h, w, dtype=dtype),  # batch must be 1 (diffusers repeats it)
+        )
+
+    def feature_noise(self, cond: torch.Tensor, num_latent_frames: int, seed: int | None) -> torch.Tensor:
+        """Future-frame noise of the feature pass. Seeded: one CPU generator draw of (1, ...) shared
+        by the batch, so a sample's features depend on its observation only (not on the batch or
+        the device) and training sees the same noise as inference. Unseeded (None): independent
+        global-RNG noise per sample, like the original (SPEC A3)."""
+        b, c, _, h, w = cond.shape
+        if seed is None:
+            return torch.randn(b, c, num_latent_frames, h, w, device=cond.device)
+        g = torch.Generator().manual_seed(seed)
+        noise = torch.randn(1, c, num_latent_frames, h, w, generator=g)
+        return noise.to(cond.device).expand(b, -1, -1, -1, -1)
+
+    # ------------------------------------------------------------------ feature pass
+
+    def features(
+        self,
+        cond: torch.Tensor,
+        prompt_embeds: torch.Tensor,
+        extract_layer: int,
+        num_latent_frames: int,
+        seed: int | None = None,
+        grad: bool = False,
+    ) -> torch.Tensor:
+        """(B, 16, 1, h, w) conditioning latent -> block ``extract_layer`` output (B, S, hidden),
+        S = num_latent_frames * h/2 * w/2, at the first denoising step (future latents = noise at
+        ``feature_sigma``). No autograd graph unless ``grad`` (backprop_action_to_backbone)."""
+        self.check_extract_layer(extract_layer)
+        noise = self.feature_noise(cond, num_latent_frames, seed)
+        sigma = torch.full((cond.shape[0],), self.feature_sigma, device=cond.device)
+        with torch.set_grad_enabled(grad), dev.attention_context(self.attention_backend):
+            inputs = self._inputs(cond, noise, sigma, prompt_embeds)
+            return run_blocks(self.transformer, **inputs, last_block=extract_layer)
+
+    def features_reference(
+        self,
+        cond: torch.Tensor,
+        prompt_embeds: torch.Tensor,
+        extract_layer: int,
+        num_latent_frames: int,
+        seed: int | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The original's feature pass (SPEC 1.5, B2, B3), for bench/ and tests: all blocks and the
+        output head, autograd enabled, a forward hook capturing block ``extract_layer`` detached.
+        Returns (features, full output); keep the output alive as the original did (its graph
+        stayed referenced until forward returned)."""
+        self.check_extract_layer(extract_layer)
+        noise = self.feature_noise(cond, num_latent_frames, seed)
+        sigma = torch.full((cond.shape[0],), self.feature_sigma, device=cond.device)
+        captured: list[torch.Tensor] = []
+        block = self.transformer.transformer_blocks[extract_layer]
+        handle = block.register_forward_hook(lambda _m, _i, out: captured.append(out))
+        try:
+            with torch.enable_grad(), dev.attention_context(self.attention_backend):
+                out = self.transformer(**self._inputs(cond, noise, sigma, prompt_embeds), return_dict=False)[
+                    0
+                ]
+        finally:
+            handle.remove()
+        return captured[0].detach(), out
+
+    # ------------------------------------------------------------------ video flow matching
+
+    def sample_time(self, batch_size: int, device: torch.device) -> torch.Tensor:
+        fm = self.flow_matching
+        if fm.time_distribution == "uniform":
+            return torch.rand(batch_size, device=device)
+        t = torch.sigmoid(torch.randn(batch_size, device=device))
+        if fm.high_sigma_ratio:
+            lo = 0.98 if fm.high_sigma_min is None else fm.high_sigma_min
+            high = lo + (1 - lo) * torch.rand(batch_size, device=device)
+            t = torch.where(torch.rand(batch_size, device=device) < fm.high_sigma_ratio, high, t)
+        return t
+
+    def video_flow_matching_loss(
+        self, latents: torch.Tensor, prompt_embeds: torch.Tensor, cond: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Flow-matching MSE on the future latent frames (SPEC 1.6): x_t = (1-t) x0 + t z,
+        target z - x0, one t per sample, frame 0 clean at conditional_frame_timestep. With one
+        latent frame there is nothing to predict: returns 0 without running the transformer."""
+        if latents.shape[2] < 2:
+            return latents.new_zeros(())
+        cond = latents[:, :, :1] if cond is None else cond
+        x0 = latents.float()
+        t = self.sample_time(x0.shape[0], x0.device)
+        z = torch.randn_like(x0)
+        tv = t.view(-1, 1, 1, 1, 1)
+        x_t = (1 - tv) * x0 + tv * z
+        with dev.attention_context(self.attention_backend):
+            v = self.transformer(**self._inputs(cond, x_t, t, prompt_embeds), return_dict=False)[0]
+        return torch.mean((v[:, :, 1:].float() - (z - x0)[:, :, 1:]) ** 2)
