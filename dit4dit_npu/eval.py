@@ -1,0 +1,296 @@
+"""Open-loop checkpoint evaluation on held-out episodes: ``python -m dit4dit_npu.eval``.
+
+    python -m dit4dit_npu.eval --checkpoint runs/x/checkpoints/step_005000 [--data ROOT]
+        [--episodes 3 11] [--output DIR] [--max-frames 512] [--stride 1] [--seed 0]
+
+For sampled frames of the held-out episodes (by default the dataset and episodes recorded in the
+policy folder at export), the policy predicts a chunk through the public ``predict_action`` API
+(the deployment path: raw images, raw state, robot-unit output) and it is compared with the
+recorded actions in robot units. Two baselines are scored on the same frames and steps:
+hold-position (repeat the current state; only when state and action share their layout) and the
+training-set mean action. Steps past the episode end are excluded (no recorded action there).
+
+Writes ``metrics.json`` (MSE/MAE overall, per joint and per horizon step for the model and both
+baselines, the model/baseline ratios; < 1 means better than the baseline) and PNG plots
+(``eval_plots.py``). The original's offline G1 evaluator normalized state differently from
+training (SPEC A7); here the same Normalizer as training is applied, inside the policy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+log = logging.getLogger("dit4dit_npu.eval")
+
+
+class EvalError(RuntimeError):
+    """A problem with the evaluation request (data, episodes, checkpoint): one-line message."""
+
+
+@dataclass
+class Predictions:
+    """Everything scored, aligned on N sampled frames."""
+
+    pred: np.ndarray  # (N, H, A) robot units
+    target: np.ndarray  # (N, H, A) recorded actions
+    valid: np.ndarray  # (N, H) bool: the recorded step exists (not past the episode end)
+    state: np.ndarray  # (N, S) raw state at the frame
+    dataset: np.ndarray  # (N,) int
+    episode: np.ndarray  # (N,) int
+    frame: np.ndarray  # (N,) int
+    index: np.ndarray  # (N,) int: sample index in the eval RoboTwinDataset
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def error_stats(pred: np.ndarray, target: np.ndarray, valid: np.ndarray) -> dict[str, Any]:
+    """MSE/MAE over valid (frame, step) pairs: overall, per joint, per horizon step."""
+    pred = np.broadcast_to(pred, target.shape).astype(np.float64)
+    err = pred - target.astype(np.float64)
+    w = valid.astype(np.float64)[..., None]  # (N, H, 1)
+    n_joint = max(w.sum(), 1.0)
+    n_step = np.maximum(w.sum(axis=(0, 2)), 1.0)  # (H,)
+    out: dict[str, Any] = {}
+    for name, e in (("mse", err**2), ("mae", np.abs(err))):
+        out[name] = float((e * w).sum() / (n_joint * err.shape[-1]))
+        out[f"{name}_per_joint"] = ((e * w).sum(axis=(0, 1)) / n_joint).tolist()
+        out[f"{name}_per_step"] = ((e * w).sum(axis=(0, 2)) / (n_step * err.shape[-1])).tolist()
+    return out
+
+
+def _ratio(a: float, b: float) -> float | None:
+    return float(a / b) if b > 0 else None
+
+
+def compute_metrics(p: Predictions, mean_action: np.ndarray, normalizer: Any) -> dict[str, Any]:
+    a_dim = p.target.shape[-1]
+    results: dict[str, Any] = {"model": error_stats(p.pred, p.target, p.valid)}
+    baselines: dict[str, np.ndarray] = {"dataset_mean": np.asarray(mean_action)[None, None, :a_dim]}
+    if p.state.shape[-1] == a_dim:  # absolute joint actions: holding = commanding the current state
+        baselines["hold_position"] = p.state[:, None, :]
+    else:
+        results["hold_position_skipped"] = f"state has {p.state.shape[-1]} dims, actions {a_dim}"
+    for name, b in baselines.items():
+        results[name] = error_stats(b, p.target, p.valid)
+        results[f"ratio_to_{name}"] = {
+            k: _ratio(results["model"][k], results[name][k]) for k in ("mse", "mae")
+        }
+    # Same quantity as the trainer's val/action_mse (normalized space), for cross-checking.
+    norm_err = normalizer.normalize_action(p.pred.astype(np.float64)) - normalizer.normalize_action(
+        p.target.astype(np.float64)
+    )
+    w = p.valid[..., None]
+    results["model"]["normalized_mse"] = float((norm_err**2 * w).sum() / max(w.sum() * a_dim, 1))
+    return results
+
+
+# --------------------------------------------------------------------------------------------
+# Data selection
+# --------------------------------------------------------------------------------------------
+
+
+def resolve_targets(info: dict[str, Any], data: list[str] | None, episodes: list[int] | None) -> list[tuple[Path, list[int] | None]]:
+    """(dataset root, episodes or None = all) pairs from the flags and the policy's record."""
+    held_out: dict[str, list[int]] = info.get("held_out_episodes") or {}
+    if data:
+        out = []
+        for root in data:
+            p = Path(root).expanduser().resolve()
+            recorded = held_out.get(str(p))
+            if episodes is not None:
+                eps: list[int] | None = list(episodes)
+                seen = sorted(set(eps) & set((info.get("train_episodes") or {}).get(str(p), [])))
+                if seen:
+                    log.warning("%s: episodes %s were used for training: their scores are not held-out", p, seen)
+            elif recorded is None:
+                log.warning("%s was not a training dataset of this policy: evaluating all its episodes", p)
+                eps = None
+            elif not recorded:
+                raise EvalError(f"{p}: the policy records no held-out episodes of it (val_fraction 0?); pass --episodes")
+            else:
+                eps = list(recorded)
+            out.append((p, eps))
+        return out
+    if not held_out:
+        raise EvalError("the policy records no datasets; pass --data ROOT")
+    if episodes is not None and len(held_out) > 1:
+        raise EvalError("--episodes is ambiguous with several recorded datasets; pass --data ROOT too")
+    out = []
+    for path, eps in held_out.items():
+        eps = episodes if episodes is not None else eps
+        if not eps:
+            log.warning("%s: no held-out episodes recorded (val_fraction 0?); skipping", path)
+            continue
+        if not Path(path).exists():
+            raise EvalError(f"recorded dataset {path} not found (moved?); pass --data ROOT")
+        out.append((Path(path), list(eps)))
+    if not out:
+        raise EvalError("no held-out episodes recorded in the policy; pass --data ROOT [--episodes ...]")
+    return out
+
+
+def sample_indices(n: int, max_frames: int, stride: int) -> np.ndarray:
+    """Every ``stride``-th sample (per the global index), then at most ``max_frames`` evenly spaced."""
+    idx = np.arange(0, n, max(1, stride))
+    if len(idx) > max_frames:
+        idx = idx[np.linspace(0, len(idx) - 1, max_frames).round().astype(int)]
+    return np.unique(idx)
+
+
+def build_eval_dataset(policy: Any, targets: list[tuple[Path, list[int] | None]]) -> Any:
+    from dit4dit_npu.data import DatasetError, LeRobotDataset, RoboTwinDataset
+
+    d = policy.cfg.datasets.vla_data
+    try:
+        datasets = [LeRobotDataset(root, episodes=eps, image_size=tuple(d.image_size)) for root, eps in targets]
+        return RoboTwinDataset(datasets, d, policy.chunk_length, policy.normalizer, raw=True)
+    except DatasetError as e:
+        raise EvalError(str(e)) from None
+
+
+def observation(policy: Any, samples: list[dict[str, Any]]) -> dict[str, Any]:
+    """Dataset samples -> a batched observation as a robot would send it (uint8 HWC per camera)."""
+    obs: dict[str, Any] = {}
+    for v, key in enumerate(policy.camera_keys):
+        obs[key] = np.stack([s["frames"][0, v].permute(1, 2, 0).numpy() for s in samples])
+    obs["state"] = np.stack([s["raw_state"].numpy() for s in samples])
+    obs["instruction"] = [s["instruction"] for s in samples]
+    return obs
+
+
+def run_predictions(policy: Any, ds: Any, indices: np.ndarray, batch_size: int, seed: int) -> Predictions:
+    from tqdm.auto import tqdm
+
+    rows: dict[str, list[Any]] = {k: [] for k in ("pred", "target", "valid", "state", "dataset", "episode", "frame", "index")}
+    batches = [indices[i : i + batch_size] for i in range(0, len(indices), batch_size)]
+    for b, chunk in enumerate(tqdm(batches, desc="eval", unit="batch", dynamic_ncols=True)):
+        samples = [ds.get_sample(int(i), raw=True) for i in chunk]
+        pred = policy.predict_action(observation(policy, samples), seed=seed + b)
+        for i, s in zip(chunk, samples):
+            k, row = ds.locate(int(i))
+            _, end = ds.datasets[k].episode_bounds(int(s["episode_index"]))
+            rows["valid"].append(row + np.arange(policy.chunk_length) < end)
+            rows["target"].append(s["raw_action"].numpy())
+            rows["state"].append(s["raw_state"].numpy())
+            rows["dataset"].append(k)
+            rows["episode"].append(int(s["episode_index"]))
+            rows["frame"].append(int(s["frame_index"]))
+            rows["index"].append(int(i))
+        rows["pred"].extend(pred)
+    return Predictions(**{k: np.asarray(v) for k, v in rows.items()})
+
+
+def joint_names(ds: Any, key: str, dim: int) -> list[str]:
+    names = ds.datasets[0].meta.features.get(key, {}).get("names")
+    if isinstance(names, dict):  # lerobot's {"motors": [...]} form
+        names = next(iter(names.values()), None)
+    if isinstance(names, list) and len(names) == dim and all(isinstance(n, str) for n in names):
+        return names
+    return [f"joint_{j}" for j in range(dim)]
+
+
+# --------------------------------------------------------------------------------------------
+# Command line
+# --------------------------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m dit4dit_npu.eval",
+        description="Open-loop evaluation of an exported DiT4DiT policy on held-out LeRobot episodes.",
+    )
+    p.add_argument("--checkpoint", required=True, help="policy folder, checkpoint folder or run folder")
+    p.add_argument("--data", nargs="+", default=None, help="LeRobot dataset root(s) (default: recorded in the policy)")
+    p.add_argument("--episodes", nargs="+", type=int, default=None, help="episode indices (default: held-out ones)")
+    p.add_argument("--output", default=None, help="output folder (default: outputs/eval/<checkpoint name>)")
+    p.add_argument("--max-frames", type=int, default=512, help="at most this many frames, evenly spaced")
+    p.add_argument("--stride", type=int, default=1, help="evaluate every n-th frame before --max-frames")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--video-samples", type=int, default=3, help="frames shown in the imagined-vs-real strip (0 = off)")
+    p.add_argument("--video-steps", type=int, default=2, help="sampling steps of the imagined video")
+    p.add_argument("--plot-episodes", type=int, default=3)
+    p.add_argument("--base-model", default=None, help="override the base model path recorded at export")
+    p.add_argument("--device", default=None, help="torch device (default: the detected accelerator)")
+    return p.parse_args(argv)
+
+
+def output_dir(output: str | None, policy_dir: Path) -> Path:
+    """Default outputs/eval/<checkpoint>: not inside the checkpoint, which the trainer may prune."""
+    if output:
+        return Path(output)
+    name = policy_dir.parent.name if policy_dir.name == "policy" else policy_dir.name
+    return Path("outputs") / "eval" / name
+
+
+def evaluate(args: argparse.Namespace) -> dict[str, Any]:
+    from dit4dit_npu import eval_plots
+    from dit4dit_npu.policy import DiT4DiTPolicy
+
+    policy = DiT4DiTPolicy.from_pretrained(args.checkpoint, device=args.device, base_model=args.base_model)
+    policy_dir = policy.path
+    targets = resolve_targets(policy.info, args.data, args.episodes)
+    ds = build_eval_dataset(policy, targets)
+    if len(ds) == 0:
+        raise EvalError("the selected episodes hold no frames")
+    indices = sample_indices(len(ds), args.max_frames, args.stride)
+    preds = run_predictions(policy, ds, indices, args.batch_size, args.seed)
+    d = policy.cfg.datasets.vla_data
+    metrics = compute_metrics(preds, policy.normalizer.action_stats.mean, policy.normalizer)
+    names = joint_names(ds, d.action_key, policy.action_dim)
+    out = output_dir(args.output, policy_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    plots = eval_plots.plot_all(
+        out, policy, ds, preds, metrics, names,
+        plot_episodes=args.plot_episodes, video_samples=args.video_samples,
+        video_steps=args.video_steps, seed=args.seed,
+    )
+    report = {
+        "checkpoint": str(policy_dir),
+        "step": policy.info.get("step"),
+        "datasets": {str(root): (eps if eps is not None else "all") for root, eps in targets},
+        "num_frames": len(indices),
+        "num_scored_steps": int(preds.valid.sum()),
+        "episodes": sorted({(int(k), int(e)) for k, e in zip(preds.dataset, preds.episode)}),
+        "chunk_length": policy.chunk_length,
+        "action_dim": policy.action_dim,
+        "joint_names": names,
+        "seed": args.seed,
+        "units": "robot units (unnormalized) unless named normalized_*",
+        **metrics,
+        "plots": [p.name for p in plots],
+    }
+    (out / "metrics.json").write_text(json.dumps(report, indent=1))
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
+    from dit4dit_npu.policy import PolicyLoadError
+
+    try:
+        report = evaluate(args)
+    except (EvalError, PolicyLoadError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    m = report["model"]
+    line = f"model mse {m['mse']:.5g} mae {m['mae']:.5g}"
+    for name in ("hold_position", "dataset_mean"):
+        if f"ratio_to_{name}" in report:
+            line += f" | {name} mse {report[name]['mse']:.5g} (ratio {report[f'ratio_to_{name}']['mse']:.3f})"
+    print(line)
+    out = output_dir(args.output, Path(report["checkpoint"]))
+    print(f"wrote {out / 'metrics.json'} and {len(report['plots'])} plots")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

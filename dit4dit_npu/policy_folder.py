@@ -1,0 +1,227 @@
+"""The exported policy folder: everything inference needs, nothing it does not.
+
+    <policy>/policy.json               format_version, step, base model, datasets + held-out
+                                       episodes, camera keys, sizes and dims (see export_policy)
+    <policy>/config.yaml               the resolved training config
+    <policy>/model.safetensors         trainable weights only (transformer + action head)
+    <policy>/normalizer.json           action/state statistics and modes of the training data
+    <policy>/prompt_cache.safetensors  embeddings of every training instruction
+
+The frozen base model (VAE, text encoder; "tiny" or a local Cosmos folder) is referred to by
+path, never copied (the original stored ~21 GB of frozen weights per checkpoint, SPEC B7).
+The folder is written to a temporary sibling and renamed into place, so a crash never leaves a
+half-written policy that looks complete.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dit4dit_npu.config import Config, ConfigError, dump_yaml, load_config
+from dit4dit_npu.data.normalize import Normalizer
+
+FORMAT_VERSION = 1
+POLICY_JSON, CONFIG, WEIGHTS, NORMALIZER, PROMPTS = (
+    "policy.json",
+    "config.yaml",
+    "model.safetensors",
+    "normalizer.json",
+    "prompt_cache.safetensors",
+)
+REQUIRED_FILES = (POLICY_JSON, CONFIG, WEIGHTS, NORMALIZER, PROMPTS)
+
+
+class PolicyLoadError(RuntimeError):
+    """A policy folder that cannot be loaded (missing files, other format version, bad base model)."""
+
+
+def _base_model_ref(base_model: str) -> str:
+    # A relative folder is relative to where training ran; record it absolute so the policy loads
+    # from anywhere. "tiny" (and anything that is not an existing folder) is kept verbatim.
+    p = Path(base_model).expanduser()
+    return str(p.resolve()) if base_model != "tiny" and p.is_dir() else base_model
+
+
+def _source_image_sizes(dataset_paths: list[str], camera_keys: list[str]) -> dict[str, list[list[int]]]:
+    """(H, W) of each camera in the training datasets' info.json (for the live-image aspect check)."""
+    from dit4dit_npu.data.meta import LeRobotDatasetMetadata
+
+    sizes: dict[str, list[list[int]]] = {k: [] for k in camera_keys}
+    for path in dataset_paths:
+        try:
+            meta = LeRobotDatasetMetadata(path)
+        except Exception:  # the export must not fail because a dataset moved since training
+            continue
+        for key in camera_keys:
+            hw = meta.video_size(key) if key in meta.features else None
+            if hw is not None and list(hw) not in sizes[key]:
+                sizes[key].append(list(hw))
+    return {k: v for k, v in sizes.items() if v}
+
+
+def export_policy(
+    out_dir: str | Path,
+    model: Any,
+    cfg: Config,
+    normalizer: Normalizer,
+    prompt_cache: Any,
+    split: dict[str, Any],
+    dataset_paths: list[str] | list[Path],
+    step: int,
+) -> Path:
+    """Write the policy folder ``out_dir`` atomically (temp folder + rename); returns it.
+
+    ``split`` maps each dataset path to ``{"train": [...], "val": [...]}`` (or directly to the
+    held-out episode list); the held-out episodes are what ``dit4dit_npu.eval`` evaluates on.
+    """
+    from safetensors.torch import save_file
+
+    out = Path(out_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        # Own, contiguous CPU storage per tensor: safetensors refuses shared/strided storage.
+        weights = {k: v.detach().cpu().clone().contiguous() for k, v in model.trainable_state_dict().items()}
+        save_file(weights, str(tmp / WEIGHTS), metadata={"format": "dit4dit_npu.policy", "step": str(step)})
+        (tmp / CONFIG).write_text(dump_yaml(cfg))
+        (tmp / NORMALIZER).write_text(normalizer.to_json())
+        prompt_cache.save(tmp / PROMPTS)
+
+        paths = [str(Path(p).resolve()) for p in dataset_paths]
+        held_out, trained_on = {}, {}
+        for given, resolved in zip(dataset_paths, paths):
+            entry = split.get(str(given), split.get(resolved, []))
+            held_out[resolved] = sorted(int(e) for e in (entry.get("val", []) if isinstance(entry, dict) else entry))
+            if isinstance(entry, dict) and "train" in entry:
+                trained_on[resolved] = sorted(int(e) for e in entry["train"])
+        d, a = cfg.datasets.vla_data, cfg.framework.action_model
+        info = {
+            "format_version": FORMAT_VERSION,
+            "base_model": _base_model_ref(cfg.framework.cosmos25.base_model),
+            "step": int(step),
+            "datasets": paths,
+            "held_out_episodes": held_out,
+            "train_episodes": trained_on,
+            "camera_keys": list(d.camera_keys),
+            "image_size": list(d.image_size),
+            "source_image_sizes": _source_image_sizes(paths, list(d.camera_keys)),
+            "action_dim": normalizer.action_dim,
+            "state_dim": normalizer.state_dim,
+            "chunk_length": a.chunk_length,
+            "action_norm": normalizer.action_mode,
+            "state_norm": normalizer.state_mode,
+            "instructions": sorted(prompt_cache.instructions),
+        }
+        (tmp / POLICY_JSON).write_text(json.dumps(info, indent=1))
+        if out.exists():  # replace: move the old folder aside first so `out` is never half-new
+            old = out.parent / f".{out.name}.old-{os.getpid()}"
+            os.replace(out, old)
+            os.replace(tmp, out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Loading
+# --------------------------------------------------------------------------------------------
+
+
+def find_policy_dir(path: str | Path) -> Path:
+    """Accept the policy folder itself, a checkpoint folder holding ``policy/``, or a run folder
+    (its latest complete checkpoint)."""
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise PolicyLoadError(f"policy folder not found: {p}")
+    if (p / POLICY_JSON).is_file():
+        return p
+    if (p / "policy" / POLICY_JSON).is_file():
+        return p / "policy"
+    ckpts = sorted(q for q in (p / "checkpoints").glob("step_*") if (q / "policy" / POLICY_JSON).is_file())
+    if ckpts:
+        return ckpts[-1] / "policy"
+    raise PolicyLoadError(
+        f"{p} is not a policy folder: no {POLICY_JSON} in it, in {p / 'policy'} or under {p / 'checkpoints'} "
+        f"(an exported policy has {', '.join(REQUIRED_FILES)})"
+    )
+
+
+def read_policy_info(policy_dir: Path) -> dict[str, Any]:
+    try:
+        info = json.loads((policy_dir / POLICY_JSON).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise PolicyLoadError(f"{policy_dir / POLICY_JSON}: unreadable ({e})") from None
+    version = info.get("format_version") if isinstance(info, dict) else None
+    if version != FORMAT_VERSION:
+        raise PolicyLoadError(
+            f"{policy_dir}: policy format_version {version!r} is not supported by this dit4dit_npu "
+            f"(it reads version {FORMAT_VERSION}); export the checkpoint again with this version"
+        )
+    missing = [f for f in REQUIRED_FILES if not (policy_dir / f).is_file()]
+    if missing:
+        raise PolicyLoadError(f"{policy_dir}: policy folder is incomplete, missing {missing}")
+    return info
+
+
+@dataclass
+class LoadedPolicy:
+    model: Any
+    cfg: Config
+    normalizer: Normalizer
+    prompt_cache: Any
+    info: dict[str, Any]
+    path: Path
+
+
+def load_policy_folder(
+    policy_dir: str | Path, base_model: str | None = None, overrides: list[str] | None = None
+) -> LoadedPolicy:
+    """Read and validate a policy folder and build its model on the CPU."""
+    from safetensors.torch import load_file
+
+    from dit4dit_npu.models import PromptCache, build_dit4dit, text_identity
+
+    path = find_policy_dir(policy_dir)
+    info = read_policy_info(path)
+    base = base_model if base_model is not None else info.get("base_model", "tiny")
+    try:
+        cfg = load_config(path / CONFIG, overrides)
+    except ConfigError as e:
+        raise PolicyLoadError(f"{path / CONFIG}: {e}") from None
+    # Set directly, not as an override string: a path is not a YAML scalar to be parsed.
+    cfg.framework.cosmos25.base_model = str(base)
+    # The run's DeepSpeed/accelerate settings mean nothing at inference.
+    cfg.trainer.enable_gradient_checkpointing = False
+    try:
+        normalizer = Normalizer.from_json((path / NORMALIZER).read_text())
+    except (ValueError, KeyError, TypeError) as e:
+        raise PolicyLoadError(f"{path / NORMALIZER}: {e}") from None
+    try:
+        model = build_dit4dit(cfg)
+    except ConfigError as e:
+        hint = "" if base_model else " (pass base_model= / --base-model to point at the Cosmos folder)"
+        raise PolicyLoadError(f"cannot build the base model recorded in {path / POLICY_JSON}: {e}{hint}") from None
+    try:
+        model.load_trainable_state_dict(load_file(str(path / WEIGHTS)), strict=True)
+    except (KeyError, ValueError, RuntimeError) as e:
+        raise PolicyLoadError(f"{path / WEIGHTS} does not fit the model of {path / CONFIG}: {e}") from None
+    try:
+        expect = text_identity(cfg)
+    except ConfigError:  # a base folder without text_encoder/: the cached prompts are all we have
+        expect = None
+    try:
+        cache = PromptCache.load(path / PROMPTS, expect_identity=expect)
+    except ValueError as e:
+        raise PolicyLoadError(str(e)) from None
+    model.eval()
+    return LoadedPolicy(model, cfg, normalizer, cache, info, path)

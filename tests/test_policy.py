@@ -1,0 +1,234 @@
+"""Policy API: export -> from_pretrained fidelity, robot units, batching, instructions, errors."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from policy_fixtures import build_tiny_setup, observation_from_sample, shared_tiny_setup
+
+from dit4dit_npu.data import collate, resize_rgb
+from dit4dit_npu.policy import DiT4DiTPolicy, PolicyInputError, PolicyLoadError, export_policy
+
+
+@pytest.fixture(scope="module")
+def setup():
+    return shared_tiny_setup()
+
+
+@pytest.fixture(scope="module")
+def policy(setup) -> DiT4DiTPolicy:
+    return DiT4DiTPolicy.from_pretrained(setup.policy_dir)
+
+
+def _obs(policy: DiT4DiTPolicy, setup, i: int = 0) -> dict:
+    return observation_from_sample(policy.camera_keys, setup.data.val_dataset.get_sample(i, raw=True))
+
+
+def _train_a_little(model, data, steps: int = 2) -> None:
+    """Real optimizer steps on real batches, so the exported weights differ from a fresh build."""
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.05)
+    model.train()
+    for s in range(steps):
+        batch = collate([data.train_dataset[i] for i in range(4 * s, 4 * s + 4)])
+        model(batch)["total_loss"].backward()
+        opt.step()
+        opt.zero_grad()
+
+
+def test_export_load_gives_the_in_training_models_actions(tmp_path: Path) -> None:
+    s = build_tiny_setup(tmp_path)
+    _train_a_little(s.model, s.data)
+    out = export_policy(tmp_path / "p2", s.model, s.cfg, s.data.normalizer, s.cache, s.data.split, s.data.dataset_paths, 2)
+    policy = DiT4DiTPolicy.from_pretrained(out)
+
+    # Only trainable weights are stored, bit-identical; the frozen VAE is rebuilt from its reference.
+    from safetensors.torch import load_file
+
+    stored = load_file(str(out / "model.safetensors"))
+    trained = s.model.trainable_state_dict()
+    assert stored.keys() == trained.keys() and not any(k.startswith("backbone.vae") for k in stored)
+    for k, v in trained.items():
+        assert torch.equal(stored[k], v.cpu()), k
+
+    samples = [s.data.val_dataset.get_sample(i, raw=True) for i in (0, 5)]
+    batch = collate(samples)  # the training data path: decoded frames, encoded state
+    expected = s.model.predict_action(batch, seed=11)[..., : policy.action_dim].numpy()
+    expected = s.data.normalizer.unnormalize_action(expected)
+    obs = {k: np.stack([observation_from_sample(policy.camera_keys, x)[k] for x in samples]) for k in policy.camera_keys}
+    obs.update(state=np.stack([x["raw_state"].numpy() for x in samples]), instruction=[x["instruction"] for x in samples])
+    got = policy.predict_action(obs, seed=11)
+    np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6)
+    assert json.loads((out / "policy.json").read_text())["step"] == 2
+
+
+def test_outputs_are_robot_units_and_unnormalization_inverts_training(setup, policy: DiT4DiTPolicy) -> None:
+    norm = setup.data.normalizer
+    assert policy.normalizer == norm  # the checkpoint's statistics are the training ones, exactly
+    sample = setup.data.val_dataset.get_sample(3, raw=True)
+    raw = sample["raw_action"].numpy().astype(np.float64)
+    # Training targets are normalize_action(raw); the policy applies unnormalize_action.
+    np.testing.assert_allclose(norm.unnormalize_action(norm.normalize_action(raw)), raw, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(sample["action"][:, : norm.action_dim].numpy(), norm.normalize_action(raw), atol=1e-6)
+    obs = _obs(policy, setup, 3)
+    actions = policy.predict_action(obs, seed=0)
+    batch, _ = policy.preprocess(obs)
+    normalized = policy.model.predict_action(batch, seed=0)[0, :, : policy.action_dim].numpy().astype(np.float64)
+    np.testing.assert_allclose(norm.normalize_action(actions.astype(np.float64)), normalized, atol=1e-5)
+    assert actions.shape == (policy.chunk_length, policy.action_dim) and actions.dtype == np.float32
+
+
+def test_preprocess_matches_the_training_sample(setup, policy: DiT4DiTPolicy) -> None:
+    sample = setup.data.val_dataset.get_sample(7, raw=True)
+    batch, batched = policy.preprocess(observation_from_sample(policy.camera_keys, sample))
+    assert not batched
+    assert torch.equal(batch["frames"][0, 0], sample["frames"][0])
+    torch.testing.assert_close(batch["state"][0], sample["state"])
+    assert batch["instruction"] == [sample["instruction"]]
+
+
+def test_deterministic_under_seed(setup, policy: DiT4DiTPolicy) -> None:
+    obs = _obs(policy, setup)
+    a, b = policy.predict_action(obs, seed=5), policy.predict_action(obs, seed=5)
+    np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(a, policy.predict_action(obs, seed=6))
+    v1, v2 = policy.predict_video(obs, steps=2, seed=1), policy.predict_video(obs, steps=2, seed=1)
+    np.testing.assert_array_equal(v1, v2)
+    h, w = policy.image_size
+    assert v1.dtype == np.uint8 and v1.ndim == 4 and v1.shape[1:] == (h, w * len(policy.camera_keys), 3)
+
+
+def test_batch_and_single_agree(setup, policy: DiT4DiTPolicy) -> None:
+    singles = [_obs(policy, setup, i) for i in (0, 9, 20)]
+    batched = {k: np.stack([o[k] for o in singles]) for k in (*policy.camera_keys, "state")}
+    batched["instruction"] = [o["instruction"] for o in singles]
+    out = policy.predict_action(batched, seed=4)
+    assert out.shape == (3, policy.chunk_length, policy.action_dim)
+    # A seeded batch uses the same noise for every row, so each row is its single call's answer
+    # (a request's result does not depend on its batch-mates).
+    for i, o in enumerate(singles):
+        np.testing.assert_allclose(out[i], policy.predict_action(o, seed=4), rtol=1e-5, atol=1e-5)
+    # Every row's inputs are exactly what a single call would build.
+    batch, is_batched = policy.preprocess(batched)
+    assert is_batched
+    for i, o in enumerate(singles):
+        one, _ = policy.preprocess(o)
+        assert torch.equal(batch["frames"][i], one["frames"][0]) and torch.equal(batch["state"][i], one["state"][0])
+    v = policy.predict_video(batched, steps=1, seed=0)
+    assert v.shape[0] == 3 and v.ndim == 5
+
+
+def test_bf16_backbone_stays_close_to_fp32(setup, policy: DiT4DiTPolicy) -> None:
+    fast = DiT4DiTPolicy.from_pretrained(setup.policy_dir, backbone_dtype=torch.bfloat16)
+    assert fast.model.backbone.dtype == torch.bfloat16 and fast.model.action_model.dtype == torch.float32
+    obs = _obs(policy, setup, 1)
+    ref = policy.predict_action(obs, seed=0)
+    np.testing.assert_allclose(fast.predict_action(obs, seed=0), ref, atol=0.05 * float(np.abs(ref).max()))
+    with pytest.raises(ValueError, match="backbone_dtype"):
+        DiT4DiTPolicy.from_pretrained(setup.policy_dir, backbone_dtype=torch.int8)
+
+
+def test_images_are_resized_like_training(setup, policy: DiT4DiTPolicy) -> None:
+    obs = _obs(policy, setup, 2)
+    h, w = policy.image_size
+    big = {**obs, **{k: np.repeat(np.repeat(obs[k], 2, 0), 2, 1) for k in policy.camera_keys}}  # same aspect
+    small = {**obs, **{k: resize_rgb(big[k], (h, w)) for k in policy.camera_keys}}
+    np.testing.assert_array_equal(policy.predict_action(big, seed=0), policy.predict_action(small, seed=0))
+
+
+def test_unseen_instruction_is_encoded_once_and_cached(setup) -> None:
+    policy = DiT4DiTPolicy.from_pretrained(setup.policy_dir)
+    n = len(policy.prompt_cache)
+    obs = {**_obs(policy, setup), "instruction": "wave at the camera"}
+    a = policy.predict_action(obs, seed=0)
+    calls = policy._text_encoder.num_calls
+    b = policy.predict_action(obs, seed=0)
+    assert len(policy.prompt_cache) == n + 1 and policy._text_encoder.num_calls == calls == 1
+    np.testing.assert_array_equal(a, b)
+    assert "wave at the camera" in policy.metadata["instructions"]
+
+
+def test_unseen_instruction_without_text_encoder_is_a_clear_error(setup, tmp_path: Path) -> None:
+    from dit4dit_npu.models import save_tiny_base_model
+
+    base = save_tiny_base_model(setup.cfg, tmp_path / "cosmos")
+    shutil.rmtree(base / "text_encoder")  # a deployment folder with transformer + VAE only
+    policy = DiT4DiTPolicy.from_pretrained(setup.policy_dir, base_model=str(base))
+    obs = _obs(policy, setup)
+    assert policy.predict_action(obs, seed=0).shape == (policy.chunk_length, policy.action_dim)  # cached: fine
+    with pytest.raises(PolicyInputError, match="not in the policy's prompt cache and no text encoder"):
+        policy.predict_action({**obs, "instruction": "wave at the camera"})
+
+
+def test_bad_observations(setup, policy: DiT4DiTPolicy) -> None:
+    obs = _obs(policy, setup)
+    cam = policy.camera_keys[0]
+    two = {k: np.stack([obs[k]] * 2) for k in (*policy.camera_keys, "state")}
+    cases = [
+        ({k: v for k, v in obs.items() if k != cam}, rf"missing \['{cam}'\]"),
+        ({**obs, "observation.images.extra": obs[cam]}, "unexpected"),
+        ({**obs, cam: obs[cam].astype(np.float32)}, "uint8"),
+        ({**obs, cam: obs[cam][..., 0]}, r"expected \(H, W, 3\)"),
+        ({**obs, "state": np.zeros(policy.state_dim + 1)}, "state: expected shape"),
+        ({k: v for k, v in obs.items() if k != "instruction"}, r"missing \['instruction'\]"),
+        ({**obs, "instruction": "  "}, "empty string"),
+        ({**two, cam: obs[cam], "instruction": "x"}, "same batch size"),
+        ({**two, "instruction": ["a", "b", "c"]}, "3 strings for a batch of 2"),
+        ({**two, "state": obs["state"], "instruction": "x"}, r"state: expected shape \(2, "),
+        ("not a dict", "must be a dict"),
+    ]
+    for bad, match in cases:
+        with pytest.raises(PolicyInputError, match=match):
+            policy.predict_action(bad)
+
+
+def test_policy_folder_errors(setup, tmp_path: Path) -> None:
+    with pytest.raises(PolicyLoadError, match="not found"):
+        DiT4DiTPolicy.from_pretrained(tmp_path / "nope")
+    with pytest.raises(PolicyLoadError, match="not a policy folder"):
+        DiT4DiTPolicy.from_pretrained(tmp_path)
+    broken = tmp_path / "broken"
+    shutil.copytree(setup.policy_dir, broken)
+    (broken / "normalizer.json").unlink()
+    with pytest.raises(PolicyLoadError, match=r"incomplete, missing \['normalizer.json'\]"):
+        DiT4DiTPolicy.from_pretrained(broken)
+    future = tmp_path / "future"
+    shutil.copytree(setup.policy_dir, future)
+    info = json.loads((future / "policy.json").read_text())
+    (future / "policy.json").write_text(json.dumps({**info, "format_version": 99}))
+    with pytest.raises(PolicyLoadError, match="format_version 99 is not supported"):
+        DiT4DiTPolicy.from_pretrained(future)
+    with pytest.raises(PolicyLoadError, match="cannot build the base model"):
+        DiT4DiTPolicy.from_pretrained(setup.policy_dir, base_model=str(tmp_path / "no_cosmos_here"))
+    with pytest.raises(PolicyLoadError, match="does not fit the model"):
+        DiT4DiTPolicy.from_pretrained(setup.policy_dir, overrides=["framework.action_model.hidden_size=64"])
+
+
+def test_checkpoint_and_run_folders_are_accepted(setup, tmp_path: Path) -> None:
+    ckpt = tmp_path / "runs" / "r" / "checkpoints" / "step_000010"
+    shutil.copytree(setup.policy_dir, ckpt / "policy")
+    assert DiT4DiTPolicy.from_pretrained(ckpt).path == ckpt / "policy"
+    assert DiT4DiTPolicy.from_pretrained(tmp_path / "runs" / "r").path == ckpt / "policy"
+
+
+def test_export_replaces_atomically(setup, tmp_path: Path) -> None:
+    s = setup
+    out = tmp_path / "policy"
+    for step in (1, 2):
+        export_policy(out, s.model, s.cfg, s.data.normalizer, s.cache, s.data.split, s.data.dataset_paths, step)
+    assert json.loads((out / "policy.json").read_text())["step"] == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["policy"]  # no temp or old folders left
+    info = json.loads((out / "policy.json").read_text())
+    path = str(Path(s.data.dataset_paths[0]).resolve())
+    assert info["held_out_episodes"] == {path: s.data.split[str(s.data.dataset_paths[0])]["val"]}
+    assert info["base_model"] == "tiny" and info["camera_keys"] == list(s.cfg.datasets.vla_data.camera_keys)
+
+
+def test_top_level_import() -> None:
+    import dit4dit_npu
+
+    assert dit4dit_npu.DiT4DiTPolicy is DiT4DiTPolicy
