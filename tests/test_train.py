@@ -261,3 +261,19 @@ def test_two_process_deepspeed_zero2_trains_saves_resumes(tmp_path, demo_root):
     assert "resumed from" in r.stdout + r.stderr
     assert [s for s, _ in ckpt_io.list_checkpoints(run_dir)][-1] == 6
     assert json.loads((run_dir / "checkpoints/step_000006/policy/policy.json").read_text())["step"] == 6
+
+
+def test_non_finite_loss_stops_without_saving(tmp_path, demo_root):
+    # An absurd learning rate blows the weights up within a couple of Adam steps.
+    r = run_train(
+        tiny_overrides(
+            tmp_path, demo_root,
+            **{"trainer.learning_rate": "{base: 1.0e+30, backbone.transformer: 1.0e+30, action_model: 1.0e+30}",
+               "trainer.num_warmup_steps": 0, "trainer.lr_scheduler_type": "constant"},
+        ),
+        expect_ok=False,
+    )
+    one_line_error(r, "non-finite loss")
+    run_dir = tmp_path / "dit4dit_robotwin_tiny"
+    assert ckpt_io.list_checkpoints(run_dir) == []
+    assert not any((run_dir / "checkpoints").glob(".tmp-*"))
