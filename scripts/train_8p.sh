@@ -69,8 +69,9 @@ fi
 [ -n "$max_train_steps" ] && overrides+=("trainer.max_train_steps=$max_train_steps")
 [ -n "$per_device_batch_size" ] && overrides+=("datasets.vla_data.per_device_batch_size=$per_device_batch_size")
 
-mkdir -p logs
-LOG_FILE="logs/train_$(date +%Y%m%d_%H%M%S)_rank${machine_rank}.log"
+LOG_DIR="${LOG_DIR:-logs}"
+mkdir -p "$LOG_DIR"
+LOG_FILE="$LOG_DIR/train_$(date +%Y%m%d_%H%M%S)_rank${machine_rank}.log"
 echo "train_8p.sh: $num_processes process(es) x $num_machines machine(s); log: $LOG_FILE"
 set -o pipefail
 "$PY" -m accelerate.commands.launch \

@@ -6,9 +6,11 @@ Launch with `accelerate launch ... -m dit4dit_npu.train` or plainly with `python
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
+from collections.abc import Iterator
 from pathlib import Path
 
 from dit4dit_npu import device
@@ -101,7 +103,41 @@ def build_accelerator(cfg: Config):
         if device.device_type() == device.CPU:
             _disable_cpu_shm_op()
         ds = deepspeed_config(cfg, world_size)
-        kwargs["deepspeed_plugin"] = DeepSpeedPlugin(hf_ds_config=ds)
+        kwargs["deepspeed_plugin"] = DeepSpeedPlugin(hf_ds_config=ds, zero3_init_flag=False)
     elif device.device_type() == device.CPU:
         kwargs["cpu"] = True
     return Accelerator(**kwargs)
+
+
+@contextlib.contextmanager
+def building_outside_deepspeed(accelerator) -> Iterator[None]:
+    """Build models whole, whatever the ZeRO stage.
+
+    accelerate always registers its DeepSpeed config with transformers, so under ZeRO-3 every
+    transformers model constructed afterwards is partitioned at construction (zero.Init),
+    including the text encoder, which never enters DeepSpeed (it only fills the prompt cache)
+    and then fails on its 1-D placeholder weights. ZeRO-3 still partitions the trained model at
+    accelerator.prepare().
+    """
+    plugin = accelerator.state.deepspeed_plugin
+    if plugin is None:
+        yield
+        return
+    from transformers.integrations import unset_hf_deepspeed_config
+
+    unset_hf_deepspeed_config()
+    try:
+        yield
+    finally:
+        plugin.set_deepspeed_weakref()
+
+
+def gathered_parameters(accelerator, module):
+    """Under ZeRO-3 each rank holds a shard of every weight: gather them (collective: every rank
+    enters) so rank 0 can export whole tensors. A no-op for ZeRO-2 and without DeepSpeed."""
+    plugin = accelerator.state.deepspeed_plugin
+    if plugin is None or plugin.zero_stage != 3:
+        return contextlib.nullcontext()
+    import deepspeed
+
+    return deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=None)

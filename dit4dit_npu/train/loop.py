@@ -20,7 +20,7 @@ from accelerate.utils import DistributedType
 from dit4dit_npu import device
 from dit4dit_npu.config import Config, ConfigError, save_config
 from dit4dit_npu.train import checkpoint as ckpt_io
-from dit4dit_npu.train.distributed import build_accelerator
+from dit4dit_npu.train.distributed import build_accelerator, building_outside_deepspeed, gathered_parameters
 from dit4dit_npu.train.metrics import MetricsLogger, plot_losses
 from dit4dit_npu.train.optim import build_optimizer, build_scheduler, freeze_modules, group_lrs
 
@@ -140,9 +140,10 @@ def _train(cfg: Config, accelerator) -> Path:
     data = build_training_data(
         cfg, rank=accelerator.process_index, world_size=accelerator.num_processes, barrier=accelerator.wait_for_everyone
     )
-    model = build_dit4dit(cfg)
     instructions = [task for ds in data.datasets for task in ds.meta.tasks.values()]
-    cache, _ = _build_prompt_cache(cfg, accelerator, instructions, run_dir)
+    with building_outside_deepspeed(accelerator):
+        model = build_dit4dit(cfg)
+        cache, _ = _build_prompt_cache(cfg, accelerator, instructions, run_dir)
     model.set_prompt_cache(cache)
     freeze_modules(model, cfg.trainer.freeze_modules)
     optimizer = build_optimizer(model, cfg.trainer)
@@ -287,10 +288,12 @@ def _save(cfg, accelerator, model, scheduler, sampler_state: dict, data, cache, 
     accelerator.wait_for_everyone()
     accelerator.save_state(str(tmp / "state"))  # collective: every rank writes its shards + RNG
     accelerator.wait_for_everyone()
+    with gathered_parameters(accelerator, _unwrap(model)):
+        if accelerator.is_main_process:
+            policy_folder.export_policy(
+                tmp / "policy", _unwrap(model), cfg, data.normalizer, cache, data.split, data.dataset_paths, step
+            )
     if accelerator.is_main_process:
-        policy_folder.export_policy(
-            tmp / "policy", _unwrap(model), cfg, data.normalizer, cache, data.split, data.dataset_paths, step
-        )
         ckpt_io.write_trainer_state(tmp, cfg, step, scheduler, sampler_state)
         ckpt_io.commit(tmp, ckpt_io.final_dir_for(run_dir, step))
         ckpt_io.prune(run_dir, cfg.trainer.keep_last_checkpoints)
