@@ -14,12 +14,14 @@ if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && [ -x "$VENV/bin/python"
 fi
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 PIP=("$VENV/bin/python" -m pip install --quiet --disable-pip-version-check)
+# Some hosts configure extra local package indexes that pip warns about once per package.
+quiet() { "$@" 2>&1 | sed '/is ignored: it is neither a file nor a directory/d'; }
 echo "[setup] installing torch ($TORCH_SPEC) into $VENV ..."
 # shellcheck disable=SC2086
-"${PIP[@]}" $TORCH_SPEC wheel setuptools
+quiet "${PIP[@]}" $TORCH_SPEC wheel setuptools
 echo "[setup] installing deepspeed (--no-build-isolation) ..."
-"${PIP[@]}" --no-build-isolation deepspeed
+quiet "${PIP[@]}" --no-build-isolation deepspeed
 echo "[setup] installing dit4dit-npu[dev] ..."
-"${PIP[@]}" --no-build-isolation -e "$ROOT[dev]"
+quiet "${PIP[@]}" --no-build-isolation -e "$ROOT[dev]"
 echo "$want" > "$STAMP"
 echo "[setup] done: $VENV"
