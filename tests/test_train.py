@@ -106,13 +106,16 @@ def test_single_process_run_writes_everything(tmp_path, demo_root):
     assert keys and not any("vae" in k or "text_encoder" in k for k in keys)
 
 
-def test_resume_is_bit_exact(tmp_path, demo_root):
-    full = run_inprocess(tiny_overrides(tmp_path / "full", demo_root))
+@pytest.mark.parametrize("workers", [0, 2], ids=["in-process-loading", "prefetching-workers"])
+def test_resume_is_bit_exact(tmp_path, demo_root, workers):
+    extra = {"datasets.vla_data.num_workers": workers}
+    full = run_inprocess(tiny_overrides(tmp_path / "full", demo_root, **extra))
     # Pretend the run died right after the step-2 checkpoint: copy it up to there and resume.
+    # With workers the loader has prefetched past step 2: the saved cursor must not count that.
     cut = tmp_path / "cut" / full.name
     shutil.copytree(full, cut)
     shutil.rmtree(cut / "checkpoints/step_000004")
-    run_inprocess(tiny_overrides(tmp_path / "cut", demo_root, **{"trainer.resume": "auto"}))
+    run_inprocess(tiny_overrides(tmp_path / "cut", demo_root, **{"trainer.resume": "auto", **extra}))
 
     def losses(run_dir):
         return {r["step"]: [r[k] for k in LOSS_KEYS] for r in read_metrics(run_dir / "metrics.jsonl") if "total_loss" in r}
