@@ -7,7 +7,7 @@ seeding, synchronize and memory statistics.
 
 ``torch_npu`` is never required. On a host without CANN it is absent (or, if installed by
 mistake, its import raises); both mean "no NPU" and never crash. We do not use
-``torch_npu.contrib.transfer_to_npu``: the code names no device itself, so no shim is needed.
+torch_npu's contrib shim that remaps CUDA calls: the code names no device itself.
 """
 
 from __future__ import annotations
