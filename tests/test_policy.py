@@ -120,6 +120,9 @@ def test_batch_and_single_agree(setup, policy: DiT4DiTPolicy) -> None:
         assert torch.equal(batch["frames"][i], one["frames"][0]) and torch.equal(batch["state"][i], one["state"][0])
     v = policy.predict_video(batched, steps=1, seed=0)
     assert v.shape[0] == 3 and v.ndim == 5
+    for i, o in enumerate(singles):  # imagined videos too: a row is its single call's answer
+        single = policy.predict_video(o, steps=1, seed=0)
+        assert np.abs(v[i].astype(int) - single.astype(int)).max() <= 1  # uint8 rounding
 
 
 def test_bf16_backbone_stays_close_to_fp32(setup, policy: DiT4DiTPolicy) -> None:

@@ -24,12 +24,17 @@ def imagine(
 
     Same step as the pipeline's loop: frame 0 replaced by the condition, its velocity overwritten
     by the ground-truth (noise - cond), scheduler step on the rest. Noise from a CPU generator when
-    ``seed`` is given (device-independent), else from the global RNG.
+    ``seed`` is given (device-independent, shared by the rows), else from the global RNG.
     """
     b, c, _, h, w = cond.shape
     sched = fresh_schedule(backbone.scheduler, num_steps, cond.device)
-    g = torch.Generator().manual_seed(seed) if seed is not None else None
-    noise = torch.randn(b, c, num_latent_frames, h, w, generator=g).to(cond.device)
+    if seed is not None:
+        # One CPU draw shared by every row (as action sampling does): a row's video depends on its
+        # own observation and the seed only, so batched and single calls agree.
+        g = torch.Generator().manual_seed(seed)
+        noise = torch.randn(1, c, num_latent_frames, h, w, generator=g).to(cond.device).expand(b, -1, -1, -1, -1)
+    else:
+        noise = torch.randn(b, c, num_latent_frames, h, w, device=cond.device)
     mask = torch.zeros(1, 1, num_latent_frames, 1, 1, device=cond.device)
     mask[:, :, 0] = 1.0
     gt_velocity = (noise - cond.float()) * mask
