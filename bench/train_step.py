@@ -1,6 +1,7 @@
 """Training-step time and peak memory: our path vs the reference-faithful path, same model, same batch.
 
     python bench/train_step.py [--config bench/medium.yaml] [--steps 5] [key=value overrides ...]
+    python bench/train_step.py --full-size [--peak-tflops 989]   # accelerator: random-init real sizes, bf16
 
 "reference" switches on everything the original DiT4DiT does per step (SPEC 1.7, B1-B5): the text
 encoder every step; a full-depth feature pass with autograd on (its graph kept alive until the
@@ -15,6 +16,10 @@ prompt cache): the allocator's peak on an accelerator; on CPU, where torch keeps
 statistics and peak RSS is dominated by the mapped torch libraries, the high-water mark of the
 profiler's alloc/free events (``_common.step_peak_mib``). Resident memory differs too: the
 reference keeps the text encoder loaded, ours frees it once the prompt cache is built (shown).
+
+``--full-size`` builds the real architecture with random weights (Cosmos-Predict2.5-2B transformer,
+Wan2.1 VAE, a Qwen2.5-VL-7B-sized text model; ``bench/latency.py``'s builder) from the real RoboTwin
+config, backbone in bf16 and the action head in fp32, and also prints MFU against ``--peak-tflops``.
 
 The last line is exactly ``speedup: X.XX`` (reference median step time / ours).
 """
@@ -40,6 +45,7 @@ from dit4dit_npu.models.testing import make_batch
 os.environ.setdefault("KINETO_LOG_LEVEL", "5")
 
 HERE = Path(__file__).resolve().parent
+REAL_CONFIG = HERE.parent / "configs/robotwin/dit4dit_robotwin.yaml"
 PATHS = ("ours", "reference")
 
 
@@ -63,8 +69,13 @@ def setup(args: argparse.Namespace):
             "bench/train_step.py compares joint training steps: set framework.cosmos25.training=joint"
         )
     device = dev.get_device()
-    model = build_dit4dit(cfg).to(device)
-    encoder = build_prompt_encoder(cfg).to(device)
+    if args.full_size:
+        from latency import build_full_size  # same directory: the full-size builder is shared
+
+        model, encoder = build_full_size(cfg, device, torch.bfloat16, args.full_size_layers)
+    else:
+        model = build_dit4dit(cfg).to(device)
+        encoder = build_prompt_encoder(cfg).to(device)
     model.prompt_encoder = encoder  # used only while the reference path is on
     d = cfg.datasets.vla_data
     batch = make_batch(
@@ -99,13 +110,18 @@ def train_step(model: DiT4DiT, batch: dict, opt: torch.optim.Optimizer) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", default=str(HERE / "medium.yaml"))
+    p.add_argument("--config", default=None, help="default: bench/medium.yaml (the real config with --full-size)")
+    p.add_argument("--full-size", action="store_true", help="random-init real-size model in bf16 (accelerator)")
+    p.add_argument("--full-size-layers", type=int, default=28, help=argparse.SUPPRESS)  # CPU smoke tests only
+    p.add_argument("--peak-tflops", type=float, default=None, help="device peak bf16 TFLOP/s, for MFU")
     p.add_argument("--steps", type=int, default=5, help="timed steps per path (after one warm-up each)")
     p.add_argument("--batch-size", type=int, default=4, help="per-device batch (the shipped runs used 4)")
     # 1 thread: on a shared 2-core box, 2 intra-op threads made steps 5-20x slower and erratic
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("overrides", nargs="*", help="config overrides, key=value")
     args = p.parse_args()
+    if args.config is None:
+        args.config = str(REAL_CONFIG if args.full_size else HERE / "medium.yaml")
     cfg, model, encoder, batch, opt, cache = setup(args)
     c = cfg.framework.cosmos25
     f = part_flops(model, encoder, batch)
@@ -154,6 +170,10 @@ def main() -> None:
         "prompt cache (ours) or + text encoder (reference); optimizer state is equal and excluded"
     )
     print(f"FLOP ratio reference/ours (device-independent): {flops['reference'] / flops['ours']:.2f}")
+    if args.peak_tflops:
+        for path in PATHS:
+            mfu = flops[path] / med[path] / (args.peak_tflops * 1e12)
+            print(f"MFU {path}: {100 * mfu:.1f}% of {args.peak_tflops:g} TFLOP/s ({flops[path] / med[path] / 1e12:.1f} TFLOP/s)")
     print(f"speedup: {med['reference'] / med['ours']:.2f}")
 
 
