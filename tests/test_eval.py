@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from policy_fixtures import TINY_YAML, shared_tiny_setup
 
-from dit4dit_npu import eval as ev
+from dit4dit_npu.eval import offline as ev
 
 REPO = Path(__file__).resolve().parents[1]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

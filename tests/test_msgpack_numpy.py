@@ -9,7 +9,7 @@ import msgpack
 import numpy as np
 import pytest
 
-from dit4dit_npu import msgpack_numpy as mn
+from dit4dit_npu.serve import msgpack_numpy as mn
 
 
 @pytest.mark.parametrize(
@@ -96,6 +96,6 @@ def test_decoded_arrays_are_read_only_views() -> None:
 
 
 def test_client_modules_do_not_import_torch() -> None:
-    code = "import sys, dit4dit_npu, dit4dit_npu.client, dit4dit_npu.msgpack_numpy; print('torch' in sys.modules)"
+    code = "import sys, dit4dit_npu, dit4dit_npu.serve.client, dit4dit_npu.serve.msgpack_numpy; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

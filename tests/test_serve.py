@@ -17,11 +17,11 @@ import pytest
 import websockets.sync.client
 from policy_fixtures import observation_from_sample, shared_tiny_setup
 
-from dit4dit_npu import msgpack_numpy
-from dit4dit_npu.client import ServerError, WebsocketClientPolicy
 from dit4dit_npu.policy import DiT4DiTPolicy
-from dit4dit_npu.serve import PolicyServer
-from dit4dit_npu.serve import main as serve_main
+from dit4dit_npu.serve import msgpack_numpy
+from dit4dit_npu.serve.client import ServerError, WebsocketClientPolicy
+from dit4dit_npu.serve.server import PolicyServer
+from dit4dit_npu.serve.server import main as serve_main
 
 TIMEOUT = 30.0  # every wait is bounded: a hang is a failure, not a stuck CI job
 

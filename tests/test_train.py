@@ -54,7 +54,7 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "PYTHONUNB
 # Crash injection for one test: the second policy export (the step-4 save) dies half-way.
 CRASHING_SAVE = """
 import sys
-import dit4dit_npu.policy_folder as pf
+import dit4dit_npu.policy.folder as pf
 real, calls = pf.export_policy, []
 def export_then_crash(*a, **k):
     calls.append(1)

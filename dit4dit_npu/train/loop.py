@@ -289,7 +289,7 @@ def _train(cfg: Config, accelerator) -> Path:
 
 
 def _save(cfg, accelerator, model, scheduler, sampler_state: dict, data, cache, run_dir: Path, step: int) -> None:
-    from dit4dit_npu import policy_folder
+    from dit4dit_npu.policy import folder as policy_folder
 
     tmp = ckpt_io.tmp_dir_for(run_dir, step)
     if accelerator.is_main_process:

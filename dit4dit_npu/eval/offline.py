@@ -231,7 +231,7 @@ def output_dir(output: str | None, policy_dir: Path) -> Path:
 
 
 def evaluate(args: argparse.Namespace) -> dict[str, Any]:
-    from dit4dit_npu import eval_plots
+    from dit4dit_npu.eval import plots as eval_plots
     from dit4dit_npu.policy import DiT4DiTPolicy
 
     policy = DiT4DiTPolicy.from_pretrained(args.checkpoint, device=args.device, base_model=args.base_model)
@@ -291,6 +291,3 @@ def main(argv: list[str] | None = None) -> int:
     print(f"wrote {out / 'metrics.json'} and {len(report['plots'])} plots")
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -32,7 +32,7 @@ from dit4dit_npu import device as dev
 from dit4dit_npu.config import Config
 from dit4dit_npu.data.normalize import Normalizer, pad_to
 from dit4dit_npu.data.video import resize_rgb
-from dit4dit_npu.policy_folder import (
+from dit4dit_npu.policy.folder import (
     FORMAT_VERSION,
     PolicyLoadError,
     export_policy,

@@ -33,7 +33,7 @@ import numpy as np
 import websockets
 import websockets.asyncio.server as ws_server
 
-from dit4dit_npu import msgpack_numpy
+from dit4dit_npu.serve import msgpack_numpy
 
 logger = logging.getLogger("dit4dit_npu.serve")
 
@@ -220,6 +220,3 @@ def main(argv: list[str] | None = None) -> int:
         pass
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

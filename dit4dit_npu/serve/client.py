@@ -2,7 +2,7 @@
 
 Imports only numpy, msgpack and websockets, never torch, so it runs on a robot computer:
 
-    from dit4dit_npu.client import WebsocketClientPolicy
+    from dit4dit_npu.serve.client import WebsocketClientPolicy
 
     policy = WebsocketClientPolicy("127.0.0.1", 8000)
     print(policy.get_server_metadata())  # camera_keys, image_size, action_dim, chunk_length ...
@@ -26,7 +26,7 @@ from typing import Any
 import websockets.sync.client
 from websockets.exceptions import InvalidMessage
 
-from dit4dit_npu import msgpack_numpy
+from dit4dit_npu.serve import msgpack_numpy
 
 logger = logging.getLogger(__name__)
 

@@ -110,7 +110,7 @@ def _tiled_real(policy: Any, frames: Any) -> np.ndarray:
 
 
 def plot_imagination(out: Path, policy: Any, ds: Any, preds: Any, n: int, steps: int, seed: int) -> Path | None:
-    from dit4dit_npu.eval import observation
+    from dit4dit_npu.eval.offline import observation
 
     if n <= 0 or len(preds.frame) == 0:
         return None

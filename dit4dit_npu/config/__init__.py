@@ -1,0 +1,56 @@
+"""The typed run config: ``schema`` (dataclasses, one per YAML section) and ``loader`` (YAML +
+dotted overrides -> validated ``Config``, one-line ``ConfigError``s)."""
+
+from dit4dit_npu.config.loader import (
+    ConfigError,
+    dump_yaml,
+    from_dict,
+    load_config,
+    parse_overrides,
+    read_yaml,
+    save_config,
+    to_dict,
+    validate,
+)
+from dit4dit_npu.config.schema import (
+    ActionModelConfig,
+    Config,
+    Cosmos25Config,
+    DatasetEntry,
+    DatasetsConfig,
+    DiffusionModelConfig,
+    FlowMatchingConfig,
+    FrameworkConfig,
+    LossScaleConfig,
+    OptimizerConfig,
+    SchedulerKwargs,
+    TinyCosmosConfig,
+    TrainerConfig,
+    VLADataConfig,
+)
+
+__all__ = [
+    "ActionModelConfig",
+    "Config",
+    "ConfigError",
+    "Cosmos25Config",
+    "DatasetEntry",
+    "DatasetsConfig",
+    "DiffusionModelConfig",
+    "FlowMatchingConfig",
+    "FrameworkConfig",
+    "LossScaleConfig",
+    "OptimizerConfig",
+    "SchedulerKwargs",
+    "TinyCosmosConfig",
+    "TrainerConfig",
+    "VLADataConfig",
+    "dump_yaml",
+    "from_dict",
+    "load_config",
+    "parse_overrides",
+    "read_yaml",
+    "save_config",
+    "to_dict",
+    "validate",
+]

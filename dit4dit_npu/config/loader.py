@@ -1,0 +1,232 @@
+"""Loading a run config: YAML file + dotted overrides -> a validated ``Config``, with clear errors.
+
+    cfg = load_config("configs/robotwin/dit4dit_robotwin.yaml", ["trainer.max_train_steps=10"])
+
+Overrides come as `a.b=c` or DiT4DiT's `--a.b c`; values are parsed as YAML scalars/lists. An
+unknown key fails with the closest valid name; a wrong type names the key, the value and the
+expected type (``ConfigError``: one line, no traceback needed).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from dit4dit_npu.config.schema import Config
+
+
+class ConfigError(ValueError):
+    """A config problem with a one-line, user-facing message (no traceback needed)."""
+
+
+def load_config(path: str | Path | None, overrides: list[str] | None = None) -> Config:
+    """YAML file (or defaults when None) + overrides -> validated Config."""
+    raw: dict[str, Any] = {}
+    if path is not None:
+        raw = read_yaml(path)
+    for key, value in parse_overrides(overrides or []):
+        _set_dotted(raw, key, value)
+    cfg = from_dict(Config, raw)
+    validate(cfg)
+    return cfg
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file not found: {p}")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        raise ConfigError(f"malformed YAML in {p}{where}: {getattr(e, 'problem', e)}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{p}: expected a mapping at the top level, got {type(data).__name__}")
+    return data
+
+
+def parse_overrides(args: list[str]) -> list[tuple[str, Any]]:
+    """`a.b=c` and `--a.b c` / `--a.b=c` -> [(key, yaml-parsed value)]."""
+    out: list[tuple[str, Any]] = []
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg.startswith("--"):
+            body = arg[2:]
+            if "=" in body:
+                key, text = body.split("=", 1)
+            else:
+                if i + 1 >= len(args):
+                    raise ConfigError(f"override {arg} has no value (use --{body} VALUE or {body}=VALUE)")
+                key, text = body, args[i + 1]
+                i += 1
+        elif "=" in arg:
+            key, text = arg.split("=", 1)
+        else:
+            raise ConfigError(f"cannot parse override {arg!r}: expected key=value or --key value")
+        try:
+            value = yaml.safe_load(text) if text != "" else ""
+        except yaml.YAMLError:
+            value = text
+        out.append((key.strip(), value))
+        i += 1
+    return out
+
+
+def _set_dotted(d: dict[str, Any], key: str, value: Any) -> None:
+    parts = key.split(".")
+    for part in parts[:-1]:
+        nxt = d.get(part)
+        if not isinstance(nxt, dict):
+            nxt = {}
+            d[part] = nxt
+        d = nxt
+    d[parts[-1]] = value
+
+
+def from_dict(cls: type, data: Any, prefix: str = "") -> Any:
+    """Build dataclass `cls` from a nested dict, rejecting unknown keys and wrong types."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{prefix or 'config'}: expected a mapping, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for key, value in data.items():
+        full = f"{prefix}{key}"
+        if key not in fields:
+            close = difflib.get_close_matches(str(key), list(fields), n=1, cutoff=0.5)
+            hint = f"; did you mean {prefix}{close[0]}?" if close else f"; valid keys: {', '.join(fields)}"
+            raise ConfigError(f"unknown config key {full!r}{hint}")
+        kwargs[key] = _coerce(hints[key], value, full)
+    return cls(**kwargs)
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _coerce(tp: Any, value: Any, key: str) -> Any:
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if dataclasses.is_dataclass(tp):
+        return from_dict(tp, value, prefix=key + ".")
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return _coerce(a, value, key)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(f"{key}: got {value!r}, expected {_type_name(tp)}")
+    if origin is Literal:
+        if isinstance(value, bool) and ("yes" if value else "no") in args:
+            value = "yes" if value else "no"  # YAML 1.1 reads a bare no/yes as a bool
+        if value not in args:
+            raise ConfigError(f"{key}: got {value!r}, expected one of {list(args)}")
+        return value
+    if origin is list:
+        if isinstance(value, tuple):
+            value = list(value)
+        if not isinstance(value, list):
+            raise ConfigError(f"{key}: got {value!r}, expected a list of {_type_name(args[0])}")
+        return [_coerce(args[0], v, f"{key}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: got {value!r}, expected a mapping of {_type_name(args[1])}")
+        return {str(k): _coerce(args[1], v, f"{key}.{k}") for k, v in value.items()}
+    if tp is Any:
+        return value
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{key}: got {value!r}, expected bool (true/false)")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        raise ConfigError(f"{key}: got {value!r}, expected int")
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):  # YAML 1.1 reads "1e-5" as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise ConfigError(f"{key}: got {value!r}, expected float")
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise ConfigError(f"{key}: got {value!r}, expected str")
+    raise ConfigError(f"{key}: unsupported config type {tp}")
+
+
+def validate(cfg: Config) -> None:
+    """Cross-field checks that the type system cannot express."""
+    c = cfg.framework.cosmos25
+    a = cfg.framework.action_model
+    d = cfg.datasets.vla_data
+    t = cfg.trainer
+    if c.extract_layer < 0:
+        raise ConfigError(f"framework.cosmos25.extract_layer: got {c.extract_layer}, expected >= 0")
+    if a.action_dim > d.max_action_dim:
+        raise ConfigError(
+            f"framework.action_model.action_dim ({a.action_dim}) exceeds "
+            f"datasets.vla_data.max_action_dim ({d.max_action_dim})"
+        )
+    if a.state_dim > d.max_state_dim:
+        raise ConfigError(
+            f"framework.action_model.state_dim ({a.state_dim}) exceeds "
+            f"datasets.vla_data.max_state_dim ({d.max_state_dim})"
+        )
+    if not d.video_delta_indices or d.video_delta_indices[0] != 0:
+        raise ConfigError("datasets.vla_data.video_delta_indices: must start with 0 (the conditioning frame)")
+    if d.action_video_freq_ratio < 1:
+        raise ConfigError("datasets.vla_data.action_video_freq_ratio: expected >= 1")
+    if len(d.image_size) != 2 or min(d.image_size) <= 0:
+        raise ConfigError(f"datasets.vla_data.image_size: got {d.image_size}, expected [height, width]")
+    if not d.camera_keys:
+        raise ConfigError("datasets.vla_data.camera_keys: expected at least one camera")
+    if not 0.0 <= d.val_fraction < 1.0:
+        raise ConfigError(f"datasets.vla_data.val_fraction: got {d.val_fraction}, expected in [0, 1)")
+    if "base" not in t.learning_rate:
+        raise ConfigError("trainer.learning_rate: needs a 'base' entry")
+    for name, v in (
+        ("max_train_steps", t.max_train_steps),
+        ("save_interval", t.save_interval),
+        ("logging_frequency", t.logging_frequency),
+        ("gradient_accumulation_steps", t.gradient_accumulation_steps),
+        ("keep_last_checkpoints", t.keep_last_checkpoints),
+    ):
+        if v < 1:
+            raise ConfigError(f"trainer.{name}: got {v}, expected >= 1")
+    if a.repeated_diffusion_steps < 1:
+        raise ConfigError("framework.action_model.repeated_diffusion_steps: expected >= 1")
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    return dataclasses.asdict(cfg)
+
+
+def dump_yaml(cfg: Config) -> str:
+    return yaml.safe_dump(to_dict(cfg), sort_keys=False)
+
+
+def save_config(cfg: Config, path: str | Path) -> None:
+    Path(path).write_text(dump_yaml(cfg))

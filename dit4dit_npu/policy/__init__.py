@@ -1,0 +1,13 @@
+"""Inference: ``DiT4DiTPolicy`` (robot-unit ``predict_action``) and the exported policy folder.
+
+    from dit4dit_npu.policy import DiT4DiTPolicy
+    policy = DiT4DiTPolicy.from_pretrained("runs/<run_id>/checkpoints/step_005000/policy")
+
+``folder`` owns the on-disk format (what a checkpoint exports, how it is read back); ``policy``
+wraps a loaded model with its PolicyIO for robots, servers and evaluation.
+"""
+
+from dit4dit_npu.policy.folder import FORMAT_VERSION, PolicyLoadError, export_policy
+from dit4dit_npu.policy.policy import DiT4DiTPolicy, PolicyInputError
+
+__all__ = ["FORMAT_VERSION", "DiT4DiTPolicy", "PolicyInputError", "PolicyLoadError", "export_policy"]

@@ -1,0 +1,5 @@
+import sys
+
+from dit4dit_npu.serve.server import main
+
+sys.exit(main())

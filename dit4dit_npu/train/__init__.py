@@ -1,0 +1,1 @@
+"""Training: accelerate + DeepSpeed loop, optimizer and schedule, checkpoints, metrics."""
