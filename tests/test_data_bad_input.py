@@ -117,15 +117,17 @@ def test_camera_key_absent(ds_copy: Path) -> None:
     )
 
 
-@pytest.mark.parametrize(
-    "override,key",
-    [("framework.action_model.action_dim=7", "action"), ("framework.action_model.state_dim=12", "state")],
-)
-def test_dim_mismatch_with_config(ds_copy: Path, override: str, key: str) -> None:
-    msg = raises_and_writes_nothing(
-        ds_copy.parent, lambda: build_training_data(cfg_for(ds_copy, override)), str(ds_copy), "14 dims"
+def test_declared_width_differs_from_the_parquet(ds_copy: Path) -> None:
+    info = ds_copy / "meta" / "info.json"
+    meta = json.loads(info.read_text())
+    meta["features"]["action"]["shape"] = [16]
+    info.write_text(json.dumps(meta))
+    raises_and_writes_nothing(
+        ds_copy.parent,
+        lambda: build_training_data(cfg_for(ds_copy)),
+        str(ds_copy),
+        "'action' is 14 wide in the parquet files but meta/info.json declares 16",
     )
-    assert f"framework.action_model.{key}_dim" in msg
 
 
 def test_state_key_absent(ds_copy: Path) -> None:

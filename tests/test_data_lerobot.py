@@ -14,7 +14,8 @@ from dit4dit_npu.data.demo import TASKS, demo_episode, read_frame_code, write_de
 from dit4dit_npu.data.errors import DatasetError
 from dit4dit_npu.data.inspect import check_dataset, summarize
 from dit4dit_npu.data.lerobot import LeRobotDataset
-from dit4dit_npu.data.video import VideoDecoder, resize_rgb
+from dit4dit_npu.data.video import VideoDecoder
+from dit4dit_npu.transforms.images import resize_rgb
 
 EPISODES, LENGTH, FPS, TASK_COUNT = 7, 20, 10, 3
 HIGH = "observation.images.cam_high"

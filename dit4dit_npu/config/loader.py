@@ -185,16 +185,9 @@ def validate(cfg: Config) -> None:
     t = cfg.trainer
     if c.extract_layer < 0:
         raise ConfigError(f"framework.cosmos25.extract_layer: got {c.extract_layer}, expected >= 0")
-    if a.action_dim > d.max_action_dim:
-        raise ConfigError(
-            f"framework.action_model.action_dim ({a.action_dim}) exceeds "
-            f"datasets.vla_data.max_action_dim ({d.max_action_dim})"
-        )
-    if a.state_dim > d.max_state_dim:
-        raise ConfigError(
-            f"framework.action_model.state_dim ({a.state_dim}) exceeds "
-            f"datasets.vla_data.max_state_dim ({d.max_state_dim})"
-        )
+    for key in ("max_state_dim", "max_action_dim"):
+        if getattr(d, key) is not None and getattr(d, key) < 1:
+            raise ConfigError(f"datasets.vla_data.{key}: got {getattr(d, key)}, expected >= 1 or null")
     if not d.video_delta_indices or d.video_delta_indices[0] != 0:
         raise ConfigError("datasets.vla_data.video_delta_indices: must start with 0 (the conditioning frame)")
     if d.action_video_freq_ratio < 1:

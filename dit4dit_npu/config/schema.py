@@ -150,10 +150,15 @@ class VLADataConfig:
     )
     # Per-view size [H, W] after resize (each divisible by 16 once tiled).
     image_size: list[int] = field(default_factory=lambda: [224, 224])
+    # How camera views become one frame: side by side ("width"), stacked ("height"),
+    # or a near-square "grid". Any number of views; names do not matter (SPEC A4).
+    view_layout: Literal["width", "height", "grid"] = "width"
     state_key: str = "observation.state"
     action_key: str = "action"
-    max_state_dim: int = 14
-    max_action_dim: int = 14
+    # Padded widths of the model's state/action inputs (mixed embodiments share one width);
+    # null = no padding (the encoded width: sincos doubles the state dims).
+    max_state_dim: int | None = None
+    max_action_dim: int | None = None
     # Action normalization: min_max to [-1, 1] (original), mean_std, q99 (q01/q99 to [-1, 1]).
     action_norm: Literal["min_max", "mean_std", "q99"] = "min_max"
     # State input: sincos of raw joints (original), or normalized like actions, or raw.
@@ -162,7 +167,6 @@ class VLADataConfig:
     # ({dataset path: [episode indices]}); deterministic from the seed.
     val_fraction: float = 0.1
     val_episodes: dict[str, list[int]] | None = None
-    video_backend: Literal["pyav"] = "pyav"
 
 
 @dataclass
@@ -172,7 +176,8 @@ class DatasetsConfig:
 
 @dataclass
 class OptimizerConfig:
-    name: Literal["AdamW"] = "AdamW"
+    """AdamW (the only optimizer the original ran; its `name` key is not needed)."""
+
     betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
     eps: float = 1e-8
     weight_decay: float = 1e-8

@@ -1,14 +1,16 @@
-"""Data layer: LeRobot v2.1/v3.0 reading, RoboTwin samples, normalization, mixtures, demo data.
+"""Data layer: LeRobot v2.1/v3.0 reading, sample assembly, statistics, mixtures, validation, demo data.
 
-    from dit4dit_npu.data import build_training_data, collate
+    from dit4dit_npu.data import build_training_data
+    from dit4dit_npu.batch import Batch
     data = build_training_data(cfg, rank, world_size, barrier)
-    loader = DataLoader(data.train_dataset, batch_size=..., sampler=data.sampler, collate_fn=collate)
+    loader = DataLoader(data.train_dataset, batch_size=..., sampler=data.sampler, collate_fn=Batch.collate)
 
-Modules: ``lerobot`` (LeRobotDataset), ``meta`` (its metadata), ``video`` (PyAV decode/resize),
-``robotwin`` (samples + collate), ``normalize`` (Normalizer), ``mixture`` (split + sampler),
-``build`` (config -> TrainingData), ``writer`` (arrays -> LeRobot files), ``demo`` and
-``inspect`` (command-line tools).
-Exports are imported lazily so ``python -m dit4dit_npu.data.demo`` / ``.inspect`` stay clean.
+Modules: ``lerobot`` (LeRobotDataset), ``meta`` (its metadata), ``video`` (PyAV decode),
+``robotwin`` (raw samples; PolicyIO turns them into model tensors), ``stats`` (statistics of the
+training episodes), ``mixture`` (split + sampler), ``validate`` (every dataset check, as lists of
+problems), ``build`` (config -> TrainingData), ``writer`` (arrays -> LeRobot files), ``demo`` and
+``inspect`` (command-line tools). Exports are imported lazily so ``python -m
+dit4dit_npu.data.demo`` / ``.inspect`` stay clean.
 """
 
 from __future__ import annotations
@@ -23,25 +25,20 @@ if TYPE_CHECKING:
     from dit4dit_npu.data.lerobot import LeRobotDataset
     from dit4dit_npu.data.meta import LeRobotDatasetMetadata
     from dit4dit_npu.data.mixture import MixtureSampler, split_episodes
-    from dit4dit_npu.data.normalize import FeatureStats, Normalizer, compute_stats, merge_stats, pad_to
-    from dit4dit_npu.data.robotwin import RoboTwinDataset, collate
-    from dit4dit_npu.data.video import VideoDecoder, resize_rgb
+    from dit4dit_npu.data.robotwin import RawSample, RoboTwinDataset
+    from dit4dit_npu.data.stats import compute_stats
+    from dit4dit_npu.data.video import VideoDecoder
 
 _EXPORTS = {
     "DatasetError": "errors",
     "LeRobotDataset": "lerobot",
     "LeRobotDatasetMetadata": "meta",
     "VideoDecoder": "video",
-    "resize_rgb": "video",
-    "FeatureStats": "normalize",
-    "Normalizer": "normalize",
-    "compute_stats": "normalize",
-    "merge_stats": "normalize",
-    "pad_to": "normalize",
+    "compute_stats": "stats",
     "MixtureSampler": "mixture",
     "split_episodes": "mixture",
+    "RawSample": "robotwin",
     "RoboTwinDataset": "robotwin",
-    "collate": "robotwin",
     "TrainingData": "build",
     "build_training_data": "build",
     "write_demo_dataset": "demo",
@@ -49,20 +46,15 @@ _EXPORTS = {
 
 __all__ = [
     "DatasetError",
-    "FeatureStats",
     "LeRobotDataset",
     "LeRobotDatasetMetadata",
     "MixtureSampler",
-    "Normalizer",
+    "RawSample",
     "RoboTwinDataset",
     "TrainingData",
     "VideoDecoder",
     "build_training_data",
-    "collate",
     "compute_stats",
-    "merge_stats",
-    "pad_to",
-    "resize_rgb",
     "split_episodes",
     "write_demo_dataset",
 ]

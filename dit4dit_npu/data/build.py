@@ -1,10 +1,11 @@
-"""``build_training_data(cfg)``: config -> validated datasets, split, normalizer, sampler.
+"""``build_training_data(cfg)``: config -> validated datasets, split, PolicyIO, sampler.
 
 Order matters: resolve paths (generating the demo dataset when asked and absent, rank 0 only),
-open every dataset and validate it against the config (cameras, state/action dims, the clip
-offsets on each video's frame grid) before anything expensive, split episodes, compute
-normalization statistics from the *training* episodes only, then build the datasets and the
-sampler. Nothing is written anywhere except the generated demo dataset.
+open every dataset and validate it against the config (``validate.feature_problems``: cameras,
+state/action widths, the clip offsets on each video's frame grid) before anything expensive,
+split episodes, compute statistics from the *training* episodes only, build the PolicyIO from
+them, then the datasets and the sampler. Nothing is written anywhere except the generated demo
+dataset.
 """
 
 from __future__ import annotations
@@ -15,12 +16,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dit4dit_npu.config import Config, VLADataConfig
+from dit4dit_npu.config import Config, ConfigError, VLADataConfig
 from dit4dit_npu.data.errors import DatasetError
 from dit4dit_npu.data.lerobot import LeRobotDataset
 from dit4dit_npu.data.mixture import MixtureSampler, split_episodes
-from dit4dit_npu.data.normalize import Normalizer, compute_stats
-from dit4dit_npu.data.robotwin import RoboTwinDataset, check_cameras, feature_dim
+from dit4dit_npu.data.robotwin import RoboTwinDataset
+from dit4dit_npu.data.stats import compute_stats
+from dit4dit_npu.data.validate import feature_problems, raise_first
+from dit4dit_npu.transforms.policy_io import PolicyIO, PolicyIOError
 
 
 @dataclass
@@ -28,7 +31,7 @@ class TrainingData:
     train_dataset: RoboTwinDataset
     val_dataset: RoboTwinDataset | None
     sampler: MixtureSampler
-    normalizer: Normalizer
+    io: PolicyIO
     # resolved dataset path -> {"train": [episode indices], "val": [...]}
     split: dict[str, dict[str, list[int]]]
     dataset_paths: list[Path]
@@ -72,36 +75,6 @@ def ensure_demo_data(
             time.sleep(0.5)
 
 
-def validate_dataset(ds: LeRobotDataset, cfg: Config) -> None:
-    """Cameras, dims and clip-offset grid of one dataset against the config (clear errors)."""
-    d, a = cfg.datasets.vla_data, cfg.framework.action_model
-    check_cameras(ds, d.camera_keys)
-    for key, what, want, limit, name in (
-        (d.state_key, "state", a.state_dim, d.max_state_dim, "state_dim"),
-        (d.action_key, "action", a.action_dim, d.max_action_dim, "action_dim"),
-    ):
-        have = feature_dim(ds, key, what)
-        if have != want:
-            raise DatasetError(
-                f"{ds.root}: {what} {key!r} has {have} dims but framework.action_model.{name} is {want}"
-            )
-        if have > limit:
-            raise DatasetError(
-                f"{ds.root}: {what} {key!r} has {have} dims > datasets.vla_data.max_{name} {limit}"
-            )
-    # Clip offsets are frames of the dataset's fps; each camera's video must have those times on
-    # its own frame grid (a video at another rate would silently return the wrong frame).
-    for key in d.camera_keys:
-        feat = ds.meta.features[key]
-        vfps = float((feat.get("info") or feat.get("video_info") or {}).get("video.fps", ds.fps))
-        for off in d.video_delta_indices:
-            t = off / ds.fps
-            if abs(t * vfps - round(t * vfps)) / vfps > ds.tolerance_s:
-                raise DatasetError(
-                    f"{ds.root}: clip offset {off} frames = {t:.6f} s is off the {vfps:g} fps grid of {key!r}"
-                )
-
-
 def _split_seed(seed: int, name: str) -> int:
     # Stable across machines (the config path, not the resolved one) and different per dataset.
     return (seed * 1_000_003 + zlib.crc32(name.encode())) % (2**32)
@@ -121,8 +94,7 @@ def build_training_data(
                 "datasets.vla_data.generate_demo_if_missing=true to generate the demo dataset there)"
             )
     datasets = [LeRobotDataset(p, image_size=tuple(d.image_size)) for p in paths]
-    for ds in datasets:
-        validate_dataset(ds, cfg)
+    raise_first(feature_problems(datasets, d.camera_keys, [d.state_key, d.action_key], d.video_delta_indices))
 
     known = {e.path for e in d.data_mix} | {str(p) for p in paths}
     unknown = sorted(set(d.val_episodes or {}) - known)
@@ -145,10 +117,12 @@ def build_training_data(
         val_eps.append(val)
 
     stats = compute_stats(datasets, [d.state_key, d.action_key], train_eps)
-    normalizer = Normalizer(stats[d.action_key], stats[d.state_key], d.action_norm, d.state_norm)
-    chunk = cfg.framework.action_model.chunk_length
-    train_ds = RoboTwinDataset(datasets, d, chunk, normalizer, train_eps)
-    val_ds = RoboTwinDataset(datasets, d, chunk, normalizer, val_eps) if any(val_eps) else None
+    try:
+        io = PolicyIO.from_config(cfg, stats[d.state_key], stats[d.action_key], source_sizes(datasets, d.camera_keys))
+    except PolicyIOError as e:
+        raise ConfigError(str(e)) from None
+    train_ds = RoboTwinDataset(datasets, io, d.state_key, d.action_key, train_eps)
+    val_ds = RoboTwinDataset(datasets, io, d.state_key, d.action_key, val_eps) if any(val_eps) else None
     sampler = MixtureSampler(
         train_ds.dataset_sizes,
         [e.weight for e in d.data_mix],
@@ -157,4 +131,15 @@ def build_training_data(
         world_size=world_size,
         batch_size=d.per_device_batch_size,
     )
-    return TrainingData(train_ds, val_ds, sampler, normalizer, split, paths, datasets)
+    return TrainingData(train_ds, val_ds, sampler, io, split, paths, datasets)
+
+
+def source_sizes(datasets: list[LeRobotDataset], cameras: list[str]) -> dict[str, list[list[int]]]:
+    """(H, W) of each camera's videos across the mixture (for the live-image aspect check)."""
+    sizes: dict[str, list[list[int]]] = {k: [] for k in cameras}
+    for ds in datasets:
+        for key in cameras:
+            hw = ds.meta.video_size(key)
+            if hw is not None and list(hw) not in sizes[key]:
+                sizes[key].append(list(hw))
+    return {k: v for k, v in sizes.items() if v}

@@ -20,6 +20,7 @@ import numpy as np
 from dit4dit_npu.data.errors import DatasetError
 from dit4dit_npu.data.lerobot import STANDARD_COLUMNS, _column_to_numpy
 from dit4dit_npu.data.meta import LeRobotDatasetMetadata, read_parquet
+from dit4dit_npu.data.validate import table_problems
 from dit4dit_npu.data.video import probe_video
 
 
@@ -59,32 +60,7 @@ def _check_data(meta: LeRobotDatasetMetadata, tol: float) -> list[str]:
         except DatasetError as e:
             problems.append(str(e))
             continue
-        for k, arr in cols.items():
-            if arr.dtype.kind == "f":
-                bad = ~np.isfinite(arr.reshape(len(arr), -1)).all(1)
-                if bad.any():
-                    problems.append(f"{path}: {int(bad.sum())} rows with NaN/inf in column {k!r}")
-        unknown = sorted(set(np.unique(cols["task_index"]).tolist()) - set(meta.tasks))
-        if unknown:
-            problems.append(f"{path}: task_index values {unknown} not in the tasks metadata")
-        for ep in eps:
-            e = ep["episode_index"]
-            rows = np.flatnonzero(cols["episode_index"] == e)
-            if len(rows) != ep["length"]:
-                problems.append(
-                    f"{path}: episode {e} has {len(rows)} rows, metadata length is {ep['length']}"
-                )
-                continue
-            if not np.array_equal(cols["frame_index"][rows], np.arange(len(rows))):
-                problems.append(f"{path}: episode {e} frame_index is not 0..{len(rows) - 1}")
-            ts = cols["timestamp"][rows].astype(np.float64)
-            d = np.diff(ts)
-            if (d <= 0).any():
-                problems.append(f"{path}: episode {e} timestamps are not strictly increasing")
-            elif (np.abs(d - 1.0 / meta.fps) > tol).any():
-                problems.append(f"{path}: episode {e} timestamps are not 1/fps = {1 / meta.fps:.6f} s apart")
-            if len(ts) and abs(ts[0]) > tol:
-                problems.append(f"{path}: episode {e} timestamps start at {ts[0]:.6f} s, expected 0")
+        problems += table_problems(path, cols, eps, meta.fps, tol, meta.tasks)
     return problems
 
 
@@ -165,7 +141,7 @@ def summarize(root: str | Path) -> str:
             lines.append(f"  {k}: {f.get('dtype')} {f.get('shape')}  {names if names else ''}")
     try:
         from dit4dit_npu.data.lerobot import LeRobotDataset
-        from dit4dit_npu.data.normalize import FeatureStats
+        from dit4dit_npu.transforms.stats import FeatureStats
 
         ds = LeRobotDataset(root)
         lines.append("stats (from parquet, all episodes)")

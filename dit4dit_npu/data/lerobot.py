@@ -29,6 +29,7 @@ import torch
 
 from dit4dit_npu.data.errors import DatasetError
 from dit4dit_npu.data.meta import LeRobotDatasetMetadata, read_parquet
+from dit4dit_npu.data.validate import raise_first, table_problems
 from dit4dit_npu.data.video import VideoDecoder
 
 STANDARD_COLUMNS = ("timestamp", "frame_index", "episode_index", "index", "task_index")
@@ -139,14 +140,12 @@ class LeRobotDataset(torch.utils.data.Dataset):
             if missing:
                 raise DatasetError(f"{path}: missing columns {missing} (declared in meta/info.json)")
             cols = {k: _column_to_numpy(table.column(k), k, path) for k in keys}
+            metas = [self.meta.episode(ep) for ep in eps]
+            raise_first(table_problems(path, cols, metas, self.meta.fps, self.tolerance_s, self.meta.tasks))
             ep_col = cols["episode_index"]
             for ep in eps:
                 rows = np.flatnonzero(ep_col == ep)
-                length = self.meta.episode(ep)["length"]
-                if len(rows) != length:
-                    raise DatasetError(
-                        f"{path}: episode {ep} has {len(rows)} rows, meta says length {length}"
-                    )
+                length = len(rows)
                 for k in keys:
                     parts[k].append(cols[k][rows])
                 self._ep_bounds[ep] = (n, n + length)
@@ -160,7 +159,6 @@ class LeRobotDataset(torch.utils.data.Dataset):
             elif arr.dtype.kind in "iu":
                 arr = arr.astype(np.int64, copy=False)
             self._columns[k] = np.ascontiguousarray(arr)
-        self._check_values()
 
     def _check_videos_exist(self, selected: list[int]) -> None:
         """Fail at construction, not in a worker hours later (the original resampled forever, C5)."""
@@ -171,34 +169,6 @@ class LeRobotDataset(torch.utils.data.Dataset):
         if missing:
             more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
             raise DatasetError(f"video file(s) missing: {', '.join(missing[:3])}{more}")
-
-    def _check_values(self) -> None:
-        """NaN/inf anywhere, and timestamps not spaced 1/fps, are errors naming the file.
-
-        Vectorized over all rows (tens of thousands of episodes must not mean as many loops).
-        """
-        ep_col = self._columns["episode_index"]
-        for k, arr in self._columns.items():
-            if arr.dtype.kind != "f" or not len(arr):
-                continue
-            finite = np.isfinite(arr.reshape(len(arr), -1)).all(1)
-            if not finite.all():
-                row = int(np.flatnonzero(~finite)[0])
-                ep = int(ep_col[row])
-                raise DatasetError(
-                    f"{self._ep_file[ep]}: non-finite value (NaN/inf) in column {k!r}, episode {ep}, "
-                    f"frame_index {int(self._columns['frame_index'][row])}"
-                )
-        ts = self._columns["timestamp"].astype(np.float64)
-        same_ep = ep_col[1:] == ep_col[:-1]  # the rows of one episode are contiguous
-        off = same_ep & (np.abs(np.diff(ts) - 1.0 / self.meta.fps) > self.tolerance_s)
-        if off.any():
-            i = int(np.flatnonzero(off)[0])
-            ep = int(ep_col[i])
-            raise DatasetError(
-                f"{self._ep_file[ep]}: episode {ep} timestamps {ts[i]:.6f} -> {ts[i + 1]:.6f} s are not "
-                f"1/fps = {1.0 / self.meta.fps:.6f} s apart (tolerance {self.tolerance_s:g} s)"
-            )
 
     # -- lerobot-like API -------------------------------------------------------------------
 

@@ -28,6 +28,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from dit4dit_npu.data.errors import DatasetError
+from dit4dit_npu.transforms.stats import pool_moments
 
 SUPPORTED_VERSIONS = ("v2.0", "v2.1", "v3.0")
 STAT_NAMES = ("min", "max", "mean", "std", "count", "q01", "q10", "q50", "q90", "q99")
@@ -87,16 +88,12 @@ def aggregate_episode_stats(
         if not parts:
             continue
         counts = np.array([float(np.asarray(p["count"]).reshape(-1)[0]) for p in parts])
-        shape = (-1,) + (1,) * (np.ndim(parts[0]["mean"]))
-        w = (counts / counts.sum()).reshape(shape)
-        means = np.stack([p["mean"] for p in parts])
-        mean = (w * means).sum(0)
-        var = (w * (np.stack([p["std"] for p in parts]) ** 2 + (means - mean) ** 2)).sum(0)
+        mean, std = pool_moments(counts, np.stack([p["mean"] for p in parts]), np.stack([p["std"] for p in parts]))
         out[key] = {
             "min": np.min(np.stack([p["min"] for p in parts]), 0),
             "max": np.max(np.stack([p["max"] for p in parts]), 0),
             "mean": mean,
-            "std": np.sqrt(var),
+            "std": std,
             "count": np.array([counts.sum()]),
         }
     return out

@@ -6,14 +6,13 @@ RGB *only* the wanted frames, resizing them in the same swscale call (SPEC B8/B9
 decoded and converted every clip frame at full size, then resized each one separately).
 Open containers are cached per process, so a DataLoader worker opens each file once.
 
-``resize_rgb`` is the same swscale path applied to an RGB image; the policy API uses it on live
-camera images so that inference sees images resized exactly as in training.
+The swscale conversion (and ``resize_rgb`` for live images) lives in ``transforms.images``: one
+resize path for training and inference.
 """
 
 from __future__ import annotations
 
 import os
-import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from fractions import Fraction
@@ -24,49 +23,10 @@ import numpy as np
 from av.video.reformatter import VideoReformatter
 
 from dit4dit_npu.data.errors import DatasetError
-
-# swscale filter for every resize (decode-time and live images). Bilinear like the original's
-# F.interpolate; swscale widens the kernel when downscaling, so it does not alias.
-INTERPOLATION = "BILINEAR"
+from dit4dit_npu.transforms.images import swscale_rgb
 
 # When two wanted frames are further apart than this, seeking is cheaper than decoding through.
 SEEK_GAP_S = 1.0
-
-
-def _convert(
-    frame: av.VideoFrame, size_hw: Sequence[int] | None, reformatter: VideoReformatter
-) -> np.ndarray:
-    """One swscale pass: pixel-format conversion to rgb24 and (optional) resize together.
-
-    A long-lived ``VideoReformatter`` keeps its swscale context between frames; ``to_ndarray``
-    on a fresh frame builds one per call, which costs ~5x the conversion itself. ``threads=1``:
-    PyAV's default (auto) gives the context a thread pool, which deadlocks a forked DataLoader
-    worker that inherits it (its threads do not exist there); workers are the parallelism.
-    """
-    if size_hw is None:
-        rgb = reformatter.reformat(frame, format="rgb24", threads=1)
-    else:
-        h, w = int(size_hw[0]), int(size_hw[1])
-        rgb = reformatter.reformat(
-            frame, width=w, height=h, format="rgb24", interpolation=INTERPOLATION, threads=1
-        )
-    return rgb.to_ndarray()
-
-
-_local = threading.local()  # one reformatter per thread: swscale contexts are not thread-safe
-
-
-def resize_rgb(image: np.ndarray, size_hw: Sequence[int]) -> np.ndarray:
-    """Resize a uint8 HWC RGB image to ``size_hw`` (H, W) exactly as decoded training frames are."""
-    if image.dtype != np.uint8 or image.ndim != 3 or image.shape[2] != 3:
-        raise ValueError(f"resize_rgb expects a uint8 (H, W, 3) image, got {image.dtype} {image.shape}")
-    h, w = int(size_hw[0]), int(size_hw[1])
-    if image.shape[:2] == (h, w):
-        return image.copy()
-    if not hasattr(_local, "reformatter"):
-        _local.reformatter = VideoReformatter()
-    frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(image), format="rgb24")
-    return _convert(frame, (h, w), _local.reformatter)
 
 
 class VideoDecoder:
@@ -185,7 +145,7 @@ class VideoDecoder:
                         f"video {path}: no frame within {tol:g} s of t={wanted[i]:.6f} s "
                         f"(nearest decoded frame at {t:.6f} s; timestamps off the video's frame grid?)"
                     )
-                image = _convert(frame, size_hw, self._reformatter)
+                image = swscale_rgb(frame, size_hw, self._reformatter)
                 while i < len(wanted) and abs(t - wanted[i]) <= tol:
                     found[wanted[i]] = image
                     i += 1

@@ -13,7 +13,7 @@ training-set mean action. Steps past the episode end are excluded (no recorded a
 Writes ``metrics.json`` (MSE/MAE overall, per joint and per horizon step for the model and both
 baselines, the model/baseline ratios; < 1 means better than the baseline) and PNG plots
 (``eval_plots.py``). The original's offline G1 evaluator normalized state differently from
-training (SPEC A7); here the same Normalizer as training is applied, inside the policy.
+training (SPEC A7); here the same PolicyIO as training is applied, inside the policy.
 """
 
 from __future__ import annotations
@@ -69,9 +69,10 @@ def _ratio(a: float, b: float) -> float | None:
     return float(a / b) if b > 0 else None
 
 
-def compute_metrics(p: Predictions, mean_action: np.ndarray, normalizer: Any) -> dict[str, Any]:
+def compute_metrics(p: Predictions, io: Any) -> dict[str, Any]:
     a_dim = p.target.shape[-1]
     results: dict[str, Any] = {"model": error_stats(p.pred, p.target, p.valid)}
+    mean_action = io.stats["action"].mean
     baselines: dict[str, np.ndarray] = {"dataset_mean": np.asarray(mean_action)[None, None, :a_dim]}
     if p.state.shape[-1] == a_dim:  # absolute joint actions: holding = commanding the current state
         baselines["hold_position"] = p.state[:, None, :]
@@ -82,12 +83,11 @@ def compute_metrics(p: Predictions, mean_action: np.ndarray, normalizer: Any) ->
         results[f"ratio_to_{name}"] = {
             k: _ratio(results["model"][k], results[name][k]) for k in ("mse", "mae")
         }
-    # Same quantity as the trainer's val/action_mse (normalized space), for cross-checking.
-    norm_err = normalizer.normalize_action(p.pred.astype(np.float64)) - normalizer.normalize_action(
-        p.target.astype(np.float64)
-    )
+    # Same quantity as the trainer's val/action_mse (normalized space, real dims), for cross-checking.
+    real = io.action_mask
+    norm_err = (io.normalize_actions(p.pred) - io.normalize_actions(p.target))[..., real]
     w = p.valid[..., None]
-    results["model"]["normalized_mse"] = float((norm_err**2 * w).sum() / max(w.sum() * a_dim, 1))
+    results["model"]["normalized_mse"] = float((norm_err**2 * w).sum() / max(w.sum() * int(real.sum()), 1))
     return results
 
 
@@ -149,19 +149,17 @@ def build_eval_dataset(policy: Any, targets: list[tuple[Path, list[int] | None]]
 
     d = policy.cfg.datasets.vla_data
     try:
-        datasets = [LeRobotDataset(root, episodes=eps, image_size=tuple(d.image_size)) for root, eps in targets]
-        return RoboTwinDataset(datasets, d, policy.chunk_length, policy.normalizer, raw=True)
+        datasets = [LeRobotDataset(root, episodes=eps, image_size=policy.io.image_size) for root, eps in targets]
+        return RoboTwinDataset(datasets, policy.io, d.state_key, d.action_key)
     except DatasetError as e:
         raise EvalError(str(e)) from None
 
 
-def observation(policy: Any, samples: list[dict[str, Any]]) -> dict[str, Any]:
-    """Dataset samples -> a batched observation as a robot would send it (uint8 HWC per camera)."""
-    obs: dict[str, Any] = {}
-    for v, key in enumerate(policy.camera_keys):
-        obs[key] = np.stack([s["frames"][0, v].permute(1, 2, 0).numpy() for s in samples])
-    obs["state"] = np.stack([s["raw_state"].numpy() for s in samples])
-    obs["instruction"] = [s["instruction"] for s in samples]
+def observation(camera_keys: list[str], samples: list[Any]) -> dict[str, Any]:
+    """Raw samples -> a batched observation as a robot would send it (uint8 HWC per camera)."""
+    obs: dict[str, Any] = {key: np.stack([s.views[0, v] for s in samples]) for v, key in enumerate(camera_keys)}
+    obs["state"] = np.stack([s.state for s in samples])
+    obs["instruction"] = [s.instruction for s in samples]
     return obs
 
 
@@ -171,20 +169,36 @@ def run_predictions(policy: Any, ds: Any, indices: np.ndarray, batch_size: int, 
     rows: dict[str, list[Any]] = {k: [] for k in ("pred", "target", "valid", "state", "dataset", "episode", "frame", "index")}
     batches = [indices[i : i + batch_size] for i in range(0, len(indices), batch_size)]
     for b, chunk in enumerate(tqdm(batches, desc="eval", unit="batch", dynamic_ncols=True)):
-        samples = [ds.get_sample(int(i), raw=True) for i in chunk]
-        pred = policy.predict_action(observation(policy, samples), seed=seed + b)
+        samples = [ds.raw_sample(int(i)) for i in chunk]
+        pred = policy.predict_action(observation(policy.camera_keys, samples), seed=seed + b)
         for i, s in zip(chunk, samples):
-            k, row = ds.locate(int(i))
-            _, end = ds.datasets[k].episode_bounds(int(s["episode_index"]))
-            rows["valid"].append(row + np.arange(policy.chunk_length) < end)
-            rows["target"].append(s["raw_action"].numpy())
-            rows["state"].append(s["raw_state"].numpy())
-            rows["dataset"].append(k)
-            rows["episode"].append(int(s["episode_index"]))
-            rows["frame"].append(int(s["frame_index"]))
+            rows["valid"].append(s.valid)
+            rows["target"].append(s.actions)
+            rows["state"].append(s.state)
+            rows["dataset"].append(s.dataset)
+            rows["episode"].append(s.episode)
+            rows["frame"].append(s.frame)
             rows["index"].append(int(i))
         rows["pred"].extend(pred)
     return Predictions(**{k: np.asarray(v) for k, v in rows.items()})
+
+
+def imagination_strips(policy: Any, ds: Any, preds: Predictions, n: int, steps: int, seed: int) -> list:
+    """(title, real clip, imagined clip) for ``n`` evaluated frames: the real future with the
+    model's own view tiling above the backbone's imagined one (both (T, H, W, 3) uint8)."""
+    from dit4dit_npu.transforms.images import untile
+
+    if n <= 0 or len(preds.frame) == 0:
+        return []
+    strips = []
+    for p in np.unique(np.linspace(0, len(preds.frame) - 1, n).round().astype(int)):
+        s = ds.raw_sample(int(preds.index[p]))
+        real = untile(policy.io.frames(s.views).numpy())
+        imagined = policy.predict_video(observation(policy.camera_keys, [s]), steps=steps, seed=seed)[0]
+        t = min(len(real), len(imagined))
+        name = Path(str(ds.datasets[s.dataset].root)).name
+        strips.append((f"{name} ep{s.episode} t={s.frame}", real[:t], imagined[:t]))
+    return strips
 
 
 def joint_names(ds: Any, key: str, dim: int) -> list[str]:
@@ -243,15 +257,12 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     indices = sample_indices(len(ds), args.max_frames, args.stride)
     preds = run_predictions(policy, ds, indices, args.batch_size, args.seed)
     d = policy.cfg.datasets.vla_data
-    metrics = compute_metrics(preds, policy.normalizer.action_stats.mean, policy.normalizer)
+    metrics = compute_metrics(preds, policy.io)
     names = joint_names(ds, d.action_key, policy.action_dim)
     out = output_dir(args.output, policy_dir)
     out.mkdir(parents=True, exist_ok=True)
-    plots = eval_plots.plot_all(
-        out, policy, ds, preds, metrics, names,
-        plot_episodes=args.plot_episodes, video_samples=args.video_samples,
-        video_steps=args.video_steps, seed=args.seed,
-    )
+    strips = imagination_strips(policy, ds, preds, args.video_samples, args.video_steps, args.seed)
+    plots = eval_plots.plot_all(out, ds, preds, metrics, names, plot_episodes=args.plot_episodes, strips=strips)
     report = {
         "checkpoint": str(policy_dir),
         "step": policy.info.get("step"),

@@ -101,29 +101,10 @@ def plot_trajectory(out: Path, ds: Any, preds: Any, k: int, episode: int, names:
     return path
 
 
-def _tiled_real(policy: Any, frames: Any) -> np.ndarray:
-    """Sample clip (T, V, 3, H, W) -> (T, H', W', 3) with the model's own view tiling."""
-    from dit4dit_npu.models.views import tile_views
-
-    tiled = tile_views(frames[None], policy.cfg.framework.cosmos25.view_layout)[0]
-    return tiled.permute(0, 2, 3, 1).numpy()
-
-
-def plot_imagination(out: Path, policy: Any, ds: Any, preds: Any, n: int, steps: int, seed: int) -> Path | None:
-    from dit4dit_npu.eval.offline import observation
-
-    if n <= 0 or len(preds.frame) == 0:
+def plot_imagination(out: Path, strips: list[tuple[str, np.ndarray, np.ndarray]]) -> Path | None:
+    """``strips``: (title, real (T, H, W, 3), imagined (T, H, W, 3)) per picked frame."""
+    if not strips:
         return None
-    picks = np.unique(np.linspace(0, len(preds.frame) - 1, n).round().astype(int))
-    strips = []
-    for p in picks:
-        k, ep, fr = int(preds.dataset[p]), int(preds.episode[p]), int(preds.frame[p])
-        lerobot_ds = ds.datasets[k]
-        sample = ds.get_sample(int(preds.index[p]), raw=True)
-        real = _tiled_real(policy, sample["frames"])
-        imagined = policy.predict_video(observation(policy, [sample]), steps=steps, seed=seed)[0]
-        t = min(len(real), len(imagined))
-        strips.append((f"{Path(str(lerobot_ds.root)).name} ep{ep} t={fr}", real[:t], imagined[:t]))
     t_max = max(len(s[1]) for s in strips)
     fig, axes = plt.subplots(2 * len(strips), t_max, figsize=(1.8 * t_max, 2.0 * len(strips) * 1.1), squeeze=False)
     for r, (title, real, imagined) in enumerate(strips):
@@ -145,23 +126,20 @@ def plot_imagination(out: Path, policy: Any, ds: Any, preds: Any, n: int, steps:
 
 def plot_all(
     out: Path,
-    policy: Any,
     ds: Any,
     preds: Any,
     metrics: dict[str, Any],
     names: list[str],
     *,
     plot_episodes: int = 3,
-    video_samples: int = 3,
-    video_steps: int = 2,
-    seed: int = 0,
+    strips: list[tuple[str, np.ndarray, np.ndarray]] | None = None,
 ) -> list[Path]:
     paths = [plot_horizon(out, metrics), plot_joints(out, metrics, names)]
     # The episodes with the most evaluated frames give the most readable trajectories.
     pairs, counts = np.unique(np.stack([preds.dataset, preds.episode], 1), axis=0, return_counts=True)
     for k, ep in pairs[np.argsort(-counts, kind="stable")][:plot_episodes]:
-        paths.append(plot_trajectory(out, ds, preds, int(k), int(ep), names, policy.cfg.datasets.vla_data.action_key))
-    img = plot_imagination(out, policy, ds, preds, video_samples, video_steps, seed)
+        paths.append(plot_trajectory(out, ds, preds, int(k), int(ep), names, ds.action_key))
+    img = plot_imagination(out, strips or [])
     if img is not None:
         paths.append(img)
     return paths

@@ -4,7 +4,9 @@
                                        episodes, camera keys, sizes and dims (see export_policy)
     <policy>/config.yaml               the resolved training config
     <policy>/model.safetensors         trainable weights only (transformer + action head)
-    <policy>/normalizer.json           action/state statistics and modes of the training data
+    <policy>/policy_io.json            every robot <-> model transform (cameras, sizes, state
+                                       encoding, action normalization, padding) and the
+                                       training data's statistics it was built from
     <policy>/prompt_cache.safetensors  embeddings of every training instruction
 
 The frozen base model (VAE, text encoder; "tiny" or a local Cosmos folder) is referred to by
@@ -23,17 +25,17 @@ from pathlib import Path
 from typing import Any
 
 from dit4dit_npu.config import Config, ConfigError, dump_yaml, load_config
-from dit4dit_npu.data.normalize import Normalizer
+from dit4dit_npu.transforms.policy_io import PolicyIO, PolicyIOError
 
-FORMAT_VERSION = 1
-POLICY_JSON, CONFIG, WEIGHTS, NORMALIZER, PROMPTS = (
+FORMAT_VERSION = 2  # 2: policy_io.json replaces normalizer.json
+POLICY_JSON, CONFIG, WEIGHTS, POLICY_IO, PROMPTS = (
     "policy.json",
     "config.yaml",
     "model.safetensors",
-    "normalizer.json",
+    "policy_io.json",
     "prompt_cache.safetensors",
 )
-REQUIRED_FILES = (POLICY_JSON, CONFIG, WEIGHTS, NORMALIZER, PROMPTS)
+REQUIRED_FILES = (POLICY_JSON, CONFIG, WEIGHTS, POLICY_IO, PROMPTS)
 
 
 class PolicyLoadError(RuntimeError):
@@ -47,28 +49,11 @@ def _base_model_ref(base_model: str) -> str:
     return str(p.resolve()) if base_model != "tiny" and p.is_dir() else base_model
 
 
-def _source_image_sizes(dataset_paths: list[str], camera_keys: list[str]) -> dict[str, list[list[int]]]:
-    """(H, W) of each camera in the training datasets' info.json (for the live-image aspect check)."""
-    from dit4dit_npu.data.meta import LeRobotDatasetMetadata
-
-    sizes: dict[str, list[list[int]]] = {k: [] for k in camera_keys}
-    for path in dataset_paths:
-        try:
-            meta = LeRobotDatasetMetadata(path)
-        except Exception:  # the export must not fail because a dataset moved since training
-            continue
-        for key in camera_keys:
-            hw = meta.video_size(key) if key in meta.features else None
-            if hw is not None and list(hw) not in sizes[key]:
-                sizes[key].append(list(hw))
-    return {k: v for k, v in sizes.items() if v}
-
-
 def export_policy(
     out_dir: str | Path,
     model: Any,
     cfg: Config,
-    normalizer: Normalizer,
+    io: PolicyIO,
     prompt_cache: Any,
     split: dict[str, Any],
     dataset_paths: list[str] | list[Path],
@@ -91,7 +76,7 @@ def export_policy(
         weights = {k: v.detach().cpu().clone().contiguous() for k, v in model.trainable_state_dict().items()}
         save_file(weights, str(tmp / WEIGHTS), metadata={"format": "dit4dit_npu.policy", "step": str(step)})
         (tmp / CONFIG).write_text(dump_yaml(cfg))
-        (tmp / NORMALIZER).write_text(normalizer.to_json())
+        io.save(tmp / POLICY_IO)
         prompt_cache.save(tmp / PROMPTS)
 
         paths = [str(Path(p).resolve()) for p in dataset_paths]
@@ -101,7 +86,6 @@ def export_policy(
             held_out[resolved] = sorted(int(e) for e in (entry.get("val", []) if isinstance(entry, dict) else entry))
             if isinstance(entry, dict) and "train" in entry:
                 trained_on[resolved] = sorted(int(e) for e in entry["train"])
-        d, a = cfg.datasets.vla_data, cfg.framework.action_model
         info = {
             "format_version": FORMAT_VERSION,
             "base_model": _base_model_ref(cfg.framework.cosmos25.base_model),
@@ -109,14 +93,6 @@ def export_policy(
             "datasets": paths,
             "held_out_episodes": held_out,
             "train_episodes": trained_on,
-            "camera_keys": list(d.camera_keys),
-            "image_size": list(d.image_size),
-            "source_image_sizes": _source_image_sizes(paths, list(d.camera_keys)),
-            "action_dim": normalizer.action_dim,
-            "state_dim": normalizer.state_dim,
-            "chunk_length": a.chunk_length,
-            "action_norm": normalizer.action_mode,
-            "state_norm": normalizer.state_mode,
             "instructions": sorted(prompt_cache.instructions),
         }
         (tmp / POLICY_JSON).write_text(json.dumps(info, indent=1))
@@ -177,15 +153,13 @@ def read_policy_info(policy_dir: Path) -> dict[str, Any]:
 class LoadedPolicy:
     model: Any
     cfg: Config
-    normalizer: Normalizer
+    io: PolicyIO
     prompt_cache: Any
     info: dict[str, Any]
     path: Path
 
 
-def load_policy_folder(
-    policy_dir: str | Path, base_model: str | None = None, overrides: list[str] | None = None
-) -> LoadedPolicy:
+def load_policy_folder(policy_dir: str | Path, base_model: str | None = None) -> LoadedPolicy:
     """Read and validate a policy folder and build its model on the CPU."""
     from safetensors.torch import load_file
 
@@ -195,19 +169,19 @@ def load_policy_folder(
     info = read_policy_info(path)
     base = base_model if base_model is not None else info.get("base_model", "tiny")
     try:
-        cfg = load_config(path / CONFIG, overrides)
+        cfg = load_config(path / CONFIG)
     except ConfigError as e:
         raise PolicyLoadError(f"{path / CONFIG}: {e}") from None
     # Set directly, not as an override string: a path is not a YAML scalar to be parsed.
     cfg.framework.cosmos25.base_model = str(base)
-    # The run's DeepSpeed/accelerate settings mean nothing at inference.
+    # The run's training-only settings mean nothing at inference.
     cfg.trainer.enable_gradient_checkpointing = False
     try:
-        normalizer = Normalizer.from_json((path / NORMALIZER).read_text())
-    except (ValueError, KeyError, TypeError) as e:
-        raise PolicyLoadError(f"{path / NORMALIZER}: {e}") from None
+        io = PolicyIO.load(path / POLICY_IO)
+    except PolicyIOError as e:
+        raise PolicyLoadError(str(e)) from None
     try:
-        model = build_dit4dit(cfg)
+        model = build_dit4dit(cfg, io.spec)
     except ConfigError as e:
         hint = "" if base_model else " (pass base_model= / --base-model to point at the Cosmos folder)"
         raise PolicyLoadError(f"cannot build the base model recorded in {path / POLICY_JSON}: {e}{hint}") from None
@@ -224,4 +198,4 @@ def load_policy_folder(
     except ValueError as e:
         raise PolicyLoadError(str(e)) from None
     model.eval()
-    return LoadedPolicy(model, cfg, normalizer, cache, info, path)
+    return LoadedPolicy(model, cfg, io, cache, info, path)

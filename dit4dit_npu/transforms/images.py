@@ -1,0 +1,94 @@
+"""Camera images -> the one frame the video backbone sees: resize, then tile the views.
+
+- ``swscale_rgb`` is the ONE resize path: training frames are resized inside the decoder's
+  YUV->RGB conversion with it, live images with ``resize_rgb``, so inference sees images resized
+  exactly as in training (bilinear; swscale widens the kernel when downscaling, so it does not
+  alias).
+- ``tile_views`` puts the camera views side by side ("width"), stacked ("height") or on a
+  near-square "grid", by position, whatever the cameras are called. The original placed a view
+  beside the primary one only if its key contained "wrist" and appended any other camera on the
+  *time* axis, where it became "future frames" (SPEC A4).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Sequence
+from typing import Literal
+
+import av
+import numpy as np
+from av.video.reformatter import VideoReformatter
+from einops import rearrange
+
+ViewLayout = Literal["width", "height", "grid"]
+VIEW_LAYOUTS = ("width", "height", "grid")
+
+INTERPOLATION = "BILINEAR"  # swscale filter for every resize (decode-time and live images)
+
+
+def swscale_rgb(frame: av.VideoFrame, size_hw: Sequence[int] | None, reformatter: VideoReformatter) -> np.ndarray:
+    """One swscale pass: pixel-format conversion to rgb24 and (optional) resize together.
+
+    A long-lived ``VideoReformatter`` keeps its swscale context between frames (a fresh one per
+    frame costs ~5x the conversion). ``threads=1``: PyAV's default thread pool deadlocks a forked
+    DataLoader worker that inherits it; workers are the parallelism.
+    """
+    if size_hw is None:
+        return reformatter.reformat(frame, format="rgb24", threads=1).to_ndarray()
+    h, w = int(size_hw[0]), int(size_hw[1])
+    rgb = reformatter.reformat(frame, width=w, height=h, format="rgb24", interpolation=INTERPOLATION, threads=1)
+    return rgb.to_ndarray()
+
+
+_local = threading.local()  # one reformatter per thread: swscale contexts are not thread-safe
+
+
+def resize_rgb(image: np.ndarray, size_hw: Sequence[int]) -> np.ndarray:
+    """Resize a uint8 (H, W, 3) RGB image to ``size_hw`` exactly as decoded training frames are."""
+    if image.dtype != np.uint8 or image.ndim != 3 or image.shape[2] != 3:
+        raise ValueError(f"resize_rgb expects a uint8 (H, W, 3) image, got {image.dtype} {image.shape}")
+    if image.shape[:2] == tuple(int(s) for s in size_hw):
+        return image
+    if not hasattr(_local, "reformatter"):
+        _local.reformatter = VideoReformatter()
+    frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(image), format="rgb24")
+    return swscale_rgb(frame, size_hw, _local.reformatter)
+
+
+def grid_shape(num_views: int, layout: str) -> tuple[int, int]:
+    """(rows, cols) of the tiling; "grid" is near-square, filled row by row."""
+    if num_views < 1:
+        raise ValueError(f"need at least one camera view, got {num_views}")
+    if layout == "width":
+        return 1, num_views
+    if layout == "height":
+        return num_views, 1
+    if layout == "grid":
+        cols = math.ceil(math.sqrt(num_views))
+        return math.ceil(num_views / cols), cols
+    raise ValueError(f"view_layout {layout!r}: expected one of {list(VIEW_LAYOUTS)}")
+
+
+def tiled_size(image_size: Sequence[int], num_views: int, layout: str) -> tuple[int, int]:
+    rows, cols = grid_shape(num_views, layout)
+    return rows * int(image_size[0]), cols * int(image_size[1])
+
+
+def tile_views(views: np.ndarray, layout: str) -> np.ndarray:
+    """uint8 (..., V, H, W, 3) -> (..., 3, rows*H, cols*W): view v at cell (v // cols, v % cols).
+
+    Empty cells of an incomplete grid are black. Channels-first, as the model takes frames.
+    """
+    rows, cols = grid_shape(views.shape[-4], layout)
+    missing = rows * cols - views.shape[-4]
+    if missing:
+        blank = np.zeros(views.shape[:-4] + (missing,) + views.shape[-3:], dtype=views.dtype)
+        views = np.concatenate([views, blank], axis=-4)
+    return rearrange(views, "... (r c) h w ch -> ... ch (r h) (c w)", r=rows, c=cols)
+
+
+def untile(frame: np.ndarray) -> np.ndarray:
+    """(..., 3, H, W) channels-first tiled frame -> (..., H, W, 3) for display."""
+    return rearrange(frame, "... ch h w -> ... h w ch")

@@ -1,0 +1,145 @@
+"""A robot's observation dict -> checked numpy arrays (single or batched), one clear error each.
+
+    {camera_key: uint8 (H, W, 3) or (B, H, W, 3), "state": (state_dim,) or (B, state_dim),
+     "instruction": str or list[str]}
+
+openpi clients call the instruction "prompt"; it is accepted as an alias. Images of another
+size are resized (the training resize path), but only when their aspect ratio matches the
+training videos': a distorted view is something the model never saw.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from dit4dit_npu.transforms.images import resize_rgb
+
+STATE, INSTRUCTION = "state", "instruction"
+ALIASES = {"prompt": INSTRUCTION}
+# Live camera aspect ratio may differ this much from the training videos' before it is an error.
+ASPECT_TOLERANCE = 0.02
+
+
+class PolicyInputError(ValueError):
+    """An observation the policy cannot take; the message says what was expected and what came."""
+
+
+@dataclass
+class Observation:
+    views: np.ndarray  # uint8 (B, V, H, W, 3) at the model's image size, cameras in model order
+    state: np.ndarray  # float64 (B, state_dim), robot units
+    instructions: list[str]
+    batched: bool
+
+
+def parse_observation(
+    obs: Any,
+    cameras: Sequence[str],
+    image_size: tuple[int, int],
+    state_dim: int,
+    source_sizes: dict[str, list[list[int]]] | None = None,
+) -> Observation:
+    if not isinstance(obs, dict):
+        raise PolicyInputError(f"observation must be a dict, got {type(obs).__name__}")
+    obs = {ALIASES.get(k, k): v for k, v in obs.items()}
+    _check_keys(obs, cameras)
+    views: list[np.ndarray] = []
+    batched: bool | None = None
+    for key in cameras:
+        imgs, is_batch = _images(key, obs[key], image_size, (source_sizes or {}).get(key))
+        if batched is None:
+            batched = is_batch
+        elif is_batch != batched or len(imgs) != len(views[0]):
+            raise PolicyInputError(
+                f"{key}: {len(imgs)} image(s) {'batched' if is_batch else 'single'}, but {cameras[0]} has "
+                f"{len(views[0])} ({'batched' if batched else 'single'}); every camera needs the same batch size"
+            )
+        views.append(imgs)
+    b, batched = len(views[0]), bool(batched)
+    return Observation(
+        views=np.stack(views, axis=1),
+        state=_state(obs[STATE], b, batched, state_dim),
+        instructions=_instructions(obs[INSTRUCTION], b, batched),
+        batched=batched,
+    )
+
+
+def _check_keys(obs: dict[str, Any], cameras: Sequence[str]) -> None:
+    expected = [*cameras, STATE, INSTRUCTION]
+    missing = [k for k in expected if k not in obs]
+    unknown = [k for k in obs if k not in expected]
+    if missing or unknown:
+        parts = ([f"missing {missing}"] if missing else []) + ([f"unexpected {unknown}"] if unknown else [])
+        raise PolicyInputError(
+            f"observation keys: {'; '.join(parts)}. Expected exactly {expected} "
+            f"(camera keys from the training config), got {sorted(map(str, obs))}"
+        )
+
+
+def _images(
+    key: str, value: Any, size: tuple[int, int], source_sizes: list[list[int]] | None
+) -> tuple[np.ndarray, bool]:
+    img = np.asarray(value)
+    if img.dtype != np.uint8:
+        hint = " (scale [0, 1] floats with (x * 255).round().astype(np.uint8))" if img.dtype.kind == "f" else ""
+        raise PolicyInputError(f"{key}: expected a uint8 RGB image, got dtype {img.dtype}{hint}")
+    if img.ndim not in (3, 4) or img.shape[-1] != 3:
+        chw = img.ndim in (3, 4) and img.shape[-3] == 3
+        hint = " (channels-first? use HWC: img.transpose(1, 2, 0))" if chw else ""
+        raise PolicyInputError(f"{key}: expected (H, W, 3) or (B, H, W, 3) uint8, got shape {img.shape}{hint}")
+    batched = img.ndim == 4
+    imgs = img if batched else img[None]
+    if len(imgs) == 0 or min(imgs.shape[1:3]) < 2:
+        raise PolicyInputError(f"{key}: empty image or batch, shape {img.shape}")
+    h, w = imgs.shape[1:3]
+    if (h, w) != tuple(size):
+        _check_aspect(key, h, w, size, source_sizes)
+        imgs = np.stack([resize_rgb(np.ascontiguousarray(x), size) for x in imgs])
+    return imgs, batched
+
+
+def _check_aspect(key: str, h: int, w: int, size: tuple[int, int], sources: list[list[int]] | None) -> None:
+    if not sources or any(abs((w / h) / (sw / sh) - 1.0) <= ASPECT_TOLERANCE for sh, sw in sources):
+        return
+    raise PolicyInputError(
+        f"{key}: image size {h}x{w} (HxW) has another aspect ratio than the training videos "
+        f"({' or '.join(f'{sh}x{sw}' for sh, sw in sources)}); crop to that aspect ratio, or pass "
+        f"images already at the model size {size[0]}x{size[1]}"
+    )
+
+
+def _state(value: Any, b: int, batched: bool, state_dim: int) -> np.ndarray:
+    try:
+        state = np.asarray(value, dtype=np.float64)
+    except (TypeError, ValueError) as e:
+        raise PolicyInputError(f"state: expected numbers, got {type(value).__name__} ({e})") from None
+    want = (b, state_dim) if batched else (state_dim,)
+    if state.shape != want:
+        raise PolicyInputError(
+            f"state: expected shape {want} (state_dim={state_dim}, robot units, unpadded), got {state.shape}"
+        )
+    if not np.isfinite(state).all():
+        raise PolicyInputError("state: contains NaN or inf")
+    return state if batched else state[None]
+
+
+def _instructions(value: Any, b: int, batched: bool) -> list[str]:
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", errors="replace")
+    if isinstance(value, str):
+        texts = [value] * b
+    elif batched and isinstance(value, list | tuple) and all(isinstance(s, str) for s in value):
+        texts = list(value)
+        if len(texts) != b:
+            raise PolicyInputError(f"instruction: {len(texts)} strings for a batch of {b}")
+    else:
+        raise PolicyInputError(
+            f"instruction: expected a str{' or a list of str' if batched else ''}, got {type(value).__name__}"
+        )
+    if any(not s.strip() for s in texts):
+        raise PolicyInputError("instruction: empty string")
+    return texts

@@ -1,0 +1,304 @@
+"""PolicyIO: every transform between robot data and model tensors, in both directions.
+
+One object, built once from the training data's statistics and the config, saved with every
+checkpoint and policy folder (``policy_io.json``), and called by the dataset (``encode_sample``),
+the policy (``encode_observation`` / ``decode_actions``) and evaluation alike, so training and
+deployment cannot drift apart. It owns:
+
+- camera_keys: which observation keys, in which order, at which size, tiled how (``images.py``);
+- state: raw robot state -> encoded (normalized / sin-cos / raw) and zero-padded (``vector.py``);
+- action: raw chunk -> normalized and zero-padded, the real-dims mask, and the inverse for
+  predicted chunks;
+- the clip (frame offsets of a training sample) and the chunk length.
+
+The model reads its input widths from ``spec`` (a ``BatchSpec``), never from a second copy.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from dit4dit_npu.batch import Batch, BatchSpec
+from dit4dit_npu.config import Config
+from dit4dit_npu.transforms.images import VIEW_LAYOUTS, tile_views, tiled_size
+from dit4dit_npu.transforms.observation import parse_observation
+from dit4dit_npu.transforms.stats import FeatureStats
+from dit4dit_npu.transforms.vector import NORM_MODES, Normalize, Pad, SinCos, Step, VectorPipeline
+
+FORMAT = "dit4dit_npu.policy_io/1"
+STATE_MODES = (*NORM_MODES, "sincos", "none")
+
+
+class PolicyIOError(ValueError):
+    """A PolicyIO that cannot be built or read (one line naming the setting or file)."""
+
+
+@dataclass
+class PolicyIO:
+    camera_keys: list[str]
+    image_size: tuple[int, int]  # (H, W) of each view
+    view_layout: str
+    clip_offsets: list[int]  # frame offsets of a training clip; 0 = the observation
+    chunk_length: int
+    stats: dict[str, FeatureStats]  # raw "state" / "action" statistics of the training data
+    state: VectorPipeline
+    action: VectorPipeline
+    # camera -> [[H, W], ...] of the training videos (the live-image aspect-ratio check)
+    source_sizes: dict[str, list[list[int]]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.image_size = (int(self.image_size[0]), int(self.image_size[1]))
+        if self.view_layout not in VIEW_LAYOUTS:
+            raise PolicyIOError(f"view_layout {self.view_layout!r}: expected one of {list(VIEW_LAYOUTS)}")
+        if not self.camera_keys:
+            raise PolicyIOError("camera_keys: expected at least one camera")
+        if not self.clip_offsets or self.clip_offsets[0] != 0:
+            raise PolicyIOError(f"clip_offsets {self.clip_offsets}: must start with 0 (the observation frame)")
+        if self.chunk_length < 1:
+            raise PolicyIOError(f"chunk_length {self.chunk_length}: expected >= 1")
+
+    # ------------------------------------------------------------------ construction
+
+    @classmethod
+    def build(
+        cls,
+        *,
+        camera_keys: Sequence[str],
+        image_size: Sequence[int],
+        view_layout: str,
+        clip_offsets: Sequence[int],
+        chunk_length: int,
+        state_stats: FeatureStats,
+        action_stats: FeatureStats,
+        state_norm: str,
+        action_norm: str,
+        max_state_dim: int | None = None,
+        max_action_dim: int | None = None,
+        source_sizes: dict[str, list[list[int]]] | None = None,
+        warn: bool = True,
+    ) -> PolicyIO:
+        """The standard pipelines: state = encode (state_norm) + pad, action = normalize + pad."""
+        if state_norm not in STATE_MODES:
+            raise PolicyIOError(f"state_norm {state_norm!r}: expected one of {list(STATE_MODES)}")
+        if action_norm not in NORM_MODES:
+            raise PolicyIOError(f"action_norm {action_norm!r}: expected one of {list(NORM_MODES)}")
+        state_steps: list[Step] = []
+        if state_norm == "sincos":
+            state_steps.append(SinCos())
+        elif state_norm != "none":
+            state_steps.append(Normalize(state_norm, state_stats))
+        state = _padded(state_steps, state_stats.dim, max_state_dim, "state", "max_state_dim")
+        action = _padded([Normalize(action_norm, action_stats)], action_stats.dim, max_action_dim, "action",
+                         "max_action_dim")
+        io = cls(
+            camera_keys=list(camera_keys),
+            image_size=tuple(image_size),
+            view_layout=view_layout,
+            clip_offsets=[int(o) for o in clip_offsets],
+            chunk_length=int(chunk_length),
+            stats={"state": state_stats, "action": action_stats},
+            state=state,
+            action=action,
+            source_sizes=dict(source_sizes or {}),
+        )
+        if warn:
+            io.warn_degenerate()
+        return io
+
+    @classmethod
+    def from_config(
+        cls,
+        cfg: Config,
+        state_stats: FeatureStats,
+        action_stats: FeatureStats,
+        source_sizes: dict[str, list[list[int]]] | None = None,
+        warn: bool = True,
+    ) -> PolicyIO:
+        """The one adapter from the run config (datasets.vla_data, action chunk) to a PolicyIO."""
+        d = cfg.datasets.vla_data
+        return cls.build(
+            camera_keys=d.camera_keys,
+            image_size=d.image_size,
+            view_layout=d.view_layout,
+            clip_offsets=d.video_delta_indices[:: d.action_video_freq_ratio],
+            chunk_length=cfg.framework.action_model.future_action_window_size + 1,
+            state_stats=state_stats,
+            action_stats=action_stats,
+            state_norm=d.state_norm,
+            action_norm=d.action_norm,
+            max_state_dim=d.max_state_dim,
+            max_action_dim=d.max_action_dim,
+            source_sizes=source_sizes,
+            warn=warn,
+        )
+
+    def warn_degenerate(self) -> None:
+        for name, pipe in (("state", self.state), ("action", self.action)):
+            step = pipe.find(Normalize)
+            if step is not None and step.degenerate_dims:
+                warnings.warn(
+                    f"{name} dims {step.degenerate_dims} are constant in the training data ({step.mode}): "
+                    "they normalize to 0 and unnormalize to their constant value",
+                    stacklevel=3,
+                )
+
+    # ------------------------------------------------------------------ shapes
+
+    @property
+    def state_dim(self) -> int:
+        return self.state.in_dim
+
+    @property
+    def action_dim(self) -> int:
+        return self.action.in_dim
+
+    @property
+    def frame_size(self) -> tuple[int, int]:
+        return tiled_size(self.image_size, len(self.camera_keys), self.view_layout)
+
+    @property
+    def spec(self) -> BatchSpec:
+        return BatchSpec(
+            state_width=self.state.out_dim,
+            action_width=self.action.out_dim,
+            chunk_length=self.chunk_length,
+            num_frames=len(self.clip_offsets),
+            frame_size=self.frame_size,
+        )
+
+    @property
+    def action_mask(self) -> np.ndarray:
+        """(action_width,) bool: True on real action dims, False on padding."""
+        return self.action.mask()
+
+    # ------------------------------------------------------------------ robot -> model
+
+    def frames(self, views: np.ndarray) -> torch.Tensor:
+        """uint8 (..., V, H, W, 3) at ``image_size`` -> uint8 (..., 3, H', W') tiled."""
+        if tuple(views.shape[-3:-1]) != self.image_size or views.shape[-4] != len(self.camera_keys):
+            raise ValueError(
+                f"views: expected (..., {len(self.camera_keys)}, {self.image_size[0]}, {self.image_size[1]}, 3), "
+                f"got {views.shape}"
+            )
+        return torch.from_numpy(np.ascontiguousarray(tile_views(views, self.view_layout)))
+
+    def encode_state(self, state: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(self.state.forward(state).astype(np.float32))
+
+    def normalize_actions(self, actions: np.ndarray) -> np.ndarray:
+        """Raw (..., action_dim) -> normalized, padded (..., action_width), float64."""
+        return self.action.forward(actions)
+
+    def encode_sample(
+        self, views: np.ndarray, state: np.ndarray, actions: np.ndarray, instruction: str
+    ) -> dict[str, Any]:
+        """One training sample: views uint8 (T, V, H, W, 3), raw state (S,), raw chunk (H_a, A)."""
+        if actions.shape[0] != self.chunk_length:
+            raise ValueError(f"action chunk has {actions.shape[0]} steps, expected {self.chunk_length}")
+        mask = np.broadcast_to(self.action_mask, (self.chunk_length, self.action.out_dim))
+        return {
+            "frames": self.frames(views),
+            "instruction": instruction,
+            "state": self.encode_state(state) if self.state.out_dim else None,
+            "action": torch.from_numpy(self.normalize_actions(actions).astype(np.float32)),
+            "action_mask": torch.from_numpy(mask.copy()),
+        }
+
+    def encode_observation(self, obs: dict[str, Any]) -> tuple[Batch, bool]:
+        """A robot observation (single or batched) -> (inference Batch with T = 1, batched?)."""
+        o = parse_observation(obs, self.camera_keys, self.image_size, self.state_dim, self.source_sizes)
+        batch = Batch(
+            frames=self.frames(o.views)[:, None],
+            instruction=o.instructions,
+            state=self.encode_state(o.state) if self.state.out_dim else None,
+        )
+        return batch, o.batched
+
+    # ------------------------------------------------------------------ model -> robot
+
+    def decode_actions(self, normalized: torch.Tensor | np.ndarray) -> np.ndarray:
+        """Model output (..., action_width), normalized -> robot units (..., action_dim) float32."""
+        if isinstance(normalized, torch.Tensor):
+            normalized = normalized.detach().float().cpu().numpy()
+        return self.action.inverse(normalized).astype(np.float32)
+
+    # ------------------------------------------------------------------ serialization
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "camera_keys": list(self.camera_keys),
+            "image_size": list(self.image_size),
+            "view_layout": self.view_layout,
+            "clip_offsets": list(self.clip_offsets),
+            "chunk_length": self.chunk_length,
+            "source_sizes": self.source_sizes,
+            "stats": {k: s.to_dict() for k, s in self.stats.items()},
+            "state": self.state.to_config(),
+            "action": self.action.to_config(),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> PolicyIO:
+        if not isinstance(d, dict) or d.get("format") != FORMAT:
+            got = d.get("format") if isinstance(d, dict) else type(d).__name__
+            raise PolicyIOError(f"not a PolicyIO (format {got!r}, expected {FORMAT!r})")
+        try:
+            stats = {k: FeatureStats.from_dict(v) for k, v in d["stats"].items()}
+            return cls(
+                camera_keys=list(d["camera_keys"]),
+                image_size=tuple(d["image_size"]),
+                view_layout=d["view_layout"],
+                clip_offsets=list(d["clip_offsets"]),
+                chunk_length=int(d["chunk_length"]),
+                stats=stats,
+                state=VectorPipeline.from_config(d["state"], stats["state"]),
+                action=VectorPipeline.from_config(d["action"], stats["action"]),
+                source_sizes=d.get("source_sizes") or {},
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            raise PolicyIOError(f"malformed PolicyIO: {type(e).__name__}: {e}") from None
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=1))
+
+    @classmethod
+    def load(cls, path: str | Path) -> PolicyIO:
+        try:
+            data = json.loads(Path(path).read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise PolicyIOError(f"{path}: unreadable ({e})") from None
+        try:
+            return cls.from_dict(data)
+        except PolicyIOError as e:
+            raise PolicyIOError(f"{path}: {e}") from None
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, PolicyIO) and self.to_dict() == other.to_dict()
+
+    def __repr__(self) -> str:
+        return (
+            f"PolicyIO(camera_keys={self.camera_keys}, image {self.image_size} tiled {self.view_layout} -> "
+            f"{self.frame_size}, clip {self.clip_offsets}, chunk {self.chunk_length}, "
+            f"state {self.state}, action {self.action})"
+        )
+
+
+def _padded(steps: list[Step], in_dim: int, width: int | None, name: str, key: str) -> VectorPipeline:
+    encoded = VectorPipeline(steps, in_dim).out_dim
+    if width is None or width == encoded:
+        return VectorPipeline(steps, in_dim)
+    if width < encoded:
+        raise PolicyIOError(
+            f"datasets.vla_data.{key} is {width} but the encoded {name} has {encoded} dims "
+            f"({in_dim} raw); set {key} >= {encoded}, or leave it null for no padding"
+        )
+    return VectorPipeline([*steps, Pad(encoded, width)], in_dim)
