@@ -227,25 +227,114 @@ def apply_env_defaults(environ: dict[str, str] | None = None) -> dict[str, str]:
     return applied
 
 
-def check_local_ranks(local_world_size: int | None = None) -> None:
+def check_local_ranks(local_world_size: int | None = None) -> str | None:
     """One rank per physical card: more local ranks than visible cards fails clearly.
 
     On Ascend this otherwise surfaces deep inside HCCL as "Invalid device ID" / rtSetDevice 107001
-    or a "same physical device" error. CPU ranks are processes, so any count is fine there.
+    or a "same physical device" error. CPU ranks are processes, so any count works there; more of
+    them than cores only makes every rank slower, which is returned as a warning line (else None).
     """
     n = local_world_size if local_world_size is not None else int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     kind = device_type()
     if kind == CPU:
-        return
+        cores = cpu_cores()
+        if n > cores:
+            return (
+                f"warning: {n} CPU ranks per node but {cores} core(s): the ranks will contend for cores "
+                "(slower, not wrong); use --num_processes <= the core count"
+            )
+        return None
     cards = device_count()
     if n > cards:
         visible = "ASCEND_RT_VISIBLE_DEVICES" if kind == NPU else "CUDA_VISIBLE_DEVICES"
+        procs = f"{n} process{'es' if n != 1 else ''} per node"
+        if cards == 0:  # e.g. DIT4DIT_DEVICE names a device this host does not show
+            raise DeviceError(f"{procs} but no visible {kind} card (check {visible} and DIT4DIT_DEVICE)")
         raise DeviceError(
-            f"{n} processes per node but only {cards} visible {kind} card(s): use --num_processes <= "
+            f"{procs} but only {cards} visible {kind} card(s): use --num_processes <= "
             f"{cards} (one rank per physical card; check {visible})"
         )
+    return None
+
+
+def cpu_cores() -> int:
+    """Cores this process may run on (the affinity mask, which containers and taskset narrow)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def library_paths() -> list[str]:
+    """torch's (and torch_npu's, when installed) lib folders: compiled extensions imported before
+    torch otherwise fail with "libc10.so: cannot open shared object file". Never imports them."""
+    paths = []
+    for name in ("torch", "torch_npu"):
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.origin:
+            paths.append(os.path.join(os.path.dirname(spec.origin), "lib"))
+    return paths
+
+
+def launch_env(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The variables a launcher exports on this host: the Ascend defaults (only on an Ascend
+    host, never one the user set) and LD_LIBRARY_PATH with the torch/torch_npu lib folders first."""
+    env = dict(os.environ if environ is None else environ)
+    out = apply_env_defaults(env)
+    ld = ":".join([*library_paths(), *([env["LD_LIBRARY_PATH"]] if env.get("LD_LIBRARY_PATH") else [])])
+    if ld:
+        out["LD_LIBRARY_PATH"] = ld
+    return out
 
 
 def describe() -> str:
     kind = device_type()
     return f"device={kind} count={device_count()} backend={dist_backend()} attention={attention_backend_name()}"
+
+
+# --------------------------------------------------------------------------------------------
+# Command line (used by scripts/train_8p.sh)
+# --------------------------------------------------------------------------------------------
+
+USAGE = """usage: python -m dit4dit_npu.device [env [--ranks N]]
+  (no argument)   one line describing the detected device
+  env             `export NAME=value` lines for a launcher on this host (eval them in bash)
+  --ranks N       first check N ranks per node against the visible cards (one line, exit 2)"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    import shlex
+    import sys
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        if not args:
+            print(describe())
+            return 0
+        if args[0] != "env" or len(args) not in (1, 3) or (len(args) == 3 and args[1] != "--ranks"):
+            print(USAGE, file=sys.stderr)
+            return 2
+        if len(args) == 3:
+            ranks = _positive_int(args[2], "--ranks")
+            warning = check_local_ranks(ranks)
+            if warning:
+                print(warning, file=sys.stderr)
+        for key, value in launch_env().items():
+            print(f"export {key}={shlex.quote(value)}")
+        return 0
+    except DeviceError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+def _positive_int(text: str, name: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1 or str(n) != text.strip():
+        raise DeviceError(f"{name}={text!r}: expected a positive integer (ranks per node)")
+    return n
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

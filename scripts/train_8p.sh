@@ -7,6 +7,7 @@
 #
 # Multi-node: the same script on every node with --num_machines=M --machine_rank=R
 # --main_process_ip=IP [--main_process_port=P]; --num_processes is per node.
+# --dry_run: check the counts and this host, print the exports and the launch command, exit.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -19,6 +20,7 @@ num_machines=1
 machine_rank=0
 main_process_ip=127.0.0.1
 main_process_port=29500
+dry_run=0
 overrides=()
 for arg in "$@"; do
   case "$arg" in
@@ -30,52 +32,60 @@ for arg in "$@"; do
     --machine_rank=*) machine_rank="${arg#*=}" ;;
     --main_process_ip=*) main_process_ip="${arg#*=}" ;;
     --main_process_port=*) main_process_port="${arg#*=}" ;;
-    -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
+    --dry_run) dry_run=1 ;;
+    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
     --*) echo "train_8p.sh: unknown flag $arg" >&2; exit 2 ;;
     *) overrides+=("$arg") ;;
   esac
 done
 
-PY="${PYTHON:-$ROOT/.venv/bin/python}"
-[ -x "$PY" ] || PY=python3
-
-# Ascend defaults (never overriding what the user exported); harmless on CUDA hosts.
-export TASK_QUEUE_ENABLE="${TASK_QUEUE_ENABLE:-2}"
-export PYTORCH_NPU_ALLOC_CONF="${PYTORCH_NPU_ALLOC_CONF:-expandable_segments:True}"
-export CPU_AFFINITY_CONF="${CPU_AFFINITY_CONF:-1}"
-export WANDB_MODE="${WANDB_MODE:-offline}"
-# Compiled extensions imported before torch fail with "libc10.so: cannot open shared object file":
-# put torch's (and torch_npu's, when present) lib folders on the loader path.
-libs="$("$PY" - <<'PYEOF'
-import importlib.util, os
-paths = []
-for name in ("torch", "torch_npu"):
-    spec = importlib.util.find_spec(name)
-    if spec and spec.origin:
-        paths.append(os.path.join(os.path.dirname(spec.origin), "lib"))
-print(":".join(paths))
-PYEOF
-)"
-export LD_LIBRARY_PATH="${libs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-
-# One rank per physical card: more processes than visible cards fails later inside HCCL/NCCL
-# with an obscure "same physical device" / invalid device error, so check it here.
-cards="$("$PY" -c 'from dit4dit_npu import device; print(device.device_count() if device.device_type() != "cpu" else 0)')"
-if [ "$cards" -gt 0 ] && [ "$num_processes" -gt "$cards" ]; then
-  echo "train_8p.sh: --num_processes=$num_processes but only $cards visible card(s) on this node" >&2
+# Counts are checked here, before anything starts: a typo would otherwise surface as a Python
+# traceback from accelerate (or as zero processes).
+positive_int() {  # NAME VALUE
+  case "$2" in
+    ''|*[!0-9]*|0*) echo "train_8p.sh: --$1=$2: expected a positive integer" >&2; exit 2 ;;
+  esac
+}
+positive_int num_processes "$num_processes"
+positive_int num_machines "$num_machines"
+case "$machine_rank" in
+  ''|*[!0-9]*) echo "train_8p.sh: --machine_rank=$machine_rank: expected an integer from 0 to $((num_machines - 1))" >&2; exit 2 ;;
+esac
+if [ "$machine_rank" -ge "$num_machines" ]; then
+  echo "train_8p.sh: --machine_rank=$machine_rank: expected an integer from 0 to $((num_machines - 1))" >&2
   exit 2
 fi
 
+PY="${PYTHON:-$ROOT/.venv/bin/python}"
+[ -x "$PY" ] || PY=python3
+
+# The device layer (dit4dit_npu/device.py) owns the launch environment: it checks one rank per
+# visible card (one clear line, exit 2; a warning for more CPU ranks than cores) and prints the
+# exports for this host: the Ascend defaults only on Ascend hosts, never overriding what the user
+# exported, and torch's/torch_npu's lib folders on LD_LIBRARY_PATH.
+exports="$("$PY" -m dit4dit_npu.device env --ranks "$num_processes")" || exit 2
+eval "$exports"
+export WANDB_MODE="${WANDB_MODE:-offline}"
+
 [ -n "$max_train_steps" ] && overrides+=("trainer.max_train_steps=$max_train_steps")
 [ -n "$per_device_batch_size" ] && overrides+=("datasets.vla_data.per_device_batch_size=$per_device_batch_size")
+
+launch=(
+  "$PY" -m accelerate.commands.launch
+  --use_deepspeed --num_processes "$((num_processes * num_machines))"
+  --num_machines "$num_machines" --machine_rank "$machine_rank"
+  --main_process_ip "$main_process_ip" --main_process_port "$main_process_port"
+  -m dit4dit_npu.train --config "$config" "${overrides[@]}"
+)
+if [ "$dry_run" = 1 ]; then
+  printf '%s\n' "$exports"
+  printf '%q ' "${launch[@]}"; echo
+  exit 0
+fi
 
 LOG_DIR="${LOG_DIR:-logs}"
 mkdir -p "$LOG_DIR"
 LOG_FILE="$LOG_DIR/train_$(date +%Y%m%d_%H%M%S)_rank${machine_rank}.log"
 echo "train_8p.sh: $num_processes process(es) x $num_machines machine(s); log: $LOG_FILE"
 set -o pipefail
-"$PY" -m accelerate.commands.launch \
-  --use_deepspeed --num_processes "$((num_processes * num_machines))" \
-  --num_machines "$num_machines" --machine_rank "$machine_rank" \
-  --main_process_ip "$main_process_ip" --main_process_port "$main_process_port" \
-  -m dit4dit_npu.train --config "$config" "${overrides[@]}" 2>&1 | tee "$LOG_FILE"
+"${launch[@]}" 2>&1 | tee "$LOG_FILE"

@@ -1,9 +1,24 @@
-"""device.py: the CPU branch for real; NPU/CUDA branches by simulating the probes."""
+"""device.py on whatever host runs the suite: the detected branch for real, the others simulated.
+
+The rest of the suite runs on CPU by default (conftest.py sets DIT4DIT_DEVICE=cpu); these tests
+clear that so detection sees the real host: CPU here, CUDA on a GPU box, NPU on an Ascend box.
+The CPU branch also runs for real on every host (forced), and the NPU/CUDA answers are checked on
+any host by simulating the probes.
+"""
+
+import importlib.util
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 from dit4dit_npu import device
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(autouse=True)
@@ -20,32 +35,63 @@ def simulate(monkeypatch, npu: bool, cuda: bool):
     device.reset_cache()
 
 
-def test_cpu_branch_for_real():
-    assert device.device_type() == "cpu"  # no accelerator on this machine
-    assert device.get_device() == torch.device("cpu")
-    assert device.dist_backend() == "gloo"
-    assert device.supports_fused_adamw() is False
-    assert device.attention_backend_name() == "native"
+def host_kind() -> str:
+    """What this host has, asked of torch (and torch_npu) directly, not through device.py."""
+    if importlib.util.find_spec("torch_npu") is not None:
+        try:
+            import torch_npu  # noqa: F401
+
+            if torch.npu.is_available() and torch.npu.device_count() > 0:
+                return "npu"
+        except Exception:  # torch_npu without CANN: no NPU (what device.py must conclude too)
+            pass
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def check_answers_for_real(kind: str):
+    """Every answer device.py gives for `kind`, exercised on the device itself."""
+    assert device.device_type() == kind
+    dev = device.get_device()
+    assert dev.type == kind
+    assert device.dist_backend() == {"npu": "hccl", "cuda": "nccl", "cpu": "gloo"}[kind]
+    assert device.deepspeed_accelerator_name() == kind
+    assert device.supports_fused_adamw() is (kind != "cpu")
+    assert device.attention_backend_name() == ("_native_npu" if kind == "npu" else "native")
+    a = torch.ones(2, 2, device=dev)
     with device.autocast():
-        y = torch.ones(2, 2) @ torch.ones(2, 2)
-    assert y.dtype == torch.bfloat16
+        assert (a @ a).dtype == torch.bfloat16
     with device.autocast(enabled=False):
-        assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.float32
-    assert "peak_rss_gib" in device.memory_stats()
+        assert (a @ a).dtype == torch.float32
     device.synchronize()
     device.empty_cache()
+    stats = device.memory_stats()
+    if kind == "cpu":
+        assert device.device_count() == 1 and set(stats) == {"peak_rss_gib"}
+    else:
+        assert stats["allocated_gib"] > 0  # `a` lives there
+        assert device.device_count() >= 1
+        device.set_device()
 
 
-def test_npu_probe_survives_missing_or_broken_torch_npu(monkeypatch):
-    import importlib.util
+def test_detected_host_branch_for_real():
+    check_answers_for_real(host_kind())
 
-    assert importlib.util.find_spec("torch_npu") is None
-    assert device._npu_available() is False
 
-    class Spec:  # torch_npu "installed" but its import raises (no CANN)
+def test_cpu_branch_for_real_on_every_host(monkeypatch):
+    monkeypatch.setenv("DIT4DIT_DEVICE", "cpu")
+    device.reset_cache()
+    check_answers_for_real("cpu")
+    assert device.get_device() == torch.device("cpu")
+
+
+def test_npu_probe_matches_the_host_and_survives_a_broken_torch_npu(monkeypatch):
+    assert device._npu_available() is (host_kind() == "npu")
+
+    class Spec:  # torch_npu "installed" but its import raises (no CANN), on any host
         pass
 
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: Spec() if name == "torch_npu" else None)
+    monkeypatch.setitem(sys.modules, "torch_npu", None)  # makes `import torch_npu` raise ImportError
     assert device._npu_available() is False
 
 
@@ -98,11 +144,71 @@ def test_ascend_env_defaults_only_on_npu_and_never_override(monkeypatch):
 def test_more_ranks_than_cards_fails_clearly(monkeypatch):
     simulate(monkeypatch, npu=True, cuda=False)
     monkeypatch.setattr(device, "device_count", lambda: 8)
-    device.check_local_ranks(8)
+    assert device.check_local_ranks(8) is None
     with pytest.raises(device.DeviceError, match=r"16 processes per node but only 8 visible npu card"):
         device.check_local_ranks(16)
+    simulate(monkeypatch, npu=False, cuda=True)
+    with pytest.raises(device.DeviceError, match=r"9 processes .* 8 visible cuda card.*CUDA_VISIBLE_DEVICES"):
+        device.check_local_ranks(9)
+
+
+def test_more_cpu_ranks_than_cores_is_a_warning_not_an_error(monkeypatch):
     simulate(monkeypatch, npu=False, cuda=False)
-    device.check_local_ranks(16)  # CPU ranks are processes: fine
+    monkeypatch.setattr(device, "cpu_cores", lambda: 4)
+    assert device.check_local_ranks(4) is None
+    assert device.check_local_ranks(16) == (
+        "warning: 16 CPU ranks per node but 4 core(s): the ranks will contend for cores "
+        "(slower, not wrong); use --num_processes <= the core count"
+    )
+
+
+def test_launch_env_sets_ascend_variables_only_on_ascend_hosts(monkeypatch):
+    assert device.library_paths()[0] == str(Path(torch.__file__).parent / "lib")
+    libs = ":".join(device.library_paths())  # + torch_npu's lib folder where it is installed
+    user = {"TASK_QUEUE_ENABLE": "1", "LD_LIBRARY_PATH": "/opt/mine"}
+    for npu, cuda in ((False, False), (False, True)):
+        simulate(monkeypatch, npu=npu, cuda=cuda)
+        assert device.launch_env(dict(user)) == {"LD_LIBRARY_PATH": f"{libs}:/opt/mine"}
+    simulate(monkeypatch, npu=True, cuda=False)
+    assert device.launch_env(dict(user)) == {
+        "PYTORCH_NPU_ALLOC_CONF": "expandable_segments:True",
+        "CPU_AFFINITY_CONF": "1",  # TASK_QUEUE_ENABLE is the user's: not exported again
+        "LD_LIBRARY_PATH": f"{libs}:/opt/mine",
+    }
+    assert device.launch_env({})["LD_LIBRARY_PATH"] == libs
+
+
+def test_cli_rank_check_is_one_line_with_exit_code_2(monkeypatch, capsys):
+    simulate(monkeypatch, npu=True, cuda=False)
+    monkeypatch.setattr(device, "device_count", lambda: 8)
+    assert device.main(["env", "--ranks", "16"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.strip().splitlines() == [
+        "error: 16 processes per node but only 8 visible npu card(s): use --num_processes <= 8 "
+        "(one rank per physical card; check ASCEND_RT_VISIBLE_DEVICES)"
+    ]
+    for bad in ("0", "-1", "2.5", "two", ""):
+        assert device.main(["env", "--ranks", bad]) == 2
+        assert capsys.readouterr().err.strip().splitlines() == [
+            f"error: --ranks={bad!r}: expected a positive integer (ranks per node)"
+        ]
+    assert device.main(["bogus"]) == 2 and "usage:" in capsys.readouterr().err
+
+
+def test_cli_prints_this_hosts_exports_for_real():
+    """`python -m dit4dit_npu.device env` as the launch script runs it, on the real host."""
+    env = {k: v for k, v in os.environ.items() if k not in ("DIT4DIT_DEVICE", *device.ASCEND_ENV_DEFAULTS)}
+    r = subprocess.run(
+        [sys.executable, "-m", "dit4dit_npu.device", "env", "--ranks", "1"],
+        env=env, capture_output=True, text=True, cwd=ROOT, timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines and all(line.startswith("export ") for line in lines)
+    exported = dict(shlex.split(line.removeprefix("export "))[0].split("=", 1) for line in lines)
+    ascend = set(device.ASCEND_ENV_DEFAULTS) & set(exported)
+    assert ascend == (set(device.ASCEND_ENV_DEFAULTS) if host_kind() == "npu" else set())
+    assert exported["LD_LIBRARY_PATH"].split(":")[0] == str(Path(torch.__file__).parent / "lib")
 
 
 def test_seed_everything_is_reproducible():

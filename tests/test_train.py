@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -49,7 +50,13 @@ def tiny_overrides(run_root: Path, demo_root: Path, **extra) -> list[str]:
     return [f"{k}={v}" for k, v in base.items()]
 
 
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"}
+# Training runs here are CPU runs on every host, said explicitly rather than inherited: the
+# resume checks are bit-exact (a CPU fact, not a GPU/NPU one), and the 2-rank runs use gloo and
+# DeepSpeed's CPU accelerator, which need no cards.
+ENV = {
+    **os.environ, "DIT4DIT_DEVICE": "cpu", "DS_ACCELERATOR": "cpu",
+    "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1",
+}
 
 # Crash injection for one test: the second policy export (the step-4 save) dies half-way.
 CRASHING_SAVE = """
@@ -298,6 +305,52 @@ def test_train_8p_script_launches_deepspeed_and_logs_to_a_file(tmp_path, demo_ro
 
     r = subprocess.run(["bash", "scripts/train_8p.sh", "--bogus=1"], env=env, capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 2 and "unknown flag --bogus=1" in r.stderr
+
+
+def run_script(args: list[str], tmp_path: Path, **env) -> subprocess.CompletedProcess:
+    env = {**ENV, "LOG_DIR": str(tmp_path / "logs"), "PYTHON": sys.executable, **env}
+    return subprocess.run(["bash", "scripts/train_8p.sh", *args], env=env, capture_output=True, text=True, cwd=ROOT, timeout=120)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--num_processes=0"], "--num_processes=0: expected a positive integer"),
+        (["--num_processes=two"], "--num_processes=two: expected a positive integer"),
+        (["--num_processes=1.5"], "--num_processes=1.5: expected a positive integer"),
+        (["--num_processes="], "--num_processes=: expected a positive integer"),
+        (["--num_machines=0"], "--num_machines=0: expected a positive integer"),
+        (["--num_machines=2", "--machine_rank=2"], "--machine_rank=2: expected an integer from 0 to 1"),
+    ],
+)
+def test_train_8p_script_refuses_bad_counts_with_one_line(tmp_path, args, message):
+    r = run_script(args, tmp_path)
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [f"train_8p.sh: {message}"], r.stderr
+    assert not (tmp_path / "logs").exists()  # refused before anything was started or written
+
+
+def test_train_8p_script_checks_ranks_against_cards_via_device_py(tmp_path):
+    # DIT4DIT_DEVICE=cuda on this host: one card more than it shows (none on a CPU host).
+    n = torch.cuda.device_count() + 1
+    r = run_script([f"--num_processes={n}"], tmp_path, DIT4DIT_DEVICE="cuda")
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert re.match(rf"error: {n} process(es)? per node but (no|only {n - 1}) visible cuda card", r.stderr)
+    assert not (tmp_path / "logs").exists()
+
+
+def test_train_8p_script_dry_run_takes_the_host_env_from_device_py(tmp_path):
+    cores = len(os.sched_getaffinity(0))
+    env = {"TASK_QUEUE_ENABLE": "7", "LD_LIBRARY_PATH": "/opt/mine"}
+    r = run_script(["--dry_run", f"--num_processes={cores + 1}", "--num_machines=2", "a.b=c"], tmp_path, **env)
+    assert r.returncode == 0, r.stderr
+    # More CPU ranks than cores: a warning, not an error.
+    assert f"warning: {cores + 1} CPU ranks per node but {cores} core(s)" in r.stderr
+    exports, command = r.stdout.strip().splitlines()[:-1], r.stdout.strip().splitlines()[-1]
+    torch_lib = str(Path(torch.__file__).parent / "lib")
+    assert exports == [f"export LD_LIBRARY_PATH={torch_lib}:/opt/mine"]  # no Ascend variables on CPU
+    assert f"--num_processes {2 * (cores + 1)} --num_machines 2" in command and command.endswith("a.b=c")
+    assert not (tmp_path / "logs").exists()
 
 
 def test_gradient_accumulation_steps(tmp_path, demo_root):

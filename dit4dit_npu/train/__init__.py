@@ -1,1 +1,15 @@
-"""Training: accelerate + DeepSpeed loop, optimizer and schedule, checkpoints, metrics."""
+"""Training: accelerate + DeepSpeed on NPU, CUDA or CPU.
+
+    loop.py         train(cfg): the algorithm, top to bottom (run folder, data, model, Trainer, loop)
+    trainer.py      Trainer: step / log / evaluate / save / resume, and the batch/loss/export touch points
+    distributed.py  everything accelerate- or DeepSpeed-specific (accelerator, clipping, grad norm,
+                    state save/load, ZeRO-3 gathering), behind small functions
+    stream.py       BatchStream: endless micro-batches and the data cursor checkpoints save
+    checkpoint.py   checkpoint layout, atomic commit, resume lookup, config fingerprint
+    run_folder.py   refusing a run before anything is written; config.yaml
+    prompt_cache.py the run's prompt-embedding cache, encoded once before the first step
+    evaluate.py     held-out action MSE in eval mode
+    optim.py        freezing, per-module LR groups, AdamW, LR schedule
+    metrics.py      metrics.jsonl / tensorboard / wandb, throughput window, loss.png
+    cli.py          `python -m dit4dit_npu.train`; errors.py: what is a one-line user error
+"""

@@ -40,7 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         print(dump_yaml(cfg), end="")
         return 0
-    from dit4dit_npu.train.loop import train, user_errors  # heavy imports only when training
+    from dit4dit_npu.train.errors import user_errors  # heavy imports only when training
+    from dit4dit_npu.train.loop import train
 
     try:
         train(cfg)

@@ -1,7 +1,11 @@
-"""Accelerator construction: accelerate + DeepSpeed (ZeRO-2 by default) on NPU, CUDA or CPU.
+"""accelerate + DeepSpeed (ZeRO-2 by default) on NPU, CUDA or CPU, behind a few small functions.
 
-The same code path runs everywhere; only the device layer's answers differ (hccl/nccl/gloo).
-Launch with `accelerate launch ... -m dit4dit_npu.train` or plainly with `python -m` (one process).
+Everything that differs between DeepSpeed and plain accelerate lives here, so the trainer never
+asks which one runs: building the accelerator (the DeepSpeed json, the CPU shared-memory op),
+one optimizer micro-step (who clips), the global gradient norm, saving and loading the full
+state, and gathering ZeRO-3 shards for export. The same code path runs everywhere; only the
+device layer's answers differ (hccl/nccl/gloo). Launch with `accelerate launch ... -m
+dit4dit_npu.train` or plainly with `python -m` (one process).
 """
 
 from __future__ import annotations
@@ -10,11 +14,15 @@ import contextlib
 import json
 import os
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from dit4dit_npu import device
 from dit4dit_npu.config import Config, ConfigError
+
+if TYPE_CHECKING:
+    import torch
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -141,3 +149,58 @@ def gathered_parameters(accelerator, module):
     import deepspeed
 
     return deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=None)
+
+
+# --------------------------------------------------------------------------------------------
+# What the trainer calls: it never asks whether DeepSpeed runs
+# --------------------------------------------------------------------------------------------
+
+
+def uses_deepspeed(accelerator) -> bool:
+    return accelerator.state.deepspeed_plugin is not None
+
+
+def unwrap(model):
+    """The DiT4DiT module inside a DeepSpeed engine / DDP wrapper (itself when unwrapped)."""
+    return getattr(model, "module", model)
+
+
+def micro_step(
+    accelerator, model, optimizer, forward: Callable[[Any], tuple[dict, torch.Tensor]], batch: Any, max_norm: float
+) -> tuple[dict, torch.Tensor | float | None]:
+    """One micro-batch: ``forward(batch) -> (outputs, loss)``, backward, clip, optimizer step (a
+    no-op until the last of the accumulated micro-batches). Returns (outputs, grad norm or None).
+
+    The forward runs inside ``accelerator.accumulate`` so DDP skips the gradient all-reduce of
+    micro-batches that do not step. DeepSpeed clips inside its engine step (the json's
+    ``gradient_clipping``, filled by ``deepspeed_config``); without it accelerate clips, and only
+    on the syncing micro-batch, whose norm is the one worth logging.
+    """
+    grad_norm = None
+    with accelerator.accumulate(model):
+        out, loss = forward(batch)
+        accelerator.backward(loss)
+        if accelerator.sync_gradients and not uses_deepspeed(accelerator):
+            grad_norm = accelerator.clip_grad_norm_(model.parameters(), max_norm)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return out, grad_norm
+
+
+def global_grad_norm(accelerator, model, last_clip_norm):
+    """The gradient norm of the last optimizer step, over every rank's shard.
+
+    DeepSpeed's engine computes it during its own clipping (one ZeRO shard alone would give a
+    partial norm); without DeepSpeed it is what ``micro_step``'s clipping returned.
+    """
+    return model.get_global_grad_norm() if uses_deepspeed(accelerator) else last_clip_norm
+
+
+def save_state(accelerator, folder: Path) -> None:
+    """Model, optimizer (each rank's ZeRO shard) and every rank's RNG. Collective: all ranks call."""
+    accelerator.save_state(str(folder))
+
+
+def load_state(accelerator, folder: Path) -> None:
+    """The inverse of ``save_state``, RNG included (that is what makes resume exact). Collective."""
+    accelerator.load_state(str(folder))

@@ -1,12 +1,16 @@
 """Run logging: metrics.jsonl (always), optional tensorboard / wandb, and a loss plot at the end.
 
-Only rank 0 writes; values arrive already averaged across ranks.
+Only rank 0 writes; values arrive already averaged across ranks. ``Window`` measures the
+throughput between two log rows.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from dit4dit_npu.config import Config, ConfigError
@@ -55,6 +59,45 @@ class MetricsLogger:
             self._tb.close()
         if self._wandb is not None:
             self._wandb.finish()
+
+
+class Window:
+    """Steps, data-loading time and wall time since the last log row.
+
+    Eval and save are not training throughput: time spent under ``paused()`` is left out of
+    step_time and samples_per_s.
+    """
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.steps, self.data_time, self.start = 0, 0.0, time.perf_counter()
+
+    @property
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.start
+
+    @contextlib.contextmanager
+    def loading(self) -> Iterator[None]:
+        t0 = time.perf_counter()
+        yield
+        self.data_time += time.perf_counter() - t0
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.start += time.perf_counter() - t0
+
+
+def truncate_metrics(path: Path, step: int) -> None:
+    """On resume, drop rows the interrupted run logged after its last checkpoint."""
+    if path.is_file():
+        rows = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= step]
+        path.write_text("".join(r + "\n" for r in rows))
 
 
 def read_metrics(path: Path) -> list[dict]:

@@ -1,0 +1,237 @@
+"""``Trainer``: one run's training state and its verbs, ``step / log / evaluate / save / resume``.
+
+The loop that calls them is ``loop.py``. What differs between DeepSpeed and plain accelerate
+(who clips, the global grad norm, ZeRO state, ZeRO-3 gathering) is behind ``distributed``; the
+checkpoint layout is ``checkpoint``. Host syncs (``.item()``, reductions) happen only in
+``log``, ``evaluate`` and ``save``, never in ``step``.
+
+The methods marked "touch point" are where this file meets interfaces other parts of issue 9
+are changing (the batch type, the model's outputs, the policy export); each is a few lines.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dit4dit_npu.config import Config
+from dit4dit_npu.train import checkpoint as ckpt_io
+from dit4dit_npu.train import distributed
+from dit4dit_npu.train.errors import TrainingError
+from dit4dit_npu.train.evaluate import held_out_action_mse
+from dit4dit_npu.train.metrics import MetricsLogger, Window, plot_losses, truncate_metrics
+from dit4dit_npu.train.optim import build_optimizer, build_scheduler, group_lrs
+from dit4dit_npu.train.stream import BatchStream
+
+LOSS_KEYS = ("action_loss", "video_loss", "total_loss")
+
+
+class Trainer:
+    def __init__(self, cfg: Config, accelerator, model, data, prompt_cache, run_dir: Path):
+        """Build the optimizer and LR schedule and hand the model to accelerate/DeepSpeed."""
+        self.cfg, self.accelerator, self.run_dir = cfg, accelerator, run_dir
+        self.data, self.prompt_cache = data, prompt_cache
+        self.is_main = accelerator.is_main_process
+        optimizer = build_optimizer(model, cfg.trainer)
+        # The schedule steps the plain optimizer once per update (never per micro-batch).
+        self.scheduler = build_scheduler(optimizer, cfg.trainer)
+        self.model, self.optimizer = accelerator.prepare(model, optimizer)
+        vla = cfg.datasets.vla_data
+        self.stream = BatchStream(
+            data.train_dataset, data.sampler, vla.per_device_batch_size, vla.num_workers, cfg.seed, self._collate
+        )
+        self.global_step = 0
+        self.global_batch = vla.per_device_batch_size * cfg.trainer.gradient_accumulation_steps * accelerator.num_processes
+        # Running sums on the device: reading them forces a host sync, so only log() does.
+        dev = accelerator.device
+        self._running = {k: torch.zeros((), device=dev) for k in LOSS_KEYS}
+        self._nonfinite = torch.zeros((), device=dev)  # micro-batches with a non-finite loss, ever
+        self._clip_norm = None  # accelerate's grad norm of the last update (unused under DeepSpeed)
+        self._window = Window()
+        self._logger: MetricsLogger | None = None
+        self._progress = None
+
+    # ------------------------------------------------------------------ the verbs
+
+    def resume(self, ckpt: Path) -> None:
+        """Continue exactly where ``ckpt`` left off: weights, optimizer, every rank's RNG, the LR
+        schedule, the data cursor. Metrics rows logged after that checkpoint are dropped."""
+        distributed.load_state(self.accelerator, ckpt / "state")
+        state = ckpt_io.read_trainer_state(ckpt)
+        self.global_step = state["step"]
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.stream.load_state_dict(state["sampler"])
+        if self.is_main:
+            truncate_metrics(self.run_dir / "metrics.jsonl", self.global_step)
+        self.accelerator.print(f"resumed from {ckpt} at step {self.global_step}")
+
+    def step(self) -> None:
+        """One optimizer update: gradient_accumulation_steps micro-batches, then the LR schedule."""
+        accum = self.cfg.trainer.gradient_accumulation_steps
+        for _ in range(accum):
+            with self._window.loading():
+                batch = self._to_device(self.stream.next())
+            out, norm = distributed.micro_step(
+                self.accelerator, self.model, self.optimizer, self._forward, batch, self.cfg.trainer.gradient_clipping
+            )
+            if norm is not None:
+                self._clip_norm = norm
+            for k in LOSS_KEYS:
+                self._running[k] += out[k].detach().float() / accum
+            self._nonfinite += (~torch.isfinite(out["total_loss"].detach())).float()
+        self.scheduler.step()
+        self.global_step += 1
+        self._window.steps += 1
+        if self._progress is not None:
+            self._progress.update(1)
+
+    def due(self, every: int) -> bool:
+        """Every ``every`` steps, and always at the last step."""
+        return self.global_step % every == 0 or self.global_step == self.cfg.trainer.max_train_steps
+
+    def log(self) -> None:
+        """One metrics row: losses and data/step time averaged over ranks and over the steps since
+        the last row, per-group LRs, the global grad norm, throughput."""
+        self._stop_if_nonfinite()
+        acc, w = self.accelerator, self._window
+        grad_norm = distributed.global_grad_norm(acc, self.model, self._clip_norm)
+        elapsed = w.elapsed
+        values = {k: float(acc.reduce(v, "mean")) / w.steps for k, v in self._running.items()}
+        values.update(group_lrs(self.optimizer))
+        data_time = torch.tensor(w.data_time / w.steps, device=acc.device)
+        values.update(
+            grad_norm=float("nan") if grad_norm is None else float(grad_norm),
+            data_time=float(acc.reduce(data_time, "mean")),
+            step_time=elapsed / w.steps,
+            samples_per_s=self.global_batch * w.steps / max(elapsed, 1e-9),
+        )
+        self._logger.log(self.global_step, values)
+        if self._progress is not None:
+            self._progress.set_postfix(loss=f"{values['total_loss']:.4f}", refresh=False)
+        for v in self._running.values():
+            v.zero_()
+        w.reset()
+
+    def evaluate(self) -> None:
+        """Held-out action MSE in eval mode (``evaluate.py``), logged as ``val/action_mse``."""
+        with self._window.paused():
+            t = self.cfg.trainer
+            metrics = held_out_action_mse(
+                distributed.unwrap(self.model),
+                self.data.val_dataset,
+                samples=t.eval_samples,
+                batch_size=self.cfg.datasets.vla_data.per_device_batch_size,
+                seed=self.cfg.seed + self.global_step,
+                accelerator=self.accelerator,
+                make_batch=lambda samples: self._to_device(self._collate(samples)),
+                targets=self._targets,
+            )
+            if metrics:
+                self._logger.log(self.global_step, metrics)
+
+    def save(self) -> None:
+        """A full checkpoint, written into ``.tmp-step_N`` and renamed into place only when
+        complete: accelerate/DeepSpeed state of every rank, the exported policy, and last the
+        trainer state (its presence marks the checkpoint complete). Never saves a diverged model."""
+        self._stop_if_nonfinite()
+        with self._window.paused():
+            acc, step = self.accelerator, self.global_step
+            tmp = ckpt_io.tmp_dir_for(self.run_dir, step)
+            if self.is_main:
+                shutil.rmtree(tmp, ignore_errors=True)
+                tmp.mkdir(parents=True)
+            acc.wait_for_everyone()
+            distributed.save_state(acc, tmp / "state")  # collective: every rank writes its shards
+            acc.wait_for_everyone()
+            with distributed.gathered_parameters(acc, distributed.unwrap(self.model)):  # collective
+                if self.is_main:
+                    self._export_policy(tmp / "policy")
+            if self.is_main:
+                ckpt_io.write_trainer_state(tmp, self.cfg, step, self.scheduler, self.stream.state_dict())
+                ckpt_io.commit(tmp, ckpt_io.final_dir_for(self.run_dir, step))
+                ckpt_io.prune(self.run_dir, self.cfg.trainer.keep_last_checkpoints)
+            acc.wait_for_everyone()
+
+    @contextlib.contextmanager
+    def session(self) -> Iterator[None]:
+        """Metrics logger and progress bar around the loop, closed however the loop ends."""
+        self._logger = MetricsLogger(self.cfg, self.run_dir, enabled=self.is_main)
+        if self.is_main:
+            from tqdm.auto import tqdm
+
+            t = self.cfg.trainer
+            self._progress = tqdm(total=t.max_train_steps, initial=self.global_step, desc="train", dynamic_ncols=True)
+        self.model.train()
+        self._window.reset()
+        try:
+            yield
+        finally:
+            if self._progress is not None:
+                self._progress.close()
+            self._logger.close()
+
+    def finish(self) -> None:
+        """loss.png next to metrics.jsonl, and where the policy is."""
+        if self.is_main:
+            plot_losses(self.run_dir / "metrics.jsonl", self.run_dir / "loss.png")
+            latest = ckpt_io.list_checkpoints(self.run_dir)[-1][1]
+            self.accelerator.print(f"done: {self.global_step} steps; policy at {latest / 'policy'}")
+        self.accelerator.wait_for_everyone()
+
+    # ------------------------------------------------------------------ internals
+
+    def _stop_if_nonfinite(self) -> None:
+        # Collective (every rank reaches it at the same steps): one diverged rank stops them all,
+        # before anything is logged or saved, so the last checkpoint stays the last good one.
+        if float(self.accelerator.reduce(self._nonfinite, "sum")) > 0:
+            raise TrainingError(
+                f"non-finite loss at or before step {self.global_step}; stopping without saving "
+                "(last valid checkpoint is kept; try a lower learning rate)"
+            )
+
+    def _forward(self, batch) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        losses = self._losses(self.model(batch))
+        return losses, losses["total_loss"]
+
+    # ------------------------------------------------------------------ touch points
+
+    def _collate(self, samples: Sequence[dict]) -> Any:
+        """Touch point (batch type): per-sample dicts -> one batch."""
+        from dit4dit_npu.data import collate
+
+        return collate(samples)
+
+    def _to_device(self, batch) -> Any:
+        """Touch point (batch type): the one place a batch moves to the device."""
+        dev = self.accelerator.device
+        return {k: (v.to(dev, non_blocking=True) if torch.is_tensor(v) else v) for k, v in batch.items()}
+
+    @staticmethod
+    def _targets(batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """Touch point (batch type): the normalized action chunk and its real-dims mask."""
+        return batch["action"], batch["action_mask"]
+
+    def _losses(self, out: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Touch point (model outputs): the objective, total = action + lambda * video (SPEC 3.4).
+
+        The trainer owns the weighting (trainer.loss_scale.future_video); the model only reports
+        its two losses (a loss the training mode lacks is 0). Its own total, if any, is ignored.
+        """
+        action, video = out["action_loss"], out["video_loss"]
+        total = action + self.cfg.trainer.loss_scale.future_video * video
+        return {"action_loss": action, "video_loss": video, "total_loss": total}
+
+    def _export_policy(self, folder: Path) -> None:
+        """Touch point (policy folder, PolicyIO): what inference needs, from rank 0."""
+        from dit4dit_npu.policy import folder as policy_folder
+
+        d = self.data
+        policy_folder.export_policy(
+            folder, distributed.unwrap(self.model), self.cfg, d.normalizer, self.prompt_cache, d.split,
+            d.dataset_paths, self.global_step,
+        )
