@@ -57,7 +57,7 @@ def _train(cfg: Config, accelerator) -> Path:
 
 
 def build_data(cfg: Config, accelerator):
-    """Datasets, split, normalization and this rank's shard of the sampler."""
+    """Datasets, split, PolicyIO (from the training statistics) and this rank's shard of the sampler."""
     from dit4dit_npu.data import build_training_data
 
     return build_training_data(
@@ -71,7 +71,7 @@ def build_model(cfg: Config, accelerator, data, run_dir: Path):
 
     instructions = [task for ds in data.datasets for task in ds.meta.tasks.values()]
     with building_outside_deepspeed(accelerator):
-        model = build_dit4dit(cfg)
+        model = build_dit4dit(cfg, data.io.spec)
         prompt_cache = prepare_prompt_cache(cfg, accelerator, instructions, run_dir)
     model.set_prompt_cache(prompt_cache)
     freeze_modules(model, cfg.trainer.freeze_modules)

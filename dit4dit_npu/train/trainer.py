@@ -15,10 +15,10 @@ import contextlib
 import shutil
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
 
 import torch
 
+from dit4dit_npu.batch import Batch
 from dit4dit_npu.config import Config
 from dit4dit_npu.train import checkpoint as ckpt_io
 from dit4dit_npu.train import distributed
@@ -198,40 +198,36 @@ class Trainer:
         losses = self._losses(self.model(batch))
         return losses, losses["total_loss"]
 
-    # ------------------------------------------------------------------ touch points
+    # ------------------------------------------------------------------ batches and outputs
 
-    def _collate(self, samples: Sequence[dict]) -> Any:
-        """Touch point (batch type): per-sample dicts -> one batch."""
-        from dit4dit_npu.data import collate
+    def _collate(self, samples: Sequence[dict]) -> Batch:
+        return Batch.collate(samples)
 
-        return collate(samples)
-
-    def _to_device(self, batch) -> Any:
-        """Touch point (batch type): the one place a batch moves to the device."""
-        dev = self.accelerator.device
-        return {k: (v.to(dev, non_blocking=True) if torch.is_tensor(v) else v) for k, v in batch.items()}
+    def _to_device(self, batch: Batch) -> Batch:
+        """The one place a batch moves to the device."""
+        return batch.to(self.accelerator.device)
 
     @staticmethod
-    def _targets(batch) -> tuple[torch.Tensor, torch.Tensor]:
-        """Touch point (batch type): the normalized action chunk and its real-dims mask."""
-        return batch["action"], batch["action_mask"]
+    def _targets(batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """The normalized action chunk and its real-dims mask."""
+        return batch.action, batch.action_mask
 
     def _losses(self, out: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Touch point (model outputs): the objective, total = action + lambda * video (SPEC 3.4).
+        """The objective, total = action + lambda * video (SPEC 3.4).
 
         The trainer owns the weighting (trainer.loss_scale.future_video); the model only reports
-        its two losses (a loss the training mode lacks is 0). Its own total, if any, is ignored.
+        its two losses (a loss the training mode lacks is 0).
         """
         action, video = out["action_loss"], out["video_loss"]
         total = action + self.cfg.trainer.loss_scale.future_video * video
         return {"action_loss": action, "video_loss": video, "total_loss": total}
 
     def _export_policy(self, folder: Path) -> None:
-        """Touch point (policy folder, PolicyIO): what inference needs, from rank 0."""
+        """What inference needs (weights, config, PolicyIO, prompt cache), from rank 0."""
         from dit4dit_npu.policy import folder as policy_folder
 
         d = self.data
         policy_folder.export_policy(
-            folder, distributed.unwrap(self.model), self.cfg, d.normalizer, self.prompt_cache, d.split,
+            folder, distributed.unwrap(self.model), self.cfg, d.io, self.prompt_cache, d.split,
             d.dataset_paths, self.global_step,
         )
