@@ -103,7 +103,7 @@ def test_single_process_run_writes_everything(tmp_path, demo_root):
     assert any("val/action_mse" in r for r in read_metrics(run_dir / "metrics.jsonl"))
     assert [s for s, _ in ckpt_io.list_checkpoints(run_dir)] == [2, 4]
     policy = run_dir / "checkpoints/step_000004/policy"
-    assert (policy / "model.safetensors").is_file() and (policy / "normalizer.json").is_file()
+    assert (policy / "model.safetensors").is_file() and (policy / "policy_io.json").is_file()
     assert (run_dir / "config.yaml").is_file() and (run_dir / "loss.png").is_file()
     # Only trainable weights travel: no VAE or text encoder tensors in the exported policy.
     from safetensors import safe_open
