@@ -74,17 +74,13 @@ def ensure_demo_data(
 
 def validate_dataset(ds: LeRobotDataset, cfg: Config) -> None:
     """Cameras, dims and clip-offset grid of one dataset against the config (clear errors)."""
-    d, a = cfg.datasets.vla_data, cfg.framework.action_model
+    d = cfg.datasets.vla_data
     check_cameras(ds, d.camera_keys)
-    for key, what, want, limit, name in (
-        (d.state_key, "state", a.state_dim, d.max_state_dim, "state_dim"),
-        (d.action_key, "action", a.action_dim, d.max_action_dim, "action_dim"),
+    for key, what, limit, name in (
+        (d.state_key, "state", d.max_state_dim, "state_dim"),
+        (d.action_key, "action", d.max_action_dim, "action_dim"),
     ):
         have = feature_dim(ds, key, what)
-        if have != want:
-            raise DatasetError(
-                f"{ds.root}: {what} {key!r} has {have} dims but framework.action_model.{name} is {want}"
-            )
         if have > limit:
             raise DatasetError(
                 f"{ds.root}: {what} {key!r} has {have} dims > datasets.vla_data.max_{name} {limit}"

@@ -81,6 +81,8 @@ def export_policy(
     """
     from safetensors.torch import save_file
 
+    from dit4dit_npu.policy.prompts import save_prompt_cache
+
     out = Path(out_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
@@ -92,7 +94,7 @@ def export_policy(
         save_file(weights, str(tmp / WEIGHTS), metadata={"format": "dit4dit_npu.policy", "step": str(step)})
         (tmp / CONFIG).write_text(dump_yaml(cfg))
         (tmp / NORMALIZER).write_text(normalizer.to_json())
-        prompt_cache.save(tmp / PROMPTS)
+        save_prompt_cache(prompt_cache, tmp / PROMPTS)
 
         paths = [str(Path(p).resolve()) for p in dataset_paths]
         held_out, trained_on = {}, {}
@@ -189,7 +191,9 @@ def load_policy_folder(
     """Read and validate a policy folder and build its model on the CPU."""
     from safetensors.torch import load_file
 
-    from dit4dit_npu.models import PromptCache, build_dit4dit, text_identity
+    from dit4dit_npu.batch import BatchSpec
+    from dit4dit_npu.models import build_dit4dit, text_identity
+    from dit4dit_npu.policy.prompts import load_prompt_cache
 
     path = find_policy_dir(policy_dir)
     info = read_policy_info(path)
@@ -206,8 +210,17 @@ def load_policy_folder(
         normalizer = Normalizer.from_json((path / NORMALIZER).read_text())
     except (ValueError, KeyError, TypeError) as e:
         raise PolicyLoadError(f"{path / NORMALIZER}: {e}") from None
+    d = cfg.datasets.vla_data
+    # Provisional until PolicyIO (serialized in the folder) provides the spec.
+    spec = BatchSpec(
+        state_width=d.max_state_dim,
+        action_width=d.max_action_dim,
+        chunk_length=cfg.framework.action_model.chunk_length,
+        num_frames=len(range(0, len(d.video_delta_indices), d.action_video_freq_ratio)),
+        frame_size=(d.image_size[0], d.image_size[1] * len(d.camera_keys)),
+    )
     try:
-        model = build_dit4dit(cfg)
+        model = build_dit4dit(cfg, spec)
     except ConfigError as e:
         hint = "" if base_model else " (pass base_model= / --base-model to point at the Cosmos folder)"
         raise PolicyLoadError(f"cannot build the base model recorded in {path / POLICY_JSON}: {e}{hint}") from None
@@ -220,7 +233,7 @@ def load_policy_folder(
     except ConfigError:  # a base folder without text_encoder/: the cached prompts are all we have
         expect = None
     try:
-        cache = PromptCache.load(path / PROMPTS, expect_identity=expect)
+        cache = load_prompt_cache(path / PROMPTS, expect_identity=expect)
     except ValueError as e:
         raise PolicyLoadError(str(e)) from None
     model.eval()

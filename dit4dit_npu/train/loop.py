@@ -1,7 +1,8 @@
 """The training loop: accelerate + DeepSpeed, exact resume, atomic checkpoints, policy export.
 
 One step (per micro-batch): prompt embeddings come from the cache built before the loop, the
-model computes `action_loss + λ·video_loss` (models/dit4dit.py), accelerate/DeepSpeed does the
+model returns `action_loss` and `video_loss`, the total is `action_loss + λ·video_loss`
+(trainer.loss_scale.future_video), accelerate/DeepSpeed does the
 backward, clipping and the optimizer step, and we step the LR schedule. Host syncs (`.item()`)
 happen only on logging, eval and save steps.
 """
@@ -36,10 +37,11 @@ class TrainingError(RuntimeError):
 
 def user_errors() -> tuple[type[Exception], ...]:
     """Errors that mean bad input (config, data, base model, launch), not a bug."""
+    from dit4dit_npu.batch import BatchError
     from dit4dit_npu.data import DatasetError
-    from dit4dit_npu.models import ActionInputError, FrameInputError, PromptCacheError
+    from dit4dit_npu.models import FrameInputError, PromptCacheError
 
-    return (ConfigError, TrainingError, device.DeviceError, DatasetError, ActionInputError, FrameInputError, PromptCacheError)
+    return (ConfigError, TrainingError, device.DeviceError, DatasetError, BatchError, FrameInputError, PromptCacheError)
 
 
 def _prepare_run_dir(cfg: Config, is_main: bool) -> Path:
@@ -77,18 +79,19 @@ def _unwrap(model):
 def _build_prompt_cache(cfg: Config, accelerator, instructions: list[str], run_dir: Path):
     """Rank 0 encodes every instruction once; the others load its file. The encoder is then freed."""
     from dit4dit_npu.models import PromptCache, build_prompt_encoder
+    from dit4dit_npu.policy.prompts import load_prompt_cache, save_prompt_cache
 
     path = Path(cfg.framework.cosmos25.prompt_cache or run_dir / "prompt_cache.safetensors")
     if accelerator.is_main_process:
-        cache = PromptCache.load(path) if path.is_file() else PromptCache()
+        cache = load_prompt_cache(path) if path.is_file() else PromptCache()
         missing = [t for t in dict.fromkeys(instructions) if t not in cache]
         if missing:
             encoder = build_prompt_encoder(cfg)
             cache.build(missing, encoder)
             del encoder  # the 7B text model never stays resident during training
-        cache.save(path)
+        save_prompt_cache(cache, path)
     accelerator.wait_for_everyone()
-    return PromptCache.load(path), path
+    return load_prompt_cache(path), path
 
 
 def _evaluate(model, data, cfg: Config, accelerator, step: int) -> dict[str, float]:
@@ -139,6 +142,7 @@ def _train(cfg: Config, accelerator) -> Path:
         save_config(cfg, run_dir / "config.yaml")
     device.seed_everything(cfg.seed + accelerator.process_index)
 
+    from dit4dit_npu.batch import BatchSpec
     from dit4dit_npu.data import build_training_data
     from dit4dit_npu.models import build_dit4dit
 
@@ -146,8 +150,17 @@ def _train(cfg: Config, accelerator) -> Path:
         cfg, rank=accelerator.process_index, world_size=accelerator.num_processes, barrier=accelerator.wait_for_everyone
     )
     instructions = [task for ds in data.datasets for task in ds.meta.tasks.values()]
+    data_cfg = cfg.datasets.vla_data
+    # Provisional until PolicyIO provides the spec: the widths/lengths/tiled size the data brings.
+    spec = BatchSpec(
+        state_width=data_cfg.max_state_dim,
+        action_width=data_cfg.max_action_dim,
+        chunk_length=cfg.framework.action_model.chunk_length,
+        num_frames=len(range(0, len(data_cfg.video_delta_indices), data_cfg.action_video_freq_ratio)),
+        frame_size=(data_cfg.image_size[0], data_cfg.image_size[1] * len(data_cfg.camera_keys)),
+    )
     with building_outside_deepspeed(accelerator):
-        model = build_dit4dit(cfg)
+        model = build_dit4dit(cfg, spec)
         cache, _ = _build_prompt_cache(cfg, accelerator, instructions, run_dir)
     if cache.nbytes <= PROMPT_CACHE_ON_DEVICE_BYTES:
         cache.to(accelerator.device)
@@ -225,6 +238,8 @@ def _train(cfg: Config, accelerator) -> Path:
                 data_time += time.perf_counter() - t0
                 with accelerator.accumulate(model):
                     out = model(batch)
+                    # the model returns its losses; their weighting is the trainer's (lambda, SPEC 3.4)
+                    out["total_loss"] = out["action_loss"] + trainer_cfg.loss_scale.future_video * out["video_loss"]
                     accelerator.backward(out["total_loss"])
                     if accelerator.sync_gradients and not use_deepspeed:  # DeepSpeed clips itself
                         grad_norm = accelerator.clip_grad_norm_(model.parameters(), trainer_cfg.gradient_clipping)
