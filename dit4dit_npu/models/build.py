@@ -154,10 +154,9 @@ def build_backbone(cfg: Config) -> CosmosBackbone:
     from diffusers import AutoencoderKLWan, CosmosTransformer3DModel, UniPCMultistepScheduler
 
     p = base_model_folder(cfg, BACKBONE_PARTS)
-    # fp32 master weights for the trained transformer; autocast/DeepSpeed handle bf16 compute.
-    # torch_dtype=, not dtype=: diffusers < 0.40 (our minimum is 0.37) rejects dtype=.
-    transformer = _load(CosmosTransformer3DModel, p, "transformer", torch_dtype=torch.float32)
-    vae = _load(AutoencoderKLWan, p, "vae", torch_dtype=_frozen_dtype(cfg))
+    # fp32 master weights for the trained transformer; autocast/DeepSpeed handle bf16 compute
+    transformer = load_weights(CosmosTransformer3DModel, p, "transformer", torch.float32)
+    vae = load_weights(AutoencoderKLWan, p, "vae", _frozen_dtype(cfg))
     scheduler = _load(UniPCMultistepScheduler, p, "scheduler")
     with _as_config_error():
         return CosmosBackbone(transformer, vae, scheduler, backbone_config(cfg))
@@ -188,8 +187,7 @@ def build_prompt_encoder(cfg: Config) -> PromptEncoder:
     c = cfg.framework.cosmos25
     p = base_model_folder(cfg, TEXT_PARTS)
     tok = _load(AutoTokenizer, p, "tokenizer")
-    # transformers takes dtype= from 4.56 on (torch_dtype= is deprecated in 5.x)
-    full = _load(Qwen2_5_VLForConditionalGeneration, p, "text_encoder", dtype=_frozen_dtype(cfg))
+    full = load_weights(Qwen2_5_VLForConditionalGeneration, p, "text_encoder", _frozen_dtype(cfg))
     language_model = full.model.language_model
     del full  # frees the vision tower and lm_head
     return PromptEncoder(tok, language_model, c.max_sequence_length, identity=text_identity(cfg))
@@ -248,6 +246,14 @@ def _load(loader: Any, path: Path, component: str, **kwargs: Any) -> Any:
         return loader.from_pretrained(str(path / component), local_files_only=True, **kwargs)
     except (OSError, ValueError) as e:
         raise ConfigError(f"framework.cosmos25.base_model: cannot load {path / component}: {e}") from None
+
+
+def load_weights(loader: Any, path: Path, component: str, dtype: torch.dtype) -> Any:
+    """``loader.from_pretrained`` in ``dtype``, with the keyword each library takes at our minimum
+    versions: diffusers < 0.40 rejects ``dtype=`` (TypeError) but all take ``torch_dtype=``;
+    transformers takes ``dtype=`` from 4.56 on and deprecates ``torch_dtype=`` in 5.x."""
+    keyword = "torch_dtype" if loader.__module__.startswith("diffusers") else "dtype"
+    return _load(loader, path, component, **{keyword: dtype})
 
 
 def _frozen_dtype(cfg: Config) -> torch.dtype:
