@@ -67,11 +67,11 @@ def run_blocks(
     padding_mask: torch.Tensor,
     last_block: int,
 ) -> torch.Tensor:
-    """``CosmosTransformer3DModel.forward`` (diffusers 0.42) steps 1-5 and 7, stopped after block
-    ``last_block``: returns that block's output (B, T*H/2*W/2, hidden), i.e. exactly what a forward
-    hook on ``transformer_blocks[last_block]`` sees, without running the later blocks or the output
-    head. Uses the model's own submodules; tests compare against a hooked full pass, which guards
-    this against drift in diffusers."""
+    """``CosmosTransformer3DModel.forward`` (the same in diffusers 0.37 to 0.42) steps 1-5 and 7,
+    stopped after block ``last_block``: returns that block's output (B, T*H/2*W/2, hidden), i.e.
+    exactly what a forward hook on ``transformer_blocks[last_block]`` sees, without running the
+    later blocks or the output head. Uses the model's own submodules; tests compare against a
+    hooked full pass, which guards this against drift in diffusers."""
     from torchvision import transforms  # what transformer_cosmos uses for the padding mask
 
     tr, cfg = transformer, transformer.config
