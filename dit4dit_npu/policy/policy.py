@@ -20,6 +20,7 @@ The folder format is defined by ``export_policy`` in ``policy_folder.py``.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from pathlib import Path
@@ -114,7 +115,8 @@ class DiT4DiTPolicy:
                 raise ValueError(f"backbone_dtype: expected float32 or {dev.autocast_dtype()}, got {backbone_dtype}")
             loaded.model.backbone.to(backbone_dtype)
             # Reduced-precision weights need autocast on for their fp32 inputs, whatever the run used.
-            loaded.model.autocast_enabled = loaded.model.autocast_enabled or backbone_dtype != torch.float32
+            if backbone_dtype != torch.float32:
+                loaded.model.cfg = dataclasses.replace(loaded.model.cfg, autocast=True)
         model = loaded.model.to(target)
         return cls(model, loaded.cfg, loaded.normalizer, loaded.prompt_cache, loaded.info, loaded.path)
 
