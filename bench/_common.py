@@ -1,7 +1,9 @@
-"""Shared helpers for bench/ scripts: FLOP proportions of the model parts, memory readings."""
+"""Shared helpers for bench/ scripts: the batch spec of a config, FLOP proportions of the model
+parts, memory readings."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 
@@ -9,7 +11,29 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from dit4dit_npu import device as dev
+from dit4dit_npu.batch import Batch, BatchSpec
+from dit4dit_npu.config import Config
 from dit4dit_npu.models import DiT4DiT, PromptEncoder
+
+
+def bench_spec(cfg: Config) -> BatchSpec:
+    """What the data side brings for ``cfg``: padded widths, the subsampled clip, the camera views
+    tiled side by side (the benches make random batches of this shape; no dataset is read)."""
+    d = cfg.datasets.vla_data
+    h, w = d.image_size
+    return BatchSpec(
+        state_width=d.max_state_dim,
+        action_width=d.max_action_dim,
+        chunk_length=cfg.framework.action_model.chunk_length,
+        num_frames=len(range(0, len(d.video_delta_indices), d.action_video_freq_ratio)),
+        frame_size=(h, w * len(d.camera_keys)),
+    )
+
+
+def first_row(batch: Batch) -> Batch:
+    """Sample 0 of a batch, as a batch of one."""
+    rows = {f.name: v[:1] for f in dataclasses.fields(batch) if (v := getattr(batch, f.name)) is not None}
+    return dataclasses.replace(batch, **rows)
 
 
 def count_flops(fn: Callable[[], object]) -> int:
@@ -20,18 +44,19 @@ def count_flops(fn: Callable[[], object]) -> int:
 
 
 @torch.no_grad()
-def part_flops(model: DiT4DiT, encoder: PromptEncoder, batch: dict) -> dict[str, float]:
+def part_flops(model: DiT4DiT, encoder: PromptEncoder, batch: Batch) -> dict[str, float]:
     """Per-sample FLOPs of: the text encoder on one prompt, one full transformer forward on the
     training clip, one VAE encode of that clip (the proportions the real model has are
     7.3 : 2.52 : 2.35 TFLOP = 2.9 : 1 : 0.93, cosmos25_tiny_recipe.md §4)."""
-    one = {k: v[:1] for k, v in batch.items()}
-    video = model.video_input(one["frames"])
-    prompts = encoder.encode(one["instruction"]).to(model.device)
+    one = first_row(batch).to(model.device)
+    video = model.video_input(one.frames)
+    prompts = encoder.encode(one.instruction).to(model.device)
     bb = model.backbone
     latents = bb.encode_video(video)
-    inputs = bb._inputs(latents[:, :, :1], latents, torch.tensor([0.5], device=model.device), prompts)
+    sigma = torch.tensor([0.5], device=model.device)
+    inputs = bb.transformer_inputs(latents[:, :, :1], latents, sigma, prompts)
     return {
-        "text_encoder": count_flops(lambda: encoder.encode(one["instruction"])),
+        "text_encoder": count_flops(lambda: encoder.encode(one.instruction)),
         "transformer_fwd": count_flops(lambda: bb.transformer(**inputs)),
         "vae_encode": count_flops(lambda: bb.encode_video(video)),
         "tokens": latents.shape[2] * latents.shape[3] * latents.shape[4] // 4,

@@ -28,8 +28,9 @@ import numpy as np
 import torch
 from av.video.reformatter import VideoReformatter
 
+from dit4dit_npu.batch import Batch
 from dit4dit_npu.config import load_config
-from dit4dit_npu.data import build_training_data, collate
+from dit4dit_npu.data import build_training_data
 from dit4dit_npu.data.demo import write_demo_dataset
 from dit4dit_npu.data.video import VideoDecoder, resize_rgb
 
@@ -129,7 +130,7 @@ def bench_loader(data, workers: int, batches: int, batch_size: int) -> float:
         data.train_dataset,
         batch_size=batch_size,
         sampler=data.sampler,
-        collate_fn=collate,
+        collate_fn=Batch.collate,
         num_workers=workers,
         persistent_workers=False,
         prefetch_factor=2 if workers else None,

@@ -3,13 +3,14 @@
     python bench/train_step.py [--config bench/medium.yaml] [--steps 5] [key=value overrides ...]
     python bench/train_step.py --full-size [--peak-tflops 989]   # accelerator: random-init real sizes, bf16
 
-"reference" switches on everything the original DiT4DiT does per step (SPEC 1.7, B1-B5): the text
-encoder every step; a full-depth feature pass with autograd on (its graph kept alive until the
-loss); a second, per-sample VAE encode of the zero-padded conditioning clip (stochastic sample)
-besides the batched ground-truth encode; and R materialised copies of the features for the action
-head. "ours" uses the prompt cache, an early-exit no-grad feature pass, one batched VAE encode and
-shared K/V for the R repeats. Both run forward + backward + AdamW step on one model (the switches
-are runtime flags), alternating step by step so machine noise hits both alike; the median is shown.
+"reference" is the original DiT4DiT's step (SPEC 1.7, B1-B5), built by ``bench/reference.py`` from the
+same modules and weights: the text encoder every step; a full-depth feature pass with autograd on
+(its graph kept alive until the loss); a second, per-sample VAE encode of the zero-padded
+conditioning clip (stochastic sample) besides the batched ground-truth encode; and R materialised
+copies of the features for the action head. "ours" is ``DiT4DiT.forward``: the prompt cache, an
+early-exit no-grad feature pass, one batched VAE encode and shared K/V for the R repeats. Both run
+forward + backward + AdamW step on the same model and optimizer, alternating step by step so
+machine noise hits both alike; the median is shown.
 
 Memory: the peak a training step adds on top of the resident state (weights, optimizer state,
 prompt cache): the allocator's peak on an accelerator; on CPU, where torch keeps no allocator
@@ -27,18 +28,20 @@ The last line is exactly ``speedup: X.XX`` (reference median step time / ours).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from _common import count_flops, param_mib, part_flops, step_peak_mib, timed
+from _common import bench_spec, count_flops, param_mib, part_flops, step_peak_mib, timed
+from reference import ReferenceDiT4DiT
 
 from dit4dit_npu import device as dev
-from dit4dit_npu.config import Config, load_config
-from dit4dit_npu.models import DiT4DiT, PromptCache, build_dit4dit, build_prompt_encoder
+from dit4dit_npu.batch import Batch
+from dit4dit_npu.config import load_config
+from dit4dit_npu.models import PromptCache, build_dit4dit, build_prompt_encoder
 from dit4dit_npu.models.testing import make_batch
 
 # quiet the profiler's per-session log lines (set before torch loads kineto)
@@ -47,17 +50,6 @@ os.environ.setdefault("KINETO_LOG_LEVEL", "5")
 HERE = Path(__file__).resolve().parent
 REAL_CONFIG = HERE.parent / "configs/robotwin/dit4dit_robotwin.yaml"
 PATHS = ("ours", "reference")
-
-
-def set_path(model: DiT4DiT, cfg: Config, path: str) -> None:
-    ref = path == "reference"
-    model.cosmos = dataclasses.replace(
-        cfg.framework.cosmos25,
-        reference_text_encoder_per_step=ref,
-        reference_full_depth_feature_pass=ref,
-        reference_separate_condition_encode=ref,
-    )
-    model.action_model.reference_copied_repeats = ref
 
 
 def setup(args: argparse.Namespace):
@@ -69,25 +61,18 @@ def setup(args: argparse.Namespace):
             "bench/train_step.py compares joint training steps: set framework.cosmos25.training=joint"
         )
     device = dev.get_device()
+    spec = bench_spec(cfg)
     if args.full_size:
         from latency import build_full_size  # same directory: the full-size builder is shared
 
-        model, encoder = build_full_size(cfg, device, torch.bfloat16, args.full_size_layers)
+        model, encoder = build_full_size(cfg, spec, device, torch.bfloat16, args.full_size_layers)
     else:
-        model = build_dit4dit(cfg).to(device)
+        model = build_dit4dit(cfg, spec).to(device)
         encoder = build_prompt_encoder(cfg).to(device)
-    model.prompt_encoder = encoder  # used only while the reference path is on
-    d = cfg.datasets.vla_data
-    batch = make_batch(
-        cfg,
-        batch_size=args.batch_size,
-        num_frames=len(range(0, len(d.video_delta_indices), d.action_video_freq_ratio)),
-        num_views=len(d.camera_keys),
-        size=tuple(d.image_size),
-    )
+    batch = make_batch(spec, batch_size=args.batch_size)
     cache = PromptCache()
     t0 = time.perf_counter()
-    cache.build(batch["instruction"], encoder)
+    cache.build(batch.instruction, encoder)
     print(f"prompt cache: {len(cache)} instruction(s) encoded once, {time.perf_counter() - t0:.3f} s")
     model.set_prompt_cache(cache)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -98,13 +83,14 @@ def setup(args: argparse.Namespace):
     except RuntimeError:
         opt = torch.optim.AdamW(params, lr=1e-5, betas=(0.9, 0.95))
     model.train()
-    return cfg, model, encoder, batch, opt, cache
+    steps = {"ours": model, "reference": ReferenceDiT4DiT(model, encoder)}
+    return cfg, model, encoder, batch, opt, cache, steps
 
 
-def train_step(model: DiT4DiT, batch: dict, opt: torch.optim.Optimizer) -> None:
-    out = model(batch)
+def train_step(step: Callable[[Batch], dict], batch: Batch, opt: torch.optim.Optimizer, video_weight: float) -> None:
+    out = step(batch)
     opt.zero_grad(set_to_none=True)
-    out["total_loss"].backward()
+    (out["action_loss"] + video_weight * out["video_loss"]).backward()
     opt.step()
 
 
@@ -122,10 +108,15 @@ def main() -> None:
     args = p.parse_args()
     if args.config is None:
         args.config = str(REAL_CONFIG if args.full_size else HERE / "medium.yaml")
-    cfg, model, encoder, batch, opt, cache = setup(args)
-    c = cfg.framework.cosmos25
+    cfg, model, encoder, batch, opt, cache, steps = setup(args)
+    lam = cfg.trainer.loss_scale.future_video
+
+    def run(path: str) -> None:
+        train_step(steps[path], batch, opt, lam)
+
     f = part_flops(model, encoder, batch)
     tr = f["transformer_fwd"]
+    layer = model.backbone.cfg.extract_layer
     print(f"device: {dev.describe()}  threads={args.threads}  batch={args.batch_size}")
     print(
         f"per-sample FLOPs: text encoder {f['text_encoder'] / 1e9:.3f} G, transformer forward {tr / 1e9:.3f} G "
@@ -133,25 +124,22 @@ def main() -> None:
     )
     print(
         f"proportions text : transformer : VAE = {f['text_encoder'] / tr:.2f} : 1 : {f['vae_encode'] / tr:.2f} "
-        f"(real model 2.90 : 1 : 0.93); extract_layer {c.extract_layer} of {model.backbone.num_layers} blocks "
-        f"= {(c.extract_layer + 1) / model.backbone.num_layers:.2f} of depth (real 18/28 = 0.64)"
+        f"(real model 2.90 : 1 : 0.93); extract_layer {layer} of {model.backbone.num_layers} blocks "
+        f"= {(layer + 1) / model.backbone.num_layers:.2f} of depth (real 18/28 = 0.64)"
     )
 
     times: dict[str, list[float]] = {path: [] for path in PATHS}
     for path in PATHS:  # warm-up (allocations, optimizer state)
-        set_path(model, cfg, path)
-        train_step(model, batch, opt)
+        run(path)
     for _ in range(args.steps):
         for path in PATHS:
-            set_path(model, cfg, path)
-            times[path].append(timed(lambda: train_step(model, batch, opt)))
+            times[path].append(timed(lambda: run(path)))  # noqa: B023 (called at once)
     med = {path: statistics.median(ts) for path, ts in times.items()}
 
     mem, flops = {}, {}
     for path in PATHS:
-        set_path(model, cfg, path)
-        mem[path], how = step_peak_mib(lambda: train_step(model, batch, opt))
-        flops[path] = count_flops(lambda: train_step(model, batch, opt))
+        mem[path], how = step_peak_mib(lambda: run(path))  # noqa: B023 (called at once)
+        flops[path] = count_flops(lambda: run(path))  # noqa: B023
     resident = {
         "ours": param_mib(model) + cache.nbytes / 2**20,
         "reference": param_mib(model) + param_mib(encoder.language_model),

@@ -46,23 +46,21 @@ def build_tiny_setup(root: Path, *overrides: str, step: int = 0) -> TinySetup:
 
     cfg = tiny_config(root, *overrides)
     data = build_training_data(cfg)
-    model = build_dit4dit(cfg)
+    model = build_dit4dit(cfg, data.io.spec)
     cache = PromptCache()
     cache.build(dataset_instructions(data), build_prompt_encoder(cfg))
     model.set_prompt_cache(cache)
     out = export_policy(
-        root / "policy", model, cfg, data.normalizer, cache, data.split, data.dataset_paths, step
+        root / "policy", model, cfg, data.io, cache, data.split, data.dataset_paths, step
     )
     return TinySetup(cfg, data, model, cache, out)
 
 
-def observation_from_sample(camera_keys: list[str], sample: dict[str, Any]) -> dict[str, Any]:
-    """A single observation as a robot sends it, from a ``RoboTwinDataset`` sample (raw=True)."""
-    obs: dict[str, Any] = {
-        key: np.ascontiguousarray(sample["frames"][0, v].permute(1, 2, 0).numpy()) for v, key in enumerate(camera_keys)
-    }
-    obs["state"] = sample["raw_state"].numpy().astype(np.float32)
-    obs["instruction"] = sample["instruction"]
+def observation_from_sample(camera_keys: list[str], sample: Any) -> dict[str, Any]:
+    """A single observation as a robot sends it, from a ``RoboTwinDataset.raw_sample``."""
+    obs: dict[str, Any] = {key: np.ascontiguousarray(sample.views[0, v]) for v, key in enumerate(camera_keys)}
+    obs["state"] = sample.state.astype(np.float32)
+    obs["instruction"] = sample.instruction
     return obs
 
 

@@ -13,7 +13,7 @@ TINY = ROOT / "configs/robotwin/dit4dit_robotwin_tiny.yaml"
 
 def test_real_and_tiny_configs_load():
     real = load_config(REAL)
-    assert real.framework.action_model.action_dim == 14
+    assert real.datasets.vla_data.max_action_dim is None  # no padding: the 14 robot dims
     assert real.framework.cosmos25.extract_layer == 17
     assert real.datasets.vla_data.video_delta_indices == list(range(8))
     assert real.framework.action_model.future_action_window_size == 7
@@ -63,8 +63,24 @@ def test_dump_roundtrip(tmp_path):
 
 
 def test_cross_field_validation():
-    with pytest.raises(ConfigError, match="action_dim"):
-        load_config(REAL, ["framework.action_model.action_dim=20"])
+    with pytest.raises(ConfigError, match="video_delta_indices: must start with 0"):
+        load_config(REAL, ["datasets.vla_data.video_delta_indices=[1,2]"])
+
+
+@pytest.mark.parametrize(
+    "key, where",
+    [
+        ("framework.action_model.action_dim=14", "datasets.vla_data.max_action_dim"),
+        ("framework.action_model.state_dim=14", "datasets.vla_data.max_state_dim"),
+        ("framework.cosmos25.view_layout=width", "datasets.vla_data.view_layout"),
+        ("framework.cosmos25.reference_full_depth_feature_pass=true", "bench/reference.py"),
+        ("framework.name=DiT4DiT", "delete the key"),
+        ("framework.cosmos25.future_loss_type=flow_matching", "delete the key"),
+    ],
+)
+def test_removed_keys_say_where_the_concept_went(key, where):
+    with pytest.raises(ConfigError, match=rf"config key '{key.split('=')[0]}' was removed: .*{where}"):
+        load_config(REAL, [key])
 
 
 def test_bad_override_syntax():

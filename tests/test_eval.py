@@ -33,7 +33,7 @@ def test_error_stats_by_hand() -> None:
 
 
 def test_baselines_and_ratios() -> None:
-    from dit4dit_npu.data.normalize import FeatureStats, Normalizer
+    from dit4dit_npu.transforms import FeatureStats, PolicyIO
 
     rng = np.random.default_rng(0)
     state = rng.normal(size=(4, 2))
@@ -43,7 +43,13 @@ def test_baselines_and_ratios() -> None:
         dataset=np.zeros(4, int), episode=np.zeros(4, int), frame=np.arange(4), index=np.arange(4),
     )
     stats = FeatureStats.from_data(rng.normal(size=(50, 2)))
-    m = ev.compute_metrics(p, np.zeros(2), Normalizer(stats, stats, warn=False))
+    stats.mean[:] = 0.0  # the dataset-mean baseline predicts 0
+    io = PolicyIO.build(
+        camera_keys=["cam"], image_size=(16, 16), view_layout="width", clip_offsets=[0], chunk_length=3,
+        state_stats=stats, action_stats=stats, state_norm="min_max", action_norm="min_max", max_action_dim=4,
+        warn=False,
+    )
+    m = ev.compute_metrics(p, io)
     assert m["hold_position"]["mse"] == pytest.approx(0.01)
     assert m["ratio_to_hold_position"]["mse"] == pytest.approx(1e-4 / 0.01)
     assert m["ratio_to_dataset_mean"]["mse"] < 1 and m["model"]["normalized_mse"] > 0

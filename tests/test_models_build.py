@@ -1,5 +1,7 @@
-"""Builders: tiny reproducibility, loading a local diffusers folder, clear errors for bad folders."""
+"""build.py: the run config -> model-local configs, the tiny folder, loading a diffusers folder."""
 
+import json
+import logging
 import shutil
 
 import pytest
@@ -7,17 +9,23 @@ import torch
 
 from dit4dit_npu.config import ConfigError
 from dit4dit_npu.models import (
+    action_head_config,
     build_backbone,
     build_dit4dit,
     build_prompt_encoder,
-    clip_frames,
     save_tiny_base_model,
+    text_identity,
+    tiny,
+    tiny_base_model,
 )
-from dit4dit_npu.models.testing import small_config
+from dit4dit_npu.models import build as build_module
+from dit4dit_npu.models.build import base_model_folder, tiny_sizes
+from dit4dit_npu.models.testing import small_config, small_spec
 
 
 @pytest.fixture(scope="module")
 def base_dir(tmp_path_factory):
+    """A real-layout folder at a path of its own (as a user's Cosmos-Predict2.5-2B folder)."""
     return save_tiny_base_model(small_config(), tmp_path_factory.mktemp("cosmos") / "Cosmos-Predict2.5-2B")
 
 
@@ -27,14 +35,16 @@ def _same(a: torch.nn.Module, b: torch.nn.Module) -> bool:
 
 
 def test_tiny_is_reproducible_from_config():
+    cfg = small_config()
     torch.manual_seed(123)
     before = torch.rand(1)
-    a = build_dit4dit(small_config())
+    a = build_dit4dit(cfg, small_spec(cfg))
     torch.manual_seed(123)
-    b = build_dit4dit(small_config())
+    b = build_dit4dit(cfg, small_spec(cfg))
     assert torch.equal(torch.rand(1), before)  # building never consumes the caller's RNG
     assert _same(a, b)
-    c = build_dit4dit(small_config("framework.cosmos25.tiny.seed=1"))
+    other = small_config("framework.cosmos25.tiny.seed=1")
+    c = build_dit4dit(other, small_spec(other))
     assert not _same(a.backbone.transformer, c.backbone.transformer)
     assert _same(a.action_model, c.action_model)  # head init comes from the run seed
 
@@ -47,14 +57,63 @@ def test_tiny_sizes_follow_config():
     assert build_prompt_encoder(cfg).embed_dim == 3 * 32
 
 
-def test_load_from_local_folder_equals_tiny(base_dir):
+def test_tiny_is_a_folder_laid_out_like_the_real_one():
+    cfg = small_config()
+    folder = base_model_folder(cfg)
+    assert folder.parent == build_module.tiny_cache_root()
+    index = json.loads((folder / "model_index.json").read_text())
+    assert index["_class_name"] == "Cosmos2_5_PredictBasePipeline"
+    assert index["transformer"] == ["diffusers", "CosmosTransformer3DModel"]
+    assert index["vae"] == ["diffusers", "AutoencoderKLWan"]
+    assert index["text_encoder"] == ["transformers", "Qwen2_5_VLForConditionalGeneration"]
+    assert index["scheduler"] == ["diffusers", "UniPCMultistepScheduler"]
+    for part in ("transformer", "vae", "text_encoder"):
+        assert list((folder / part).glob("*.safetensors")), part
+    assert (folder / "tokenizer" / "tokenizer_config.json").is_file()
+    # the weights are exactly the tiny modules (save/load is lossless), and what the build loads
+    sizes = tiny_sizes(cfg)
+    assert _same(build_backbone(cfg).transformer, tiny.build_transformer(sizes))
+    assert _same(build_backbone(cfg).vae, tiny.build_vae(sizes))
+
+
+def test_tiny_folder_is_written_once_and_keyed_by_sizes(tmp_path, monkeypatch):
+    monkeypatch.setenv(build_module.TINY_CACHE_ENV, str(tmp_path / "cache"))
+    sizes = tiny_sizes(small_config())
+    first = tiny_base_model(sizes)
+    assert first.parent == tmp_path / "cache" and (first / "model_index.json").is_file()
+    stamp = (first / "transformer" / "config.json").stat().st_mtime_ns
+    assert tiny_base_model(sizes) == first
+    assert (first / "transformer" / "config.json").stat().st_mtime_ns == stamp  # not rewritten
+    other = tiny_base_model(tiny_sizes(small_config("framework.cosmos25.tiny.seed=1")))
+    assert other != first
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == sorted([first.name, other.name])  # no temp left
+
+
+def test_tiny_and_a_folder_load_through_the_same_code(base_dir):
     cfg = small_config()
     from_dir = small_config(f"framework.cosmos25.base_model={base_dir}")
     assert _same(build_backbone(from_dir), build_backbone(cfg))
     ours, loaded = build_prompt_encoder(cfg), build_prompt_encoder(from_dir)
     assert not any("visual" in n for n, _ in loaded.language_model.named_modules())
     torch.testing.assert_close(loaded.encode(["pick up the cup"]), ours.encode(["pick up the cup"]))
+    # the tiny identity is the config's (path- and version-independent); a folder's is its content
+    assert ours.identity == text_identity(cfg) and ours.identity.startswith("tiny:")
     assert loaded.identity.startswith("cosmos25:") and loaded.identity != ours.identity
+
+
+def test_weights_load_in_the_asked_dtype_on_the_installed_libraries(base_dir):
+    """build.py's loader in bf16 (what accelerators use for the frozen parts): the dtype keyword
+    differs between diffusers versions (< 0.40 rejects dtype=), so this runs on the minimums too."""
+    from diffusers import AutoencoderKLWan, CosmosTransformer3DModel
+    from transformers import Qwen2_5_VLForConditionalGeneration
+
+    for loader, part in (
+        (CosmosTransformer3DModel, "transformer"),
+        (AutoencoderKLWan, "vae"),
+        (Qwen2_5_VLForConditionalGeneration, "text_encoder"),
+    ):
+        module = build_module.load_weights(loader, base_dir, part, torch.bfloat16)
+        assert {p.dtype for p in module.parameters()} == {torch.bfloat16}, part
 
 
 def test_missing_folder_is_a_clear_error(tmp_path):
@@ -84,10 +143,35 @@ def test_component_without_weights_is_a_clear_error(tmp_path, base_dir):
         build_backbone(small_config(f"framework.cosmos25.base_model={broken}"))
 
 
-def test_feature_frames_follow_the_data_clip():
+def test_model_config_errors_name_the_run_key():
+    cfg = small_config("framework.cosmos25.extract_layer=5")
+    with pytest.raises(ConfigError, match=r"^framework\.cosmos25\.extract_layer: got 5, expected 0\.\.2"):
+        build_dit4dit(cfg, small_spec(cfg))
+    cfg = small_config()
+    with pytest.raises(ConfigError, match=r"^datasets\.vla_data\.image_size .*24x32 must be divisible by 16"):
+        build_dit4dit(cfg, small_spec(cfg, frame_size=(24, 32)))
+    with pytest.raises(ConfigError, match=r"^framework\.action_model\.future_action_window_size: .* 4 steps .* 6"):
+        build_dit4dit(cfg, small_spec(small_config("framework.action_model.future_action_window_size=5")))
+    bad = small_config("framework.cosmos25.tiny.attention_head_dim=10")
+    with pytest.raises(ConfigError, match=r"^framework\.cosmos25\.tiny\.attention_head_dim: got 10"):
+        build_dit4dit(bad, small_spec(bad))
+
+
+def test_head_config_from_presets_and_the_spec():
     cfg = small_config(
-        "datasets.vla_data.video_delta_indices=[0,1,2,3,4,5,6,7]",
-        "datasets.vla_data.action_video_freq_ratio=2",
+        "framework.action_model.action_model_type=DiT-B",
+        "framework.action_model.input_embedding_dim=96",
+        "framework.action_model.diffusion_model_cfg.num_attention_heads=6",
     )
-    assert clip_frames(cfg) == 4
-    assert build_dit4dit(cfg).feature_latent_frames == 2  # 4 frames pad to 5 -> 2 latent frames
+    head = action_head_config(cfg, small_spec(cfg, state_width=28, action_width=16))
+    assert (head.dim, head.num_heads, head.head_dim) == (96, 6, 64)  # overrides, then the DiT-B preset
+    assert (head.state_width, head.action_width, head.chunk_length) == (28, 16, 4)
+
+
+def test_feature_frames_follow_the_spec_clip(caplog):
+    cfg = small_config()
+    with caplog.at_level(logging.WARNING):
+        model = build_dit4dit(cfg, small_spec(cfg, num_frames=4))
+    assert model.feature_latent_frames == 2  # 4 frames pad to 5 -> 2 latent frames
+    assert [r for r in caplog.records if "not 1 + 4k" in r.getMessage()]
+    assert build_dit4dit(cfg, small_spec(cfg, num_frames=9)).feature_latent_frames == 3

@@ -6,8 +6,10 @@ import pytest
 import torch
 
 from dit4dit_npu.models import PromptCache, PromptCacheError, build_prompt_encoder
+from dit4dit_npu.models.build import base_model_folder
 from dit4dit_npu.models.testing import INSTRUCTIONS, small_config
 from dit4dit_npu.models.text import PromptEncoder
+from dit4dit_npu.policy.prompts import load_prompt_cache, save_prompt_cache
 
 
 @pytest.fixture(scope="module")
@@ -32,9 +34,9 @@ class _CountingEncoder:
 
 
 def test_encoder_matches_diffusers_pipeline(cfg, encoder):
+    """The tiny base folder loads as the real pipeline (full VL text encoder, vision tower and
+    lm_head included), and our encoder gives exactly its prompt embeddings."""
     from diffusers import Cosmos2_5_PredictBasePipeline
-
-    from dit4dit_npu.models import tiny
 
     class NoOpSafetyChecker:  # the pipeline insists on one; tests use random weights only
         def to(self, *a, **k):
@@ -43,16 +45,11 @@ def test_encoder_matches_diffusers_pipeline(cfg, encoder):
         def check_text_safety(self, prompt):
             return True
 
-    t = cfg.framework.cosmos25.tiny
-    tok = tiny.build_tokenizer()
-    pipe = Cosmos2_5_PredictBasePipeline(
-        text_encoder=tiny.build_text_encoder(t, tok, 64),  # full VL model, vision tower and lm_head
-        tokenizer=tok,
-        transformer=tiny.build_transformer(t),
-        vae=tiny.build_vae(t),
-        scheduler=tiny.build_scheduler(),
-        safety_checker=NoOpSafetyChecker(),
+    pipe = Cosmos2_5_PredictBasePipeline.from_pretrained(
+        str(base_model_folder(cfg)), safety_checker=NoOpSafetyChecker(), local_files_only=True
     )
+    assert any("visual" in n for n, _ in pipe.text_encoder.named_modules())
+    t = cfg.framework.cosmos25.tiny
     prompts = ["pick up the cup", "a much longer instruction: open the drawer, then the cabinet"]
     ref, _ = pipe.encode_prompt(prompts, do_classifier_free_guidance=False, max_sequence_length=48)
     ours = encoder.encode(prompts)
@@ -95,15 +92,29 @@ def test_cache_miss_names_the_instruction(encoder):
         cache.lookup([INSTRUCTIONS[0], "never seen this one"], "cpu")
 
 
-def test_cache_save_load_round_trip(tmp_path, encoder):
+def test_cache_tensors_round_trip(encoder):
     odd = 'odd "quotes", newline\n and ünïcode / slashes'
     cache = PromptCache()
     cache.build([INSTRUCTIONS[0], odd], encoder)
-    path = tmp_path / "sub" / "cache.safetensors"
-    cache.save(path)
-    loaded = PromptCache.load(path, expect_identity=encoder.identity, expect_max_sequence_length=48)
+    tensors, meta = cache.to_tensors()
+    assert all(isinstance(v, str) for v in meta.values()) and len(tensors) == 2
+    back = PromptCache.from_tensors(tensors, meta)
+    assert sorted(back.instructions) == sorted([INSTRUCTIONS[0], odd])
+    assert back.identity == encoder.identity and back.max_sequence_length == 48
+    for s in (INSTRUCTIONS[0], odd):
+        assert torch.equal(back.lookup([s], "cpu")[0], cache.lookup([s], "cpu")[0])
+    with pytest.raises(PromptCacheError, match="not a prompt cache"):
+        PromptCache.from_tensors(tensors, {})
+
+
+def test_cache_file_round_trip(tmp_path, encoder):
+    odd = 'odd "quotes", newline\n and ünïcode / slashes'
+    cache = PromptCache()
+    cache.build([INSTRUCTIONS[0], odd], encoder)
+    path = save_prompt_cache(cache, tmp_path / "sub" / "cache.safetensors")
+    assert sorted(p.name for p in path.parent.iterdir()) == ["cache.safetensors"]  # no temp file left
+    loaded = load_prompt_cache(path, expect_identity=encoder.identity, expect_max_sequence_length=48)
     assert sorted(loaded.instructions) == sorted([INSTRUCTIONS[0], odd])
-    assert loaded.identity == encoder.identity and loaded.max_sequence_length == 48
     for s in (INSTRUCTIONS[0], odd):
         assert torch.equal(loaded.lookup([s], "cpu")[0], cache.lookup([s], "cpu")[0])
     # a loaded cache extends with the same encoder without recomputing what it holds
@@ -113,12 +124,11 @@ def test_cache_save_load_round_trip(tmp_path, encoder):
 def test_cache_of_another_model_is_refused(tmp_path, encoder):
     cache = PromptCache()
     cache.build(INSTRUCTIONS[:1], encoder)
-    path = tmp_path / "cache.safetensors"
-    cache.save(path)
+    path = save_prompt_cache(cache, tmp_path / "cache.safetensors")
     with pytest.raises(PromptCacheError, match="other-model"):
-        PromptCache.load(path, expect_identity="other-model")
+        load_prompt_cache(path, expect_identity="other-model")
     with pytest.raises(PromptCacheError, match="max_sequence_length"):
-        PromptCache.load(path, expect_identity=encoder.identity, expect_max_sequence_length=512)
+        load_prompt_cache(path, expect_identity=encoder.identity, expect_max_sequence_length=512)
     foreign = PromptCache("other-model", 48)
     with pytest.raises(PromptCacheError, match="other-model"):
         foreign.build(INSTRUCTIONS[:1], encoder)
@@ -128,10 +138,13 @@ def test_not_a_cache_file(tmp_path):
     from safetensors.torch import save_file
 
     save_file({"x": torch.zeros(1)}, str(tmp_path / "x.safetensors"))
-    with pytest.raises(PromptCacheError, match="not a prompt cache"):
-        PromptCache.load(tmp_path / "x.safetensors")
+    with pytest.raises(PromptCacheError, match="x.safetensors: not a prompt cache"):
+        load_prompt_cache(tmp_path / "x.safetensors")
     with pytest.raises(PromptCacheError, match="not found"):
-        PromptCache.load(tmp_path / "missing.safetensors")
+        load_prompt_cache(tmp_path / "missing.safetensors")
+    (tmp_path / "junk.safetensors").write_bytes(b"not safetensors at all")
+    with pytest.raises(PromptCacheError, match="junk.safetensors: not a readable safetensors file"):
+        load_prompt_cache(tmp_path / "junk.safetensors")
 
 
 def test_truncation_is_warned_once(caplog):

@@ -11,8 +11,9 @@ import pytest
 import torch
 from policy_fixtures import build_tiny_setup, observation_from_sample, shared_tiny_setup
 
-from dit4dit_npu.data import collate, resize_rgb
+from dit4dit_npu.batch import Batch
 from dit4dit_npu.policy import DiT4DiTPolicy, PolicyInputError, PolicyLoadError, export_policy
+from dit4dit_npu.transforms.images import resize_rgb
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +27,7 @@ def policy(setup) -> DiT4DiTPolicy:
 
 
 def _obs(policy: DiT4DiTPolicy, setup, i: int = 0) -> dict:
-    return observation_from_sample(policy.camera_keys, setup.data.val_dataset.get_sample(i, raw=True))
+    return observation_from_sample(policy.camera_keys, setup.data.val_dataset.raw_sample(i))
 
 
 def _train_a_little(model, data, steps: int = 2) -> None:
@@ -34,8 +35,9 @@ def _train_a_little(model, data, steps: int = 2) -> None:
     opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.05)
     model.train()
     for s in range(steps):
-        batch = collate([data.train_dataset[i] for i in range(4 * s, 4 * s + 4)])
-        model(batch)["total_loss"].backward()
+        batch = Batch.collate([data.train_dataset[i] for i in range(4 * s, 4 * s + 4)])
+        losses = model(batch)
+        (losses["action_loss"] + losses["video_loss"]).backward()
         opt.step()
         opt.zero_grad()
 
@@ -43,7 +45,7 @@ def _train_a_little(model, data, steps: int = 2) -> None:
 def test_export_load_gives_the_in_training_models_actions(tmp_path: Path) -> None:
     s = build_tiny_setup(tmp_path)
     _train_a_little(s.model, s.data)
-    out = export_policy(tmp_path / "p2", s.model, s.cfg, s.data.normalizer, s.cache, s.data.split, s.data.dataset_paths, 2)
+    out = export_policy(tmp_path / "p2", s.model, s.cfg, s.data.io, s.cache, s.data.split, s.data.dataset_paths, 2)
     policy = DiT4DiTPolicy.from_pretrained(out)
 
     # Only trainable weights are stored, bit-identical; the frozen VAE is rebuilt from its reference.
@@ -55,40 +57,41 @@ def test_export_load_gives_the_in_training_models_actions(tmp_path: Path) -> Non
     for k, v in trained.items():
         assert torch.equal(stored[k], v.cpu()), k
 
-    samples = [s.data.val_dataset.get_sample(i, raw=True) for i in (0, 5)]
-    batch = collate(samples)  # the training data path: decoded frames, encoded state
-    expected = s.model.predict_action(batch, seed=11)[..., : policy.action_dim].numpy()
-    expected = s.data.normalizer.unnormalize_action(expected)
+    ds = s.data.val_dataset
+    batch = Batch.collate([ds[i] for i in (0, 5)]).first_frame()  # the training data path
+    expected = s.data.io.decode_actions(s.model.predict_action(batch, seed=11))
+    samples = [ds.raw_sample(i) for i in (0, 5)]
     obs = {k: np.stack([observation_from_sample(policy.camera_keys, x)[k] for x in samples]) for k in policy.camera_keys}
-    obs.update(state=np.stack([x["raw_state"].numpy() for x in samples]), instruction=[x["instruction"] for x in samples])
+    obs.update(state=np.stack([x.state for x in samples]), instruction=[x.instruction for x in samples])
     got = policy.predict_action(obs, seed=11)
     np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6)
     assert json.loads((out / "policy.json").read_text())["step"] == 2
 
 
 def test_outputs_are_robot_units_and_unnormalization_inverts_training(setup, policy: DiT4DiTPolicy) -> None:
-    norm = setup.data.normalizer
-    assert policy.normalizer == norm  # the checkpoint's statistics are the training ones, exactly
-    sample = setup.data.val_dataset.get_sample(3, raw=True)
-    raw = sample["raw_action"].numpy().astype(np.float64)
-    # Training targets are normalize_action(raw); the policy applies unnormalize_action.
-    np.testing.assert_allclose(norm.unnormalize_action(norm.normalize_action(raw)), raw, rtol=0, atol=1e-12)
-    np.testing.assert_allclose(sample["action"][:, : norm.action_dim].numpy(), norm.normalize_action(raw), atol=1e-6)
+    io = setup.data.io
+    assert policy.io == io  # the checkpoint's transforms and statistics are the training ones, exactly
+    sample = setup.data.val_dataset.raw_sample(3)
+    raw = sample.actions.astype(np.float64)
+    # Training targets are io.normalize_actions(raw); the policy applies io.decode_actions.
+    np.testing.assert_allclose(io.decode_actions(io.normalize_actions(raw)), raw, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(setup.data.val_dataset[3]["action"].numpy(), io.normalize_actions(raw), atol=1e-6)
     obs = _obs(policy, setup, 3)
     actions = policy.predict_action(obs, seed=0)
-    batch, _ = policy.preprocess(obs)
-    normalized = policy.model.predict_action(batch, seed=0)[0, :, : policy.action_dim].numpy().astype(np.float64)
-    np.testing.assert_allclose(norm.normalize_action(actions.astype(np.float64)), normalized, atol=1e-5)
+    batch, _ = policy.io.encode_observation(obs)
+    normalized = policy.model.predict_action(batch, seed=0)[0].numpy().astype(np.float64)
+    np.testing.assert_allclose(io.normalize_actions(actions.astype(np.float64)), normalized, atol=1e-5)
     assert actions.shape == (policy.chunk_length, policy.action_dim) and actions.dtype == np.float32
 
 
-def test_preprocess_matches_the_training_sample(setup, policy: DiT4DiTPolicy) -> None:
-    sample = setup.data.val_dataset.get_sample(7, raw=True)
-    batch, batched = policy.preprocess(observation_from_sample(policy.camera_keys, sample))
+def test_observation_matches_the_training_sample(setup, policy: DiT4DiTPolicy) -> None:
+    ds = setup.data.val_dataset
+    batch, batched = policy.io.encode_observation(observation_from_sample(policy.camera_keys, ds.raw_sample(7)))
+    sample = ds[7]
     assert not batched
-    assert torch.equal(batch["frames"][0, 0], sample["frames"][0])
-    torch.testing.assert_close(batch["state"][0], sample["state"])
-    assert batch["instruction"] == [sample["instruction"]]
+    assert torch.equal(batch.frames[0, 0], sample["frames"][0])
+    torch.testing.assert_close(batch.state[0], sample["state"])
+    assert batch.instruction == [sample["instruction"]]
 
 
 def test_deterministic_under_seed(setup, policy: DiT4DiTPolicy) -> None:
@@ -113,11 +116,11 @@ def test_batch_and_single_agree(setup, policy: DiT4DiTPolicy) -> None:
     for i, o in enumerate(singles):
         np.testing.assert_allclose(out[i], policy.predict_action(o, seed=4), rtol=1e-5, atol=1e-5)
     # Every row's inputs are exactly what a single call would build.
-    batch, is_batched = policy.preprocess(batched)
+    batch, is_batched = policy.io.encode_observation(batched)
     assert is_batched
     for i, o in enumerate(singles):
-        one, _ = policy.preprocess(o)
-        assert torch.equal(batch["frames"][i], one["frames"][0]) and torch.equal(batch["state"][i], one["state"][0])
+        one, _ = policy.io.encode_observation(o)
+        assert torch.equal(batch.frames[i], one.frames[0]) and torch.equal(batch.state[i], one.state[0])
     v = policy.predict_video(batched, steps=1, seed=0)
     assert v.shape[0] == 3 and v.ndim == 5
     for i, o in enumerate(singles):  # imagined videos too: a row is its single call's answer
@@ -196,8 +199,8 @@ def test_policy_folder_errors(setup, tmp_path: Path) -> None:
         DiT4DiTPolicy.from_pretrained(tmp_path)
     broken = tmp_path / "broken"
     shutil.copytree(setup.policy_dir, broken)
-    (broken / "normalizer.json").unlink()
-    with pytest.raises(PolicyLoadError, match=r"incomplete, missing \['normalizer.json'\]"):
+    (broken / "policy_io.json").unlink()
+    with pytest.raises(PolicyLoadError, match=r"incomplete, missing \['policy_io.json'\]"):
         DiT4DiTPolicy.from_pretrained(broken)
     future = tmp_path / "future"
     shutil.copytree(setup.policy_dir, future)
@@ -207,8 +210,12 @@ def test_policy_folder_errors(setup, tmp_path: Path) -> None:
         DiT4DiTPolicy.from_pretrained(future)
     with pytest.raises(PolicyLoadError, match="cannot build the base model"):
         DiT4DiTPolicy.from_pretrained(setup.policy_dir, base_model=str(tmp_path / "no_cosmos_here"))
+    other = tmp_path / "other_config"
+    shutil.copytree(setup.policy_dir, other)
+    cfg_text = (other / "config.yaml").read_text().replace("hidden_size: 128", "hidden_size: 64", 1)
+    (other / "config.yaml").write_text(cfg_text)
     with pytest.raises(PolicyLoadError, match="does not fit the model"):
-        DiT4DiTPolicy.from_pretrained(setup.policy_dir, overrides=["framework.action_model.hidden_size=64"])
+        DiT4DiTPolicy.from_pretrained(other)
 
 
 def test_checkpoint_and_run_folders_are_accepted(setup, tmp_path: Path) -> None:
@@ -222,13 +229,13 @@ def test_export_replaces_atomically(setup, tmp_path: Path) -> None:
     s = setup
     out = tmp_path / "policy"
     for step in (1, 2):
-        export_policy(out, s.model, s.cfg, s.data.normalizer, s.cache, s.data.split, s.data.dataset_paths, step)
+        export_policy(out, s.model, s.cfg, s.data.io, s.cache, s.data.split, s.data.dataset_paths, step)
     assert json.loads((out / "policy.json").read_text())["step"] == 2
     assert sorted(p.name for p in tmp_path.iterdir()) == ["policy"]  # no temp or old folders left
     info = json.loads((out / "policy.json").read_text())
     path = str(Path(s.data.dataset_paths[0]).resolve())
     assert info["held_out_episodes"] == {path: s.data.split[str(s.data.dataset_paths[0])]["val"]}
-    assert info["base_model"] == "tiny" and info["camera_keys"] == list(s.cfg.datasets.vla_data.camera_keys)
+    assert info["base_model"] == "tiny"
 
 
 def test_top_level_import() -> None:

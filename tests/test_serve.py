@@ -81,7 +81,7 @@ def policy() -> DiT4DiTPolicy:
 def observations(policy: DiT4DiTPolicy) -> list[dict[str, Any]]:
     ds = shared_tiny_setup().data.val_dataset
     step = max(1, len(ds) // 8)
-    return [observation_from_sample(policy.camera_keys, ds.get_sample(i * step, raw=True)) for i in range(8)]
+    return [observation_from_sample(policy.camera_keys, ds.raw_sample(i * step)) for i in range(8)]
 
 
 @pytest.fixture(scope="module")

@@ -165,10 +165,11 @@ def test_modes_and_lambda_zero_train(tmp_path, demo_root, extra, zero_key):
 
 def test_lr_groups_and_frozen_modules():
     from dit4dit_npu.models import build_dit4dit
+    from dit4dit_npu.models.testing import small_spec
     from dit4dit_npu.train.optim import build_optimizer, freeze_modules, group_lrs
 
     cfg = load_config(TINY, ["trainer.learning_rate={base: 0.1, backbone.transformer: 0.01, action_model: 0.001}"])
-    model = build_dit4dit(cfg)
+    model = build_dit4dit(cfg, small_spec(cfg, state_width=14, action_width=14, frame_size=(32, 96)))
     freeze_modules(model, ["backbone.transformer.transformer_blocks.0"])
     opt = build_optimizer(model, cfg.trainer)
     assert group_lrs(opt) == {"lr/backbone.transformer": 0.01, "lr/action_model": 0.001}
@@ -193,7 +194,10 @@ def test_frozen_module_gets_no_update(tmp_path, demo_root):
     from dit4dit_npu.models import build_dit4dit
 
     exported = load_file(run_dir / "checkpoints/step_000002/policy/model.safetensors")
-    fresh = build_dit4dit(load_config(TINY)).state_dict()
+    from dit4dit_npu.models.testing import small_spec
+
+    tiny = load_config(TINY)
+    fresh = build_dit4dit(tiny, small_spec(tiny, state_width=14, action_width=14, frame_size=(32, 96))).state_dict()
     moved = [k for k in exported if k.startswith("action_model.") and not torch.equal(exported[k], fresh[k])]
     assert moved, "trainable head parameters should have changed"
     frozen_keys = [k for k in fresh if k.startswith(frozen + ".")]
@@ -381,7 +385,10 @@ def test_two_process_zero3_exports_whole_weights(tmp_path, demo_root):
     policy = tmp_path / "dit4dit_robotwin_tiny/checkpoints/step_000002/policy"
     exported = load_file(policy / "model.safetensors")
     from dit4dit_npu.models import build_dit4dit
+    from dit4dit_npu.models.testing import small_spec
 
-    reference = build_dit4dit(load_config(TINY)).trainable_state_dict()
+    tiny = load_config(TINY)
+    reference = build_dit4dit(tiny, small_spec(tiny, state_width=14, action_width=14, frame_size=(32, 96)))
+    reference = reference.trainable_state_dict()
     # ZeRO-3 shards every weight; the export must hold whole tensors, not 0-sized placeholders.
     assert {k: tuple(v.shape) for k, v in exported.items()} == {k: tuple(v.shape) for k, v in reference.items()}

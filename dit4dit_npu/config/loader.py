@@ -25,6 +25,22 @@ class ConfigError(ValueError):
     """A config problem with a one-line, user-facing message (no traceback needed)."""
 
 
+_REFERENCE = "the reference-faithful paths are built in bench/reference.py, not switched on in the model"
+# Keys earlier versions had: an old config fails on them with where the concept went.
+REMOVED_KEYS = {
+    "framework.name": "the framework is always DiT4DiT; delete the key",
+    "framework.cosmos25.future_loss_type": "the video loss is always flow matching; delete the key",
+    "framework.cosmos25.view_layout": "moved to datasets.vla_data.view_layout",
+    "framework.action_model.action_dim": "the head predicts the actions' width, padded to datasets.vla_data.max_action_dim",
+    "framework.action_model.state_dim": "the head takes the encoded state, padded to datasets.vla_data.max_state_dim",
+    "framework.cosmos25.reference_text_encoder_per_step": _REFERENCE,
+    "framework.cosmos25.reference_full_depth_feature_pass": _REFERENCE,
+    "framework.cosmos25.reference_separate_condition_encode": _REFERENCE,
+    "trainer.optimizer.name": "AdamW is the only optimizer; delete the key",
+    "datasets.vla_data.video_backend": "videos are always decoded with PyAV; delete the key",
+}
+
+
 def load_config(path: str | Path | None, overrides: list[str] | None = None) -> Config:
     """YAML file (or defaults when None) + overrides -> validated Config."""
     raw: dict[str, Any] = {}
@@ -105,6 +121,8 @@ def from_dict(cls: type, data: Any, prefix: str = "") -> Any:
     for key, value in data.items():
         full = f"{prefix}{key}"
         if key not in fields:
+            if full in REMOVED_KEYS:
+                raise ConfigError(f"config key {full!r} was removed: {REMOVED_KEYS[full]}")
             close = difflib.get_close_matches(str(key), list(fields), n=1, cutoff=0.5)
             hint = f"; did you mean {prefix}{close[0]}?" if close else f"; valid keys: {', '.join(fields)}"
             raise ConfigError(f"unknown config key {full!r}{hint}")

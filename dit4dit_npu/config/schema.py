@@ -51,7 +51,6 @@ class Cosmos25Config:
     # joint: video FM loss trains the backbone, action head on its features.
     # action: frozen-backbone features only (no video loss). video: no action head.
     training: Literal["joint", "action", "video"] = "joint"
-    future_loss_type: Literal["flow_matching"] = "flow_matching"
     flow_matching: FlowMatchingConfig = field(default_factory=FlowMatchingConfig)
     conditional_frame_timestep: float = 1e-4
     # Original behaviour (SPEC A1): the action loss never reaches the video transformer.
@@ -59,20 +58,10 @@ class Cosmos25Config:
     # Seed of the feature-pass noise; null = unseeded like the original (SPEC A3).
     feature_noise_seed: int | None = 42
     max_sequence_length: int = 512
-    # How camera views become one frame: side by side ("width"), stacked ("height"),
-    # or a near-square "grid". Any number of views; names do not matter (SPEC A4).
-    view_layout: Literal["width", "height", "grid"] = "width"
     # auto = the device layer's choice (_native_npu on Ascend); or any diffusers backend name.
     attention_backend: str = "auto"
     # Persisted prompt-embedding cache (safetensors); null = <run dir>/prompt_cache.safetensors.
     prompt_cache: str | None = None
-    # --- switches that reproduce the reference implementation, for bench/ side-by-side runs ---
-    # Reference runs the text encoder every step and every predict_action call (SPEC B1).
-    reference_text_encoder_per_step: bool = False
-    # Reference runs all blocks in the feature pass, with grad enabled (SPEC B2, B3).
-    reference_full_depth_feature_pass: bool = False
-    # Reference encodes the conditioning clip separately from the GT clip (SPEC B4).
-    reference_separate_condition_encode: bool = False
 
 
 @dataclass
@@ -95,8 +84,8 @@ class ActionModelConfig:
     # null = from the preset (768 for DiT-B).
     input_embedding_dim: int | None = None
     hidden_size: int = 2560
-    action_dim: int = 14
-    state_dim: int = 14
+    # The head's state/action widths are not set here: they are the batch's (PolicyIO pads to
+    # datasets.vla_data.max_state_dim / max_action_dim).
     future_action_window_size: int = 7
     add_pos_embed: bool = True
     max_seq_len: int = 1024
@@ -116,7 +105,6 @@ class ActionModelConfig:
 
 @dataclass
 class FrameworkConfig:
-    name: Literal["DiT4DiT"] = "DiT4DiT"
     cosmos25: Cosmos25Config = field(default_factory=Cosmos25Config)
     action_model: ActionModelConfig = field(default_factory=ActionModelConfig)
 

@@ -6,6 +6,9 @@ H_a tokens. Training: t = Beta(1.5, 1) / 0.999, x_t = (1 - t) a + t eps, target 
 t_int = floor(1000 t), MSE over real action dims; R repeated noise draws per feature share one K/V
 (``dit.py``). Inference: Euler from t = 1 in ``num_inference_timesteps`` steps.
 
+Widths are the batch's (``ActionHeadConfig.state_width/action_width``, from the BatchSpec): the
+head never pads or trims; PolicyIO did, and the batch is validated at the model boundary.
+
 Precision: the head runs with autocast disabled and its inputs cast explicitly to its parameter
 dtype (fp32 unless a wrapper cast the whole model), and targets are built in fp32 — never
 ``autocast(dtype=float32)``, which is a silent no-op on CPU (SPEC C3, A8).
@@ -21,10 +24,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from dit4dit_npu import device as dev
-from dit4dit_npu.config import ActionModelConfig, ConfigError
 from dit4dit_npu.models.dit import KV, CrossAttentionDiT
+from dit4dit_npu.models.errors import ModelConfigError
 
-# input_embedding_dim, num_attention_heads, attention_head_dim
+# action_model_type -> (input embedding dim, attention heads, attention head dim)
 PRESETS: dict[str, tuple[int, int, int]] = {
     "DiT-tiny": (64, 4, 16),
     "DiT-S": (384, 6, 64),
@@ -33,26 +36,34 @@ PRESETS: dict[str, tuple[int, int, int]] = {
 }
 
 
-class ActionInputError(ValueError):
-    """Action/state tensors the head cannot take."""
-
-
 @dataclass(frozen=True)
-class HeadDims:
-    dim: int
-    heads: int
-    head_dim: int
-
-
-def resolve_dims(cfg: ActionModelConfig) -> HeadDims:
-    """``action_model_type`` preset, then explicit overrides from the config."""
-    dim, heads, head_dim = PRESETS[cfg.action_model_type]
-    d = cfg.diffusion_model_cfg
-    return HeadDims(
-        dim=cfg.input_embedding_dim or dim,
-        heads=d.num_attention_heads or heads,
-        head_dim=d.attention_head_dim or head_dim,
-    )
+class ActionHeadConfig:
+    # What the batch brings (BatchSpec): encoded+padded state width (0 = no state token), padded
+    # action width, action steps per chunk.
+    state_width: int
+    action_width: int
+    chunk_length: int
+    # DiT body (defaults: DiT-B, SPEC 2.2)
+    dim: int = 768
+    num_heads: int = 12
+    head_dim: int = 64
+    num_layers: int = 16
+    output_dim: int = 2560
+    dropout: float = 0.2
+    final_dropout: bool = True
+    interleave_self_attention: bool = True
+    # hidden width of the state encoder and action decoder MLPs
+    hidden_size: int = 2560
+    add_pos_embed: bool = True
+    max_seq_len: int = 1024
+    # flow matching: t = Beta(alpha, beta) / noise_s, integer timestep floor(t * buckets)
+    noise_beta_alpha: float = 1.5
+    noise_beta_beta: float = 1.0
+    noise_s: float = 0.999
+    num_timestep_buckets: int = 1000
+    num_inference_timesteps: int = 4
+    # R noise draws per backbone feature in training (they share its cross-attention K/V)
+    repeated_diffusion_steps: int = 4
 
 
 def sinusoidal(t: torch.Tensor, dim: int) -> torch.Tensor:
@@ -83,66 +94,51 @@ def mlp(d_in: int, hidden: int, d_out: int) -> nn.Sequential:
 
 
 class FlowMatchingActionHead(nn.Module):
-    def __init__(
-        self, cfg: ActionModelConfig, cross_attention_dim: int, reference_copied_repeats: bool = False
-    ):
+    def __init__(self, cfg: ActionHeadConfig, cross_attention_dim: int) -> None:
         super().__init__()
-        dims = resolve_dims(cfg)
-        d = cfg.diffusion_model_cfg
-        if cfg.chunk_length > cfg.max_seq_len and cfg.add_pos_embed:
-            raise ConfigError(
-                f"framework.action_model: chunk length {cfg.chunk_length} exceeds max_seq_len {cfg.max_seq_len}"
+        if cfg.action_width < 1:
+            raise ModelConfigError("action_width", f"got {cfg.action_width}, expected >= 1")
+        if cfg.chunk_length < 1:
+            raise ModelConfigError("chunk_length", f"got {cfg.chunk_length}, expected >= 1")
+        if cfg.add_pos_embed and cfg.chunk_length > cfg.max_seq_len:
+            raise ModelConfigError(
+                "max_seq_len", f"{cfg.max_seq_len} position embeddings, but the chunk has {cfg.chunk_length} steps"
             )
-        self.action_dim, self.state_dim = cfg.action_dim, cfg.state_dim
-        self.chunk_length = cfg.chunk_length
-        self.repeats = cfg.repeated_diffusion_steps
-        self.num_inference_timesteps = cfg.num_inference_timesteps
-        self.num_buckets = cfg.num_timestep_buckets
-        self.beta = (cfg.noise_beta_alpha, cfg.noise_beta_beta)
-        self.noise_s = cfg.noise_s
-        # Reproduces the original's materialised (R*B, S, D) feature copy, for bench/ only.
-        self.reference_copied_repeats = reference_copied_repeats
-
-        self.state_encoder = mlp(cfg.state_dim, cfg.hidden_size, dims.dim) if cfg.state_dim else None
-        self.action_encoder = ActionEncoder(cfg.action_dim, dims.dim)
+        if cfg.repeated_diffusion_steps < 1:
+            raise ModelConfigError("repeated_diffusion_steps", f"got {cfg.repeated_diffusion_steps}, expected >= 1")
+        self.cfg = cfg
+        self.state_encoder = mlp(cfg.state_width, cfg.hidden_size, cfg.dim) if cfg.state_width else None
+        self.action_encoder = ActionEncoder(cfg.action_width, cfg.dim)
         self.position_embedding = None
         if cfg.add_pos_embed:
-            self.position_embedding = nn.Embedding(cfg.max_seq_len, dims.dim)
+            self.position_embedding = nn.Embedding(cfg.max_seq_len, cfg.dim)
             nn.init.normal_(self.position_embedding.weight, mean=0.0, std=0.02)
         self.model = CrossAttentionDiT(
-            dims.dim,
-            dims.heads,
-            dims.head_dim,
-            d.num_layers,
+            cfg.dim,
+            cfg.num_heads,
+            cfg.head_dim,
+            cfg.num_layers,
             cross_attention_dim,
-            d.output_dim,
-            dropout=d.dropout,
-            final_dropout=d.final_dropout,
-            interleave_self_attention=d.interleave_self_attention,
+            cfg.output_dim,
+            dropout=cfg.dropout,
+            final_dropout=cfg.final_dropout,
+            interleave_self_attention=cfg.interleave_self_attention,
         )
-        self.action_decoder = mlp(d.output_dim, cfg.hidden_size, cfg.action_dim)
+        self.action_decoder = mlp(cfg.output_dim, cfg.hidden_size, cfg.action_width)
 
     @property
     def dtype(self) -> torch.dtype:
         return next(self.parameters()).dtype
 
-    # ---------------------------------------------------------------- inputs
+    @property
+    def repeats(self) -> int:
+        return self.cfg.repeated_diffusion_steps
 
-    def _fit(self, x: torch.Tensor, dim: int, name: str, key: str) -> torch.Tensor:
-        """Zero-pad narrower inputs to the head's width; wider ones are an error, not a truncation."""
-        if x.shape[-1] > dim:
-            raise ActionInputError(
-                f"{name} has {x.shape[-1]} dims but the action head takes {dim} "
-                f"(framework.action_model.{key}); set it to the data's padded width"
-            )
-        return F.pad(x, (0, dim - x.shape[-1])) if x.shape[-1] < dim else x
+    # ---------------------------------------------------------------- pieces
 
-    def _state_token(self, state: torch.Tensor | None, batch: int) -> torch.Tensor | None:
+    def _state_token(self, state: torch.Tensor | None) -> torch.Tensor | None:
         if self.state_encoder is None:
             return None
-        if state is None:
-            raise ActionInputError("batch['state'] is required: framework.action_model.state_dim > 0")
-        state = self._fit(state.float().reshape(batch, -1), self.state_dim, "state", "state_dim")
         return self.state_encoder(state.to(self.dtype))[:, None]
 
     def _velocity(
@@ -163,12 +159,17 @@ class FlowMatchingActionHead(nn.Module):
         return self.action_decoder(out[:, -x_t.shape[1] :]).float()
 
     def sample_time(self, n: int, device: torch.device) -> torch.Tensor:
-        a, b = self.beta
+        a, b = self.cfg.noise_beta_alpha, self.cfg.noise_beta_beta
         if b == 1.0:  # Beta(a, 1) by inverse CDF: u = U^(1/a); runs on any device
             u = torch.rand(n, device=device) ** (1.0 / a)
         else:
             u = torch.distributions.Beta(a, b).sample((n,)).to(device)
-        return u / self.noise_s
+        return u / self.cfg.noise_s
+
+    def context_kv(self, features: torch.Tensor) -> list[KV]:
+        """Cross-attention K/V of (B, S, cross_dim) features, in the head's dtype."""
+        with torch.autocast(dev.device_type(), enabled=False):
+            return self.model.context_kv(features.to(self.dtype))
 
     # ---------------------------------------------------------------- training
 
@@ -179,36 +180,38 @@ class FlowMatchingActionHead(nn.Module):
         actions: torch.Tensor,
         action_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Masked flow-matching MSE averaged over R noise draws per sample (float32 scalar)."""
-        b, r = features.shape[0], self.repeats
-        if actions.shape[1] != self.chunk_length:
-            raise ActionInputError(
-                f"action chunk has {actions.shape[1]} steps, the head predicts {self.chunk_length} "
-                "(framework.action_model.future_action_window_size + 1)"
-            )
-        actions = self._fit(actions.float(), self.action_dim, "action", "action_dim")
-        mask = None
-        if action_mask is not None:
-            mask = self._fit(action_mask.float(), self.action_dim, "action_mask", "action_dim")
+        """Masked flow-matching MSE averaged over R noise draws per sample (float32 scalar).
+
+        features (B, S, cross_dim); state (B, state_width) or None; actions and the bool mask
+        (B, chunk_length, action_width), as the batch brings them (PolicyIO padded them)."""
+        return self.loss_with_context(self.context_kv(features), self.repeats, state, actions, action_mask)
+
+    def loss_with_context(
+        self,
+        kv: list[KV],
+        kv_repeats: int,
+        state: torch.Tensor | None,
+        actions: torch.Tensor,
+        action_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """``loss`` from precomputed K/V: ``kv`` rows serve ``kv_repeats`` consecutive noisy
+        samples each (R for per-sample K/V; 1 for K/V of R materialised feature copies, what the
+        original computed, SPEC B5; bench/reference.py)."""
+        r = self.repeats
         with torch.autocast(dev.device_type(), enabled=False):
-            feats = features.to(self.dtype)
-            if self.reference_copied_repeats:
-                kv, repeats = self.model.context_kv(feats.repeat_interleave(r, dim=0)), 1
-            else:
-                kv, repeats = self.model.context_kv(feats), r
-            state_tok = self._state_token(state, b)
+            state_tok = self._state_token(state)
             if state_tok is not None:
                 state_tok = state_tok.repeat_interleave(r, dim=0)
-            a = actions.repeat_interleave(r, dim=0)
+            a = actions.float().repeat_interleave(r, dim=0)
             noise = torch.randn_like(a)
-            t = self.sample_time(b * r, a.device)
+            t = self.sample_time(a.shape[0], a.device)
             tv = t.view(-1, 1, 1)
             x_t = (1 - tv) * a + tv * noise
-            t_int = (t * self.num_buckets).floor().long()
-            err = (self._velocity(x_t, t_int, state_tok, kv, repeats) - (noise - a)) ** 2
-            if mask is None:
+            t_int = (t * self.cfg.num_timestep_buckets).floor().long()
+            err = (self._velocity(x_t, t_int, state_tok, kv, kv_repeats) - (noise - a)) ** 2
+            if action_mask is None:
                 return err.mean()
-            m = mask.repeat_interleave(r, dim=0)
+            m = action_mask.float().repeat_interleave(r, dim=0)
             return (err * m).sum() / m.sum().clamp_min(1.0)
 
     # ---------------------------------------------------------------- inference
@@ -217,24 +220,24 @@ class FlowMatchingActionHead(nn.Module):
     def sample(
         self, features: torch.Tensor, state: torch.Tensor | None, generator: torch.Generator | None = None
     ) -> torch.Tensor:
-        """Euler from t = 1 to 0 -> normalised chunk (B, H_a, action_dim), float32.
+        """Euler from t = 1 to 0 -> normalised chunk (B, chunk_length, action_width), float32.
 
         With a generator (a seeded call): one (CPU) draw of (1, H_a, A) shared by every row, so a
         row's chunk depends on its own observation and the seed only — not on the device, nor on
         the batch it came in (row i of a batch == the same observation alone). Without one:
         independent global-RNG noise per row."""
-        b, n = features.shape[0], self.num_inference_timesteps
+        b, n, c = features.shape[0], self.cfg.num_inference_timesteps, self.cfg
+        kv = self.context_kv(features)  # once for all Euler steps
         with torch.autocast(dev.device_type(), enabled=False):
-            kv = self.model.context_kv(features.to(self.dtype))  # once for all Euler steps
-            state_tok = self._state_token(state, b)
+            state_tok = self._state_token(state)
             if generator is not None:
-                x = torch.randn(1, self.chunk_length, self.action_dim, generator=generator)
+                x = torch.randn(1, c.chunk_length, c.action_width, generator=generator)
                 x = x.to(features.device).expand(b, -1, -1)
             else:
-                x = torch.randn(b, self.chunk_length, self.action_dim, device=features.device)
+                x = torch.randn(b, c.chunk_length, c.action_width, device=features.device)
             for i in range(n):
                 t_int = torch.full(
-                    (b,), int(self.num_buckets * (1.0 - i / n)), device=x.device, dtype=torch.long
+                    (b,), int(c.num_timestep_buckets * (1.0 - i / n)), device=x.device, dtype=torch.long
                 )
                 x = x - self._velocity(x, t_int, state_tok, kv, 1) / n
         return x

@@ -1,32 +1,49 @@
-"""Build the model from config: a local Cosmos-Predict2.5-2B diffusers folder, or "tiny".
+"""The one adapter from the run config to the models, and the one place that loads weights.
 
-``framework.cosmos25.base_model`` is either the string ``tiny`` (random tiny instances of the same
-classes, a pure function of ``framework.cosmos25.tiny``) or a local diffusers folder with
-transformer/, vae/, text_encoder/, tokenizer/, scheduler/ (loaded with ``local_files_only``;
-nothing is ever downloaded). An exported policy stores only trainable weights and refers to the
-base by this same string.
+    model = build_dit4dit(cfg, spec)      # spec: the BatchSpec PolicyIO promises (widths, lengths)
+
+``framework.cosmos25.base_model`` is a local Cosmos-Predict2.5-2B diffusers folder (transformer/,
+vae/, text_encoder/, tokenizer/, scheduler/, model_index.json; loaded with ``local_files_only``,
+nothing is ever downloaded) or ``tiny``. ``tiny`` is not a shortcut: the tiny random pipeline
+(``tiny.py``, a pure function of ``framework.cosmos25.tiny``) is saved once with
+``save_pretrained`` into a folder laid out like the real one, cached under
+``$DIT4DIT_TINY_CACHE`` (default ``~/.cache/dit4dit_npu/tiny``) by a hash of its sizes, and then
+loaded by exactly the code that loads the real folder. An exported policy refers to its base by
+this same string.
+
+Modules only know their model-local configs (``BackboneConfig``, ``ActionHeadConfig``,
+``DiT4DiTConfig``) and raise ``ModelConfigError`` naming a model-local field; here each field is
+filled from its run-config key, and such errors are re-raised as ``ConfigError`` naming that key.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
 
 from dit4dit_npu import device as dev
+from dit4dit_npu.batch import BatchSpec
 from dit4dit_npu.config import Config, ConfigError
 from dit4dit_npu.models import tiny
-from dit4dit_npu.models.action_head import FlowMatchingActionHead
-from dit4dit_npu.models.cosmos import CosmosBackbone
-from dit4dit_npu.models.dit4dit import DiT4DiT
+from dit4dit_npu.models.action_head import PRESETS, ActionHeadConfig, FlowMatchingActionHead
+from dit4dit_npu.models.cosmos import BackboneConfig, CosmosBackbone
+from dit4dit_npu.models.dit4dit import DiT4DiT, DiT4DiTConfig
+from dit4dit_npu.models.errors import ModelConfigError
 from dit4dit_npu.models.text import PromptEncoder
 
 TINY = "tiny"
+TINY_CACHE_ENV = "DIT4DIT_TINY_CACHE"
 # component folder -> file that must exist in it
 COMPONENTS = {
     "transformer": "config.json",
@@ -38,9 +55,172 @@ COMPONENTS = {
 BACKBONE_PARTS = ("transformer", "vae", "scheduler")
 TEXT_PARTS = ("text_encoder", "tokenizer")
 
+# Run-config key behind each model-local field a module may complain about.
+RUN_KEYS = {
+    "extract_layer": "framework.cosmos25.extract_layer",
+    "training": "framework.cosmos25.training",
+    "frame_size": "datasets.vla_data.image_size (x the view layout)",
+    "state_width": "datasets.vla_data.max_state_dim",
+    "action_width": "datasets.vla_data.max_action_dim",
+    "chunk_length": "framework.action_model.future_action_window_size",
+    "max_seq_len": "framework.action_model.max_seq_len",
+    "repeated_diffusion_steps": "framework.action_model.repeated_diffusion_steps",
+    "attention_head_dim": "framework.cosmos25.tiny.attention_head_dim",
+    "text_hidden_size": "framework.cosmos25.tiny.text_hidden_size",
+}
 
-def is_tiny(cfg: Config) -> bool:
-    return cfg.framework.cosmos25.base_model == TINY
+
+@contextlib.contextmanager
+def _as_config_error() -> Iterator[None]:
+    try:
+        yield
+    except ModelConfigError as e:
+        raise ConfigError(f"{RUN_KEYS.get(e.field, e.field)}: {e.detail}") from None
+
+
+# --------------------------------------------------------------------------------------------
+# Run config -> model-local configs
+# --------------------------------------------------------------------------------------------
+
+
+def backbone_config(cfg: Config) -> BackboneConfig:
+    c = cfg.framework.cosmos25
+    return BackboneConfig(
+        extract_layer=c.extract_layer,
+        conditional_frame_timestep=c.conditional_frame_timestep,
+        time_distribution=c.flow_matching.time_distribution,
+        high_sigma_ratio=c.flow_matching.high_sigma_ratio,
+        high_sigma_min=c.flow_matching.high_sigma_min,
+        feature_noise_seed=c.feature_noise_seed,
+        attention_backend=c.attention_backend,
+        gradient_checkpointing=cfg.trainer.enable_gradient_checkpointing,
+    )
+
+
+def action_head_config(cfg: Config, spec: BatchSpec) -> ActionHeadConfig:
+    """Widths from the batch spec, everything else from ``framework.action_model`` (the
+    ``action_model_type`` preset, then its explicit overrides)."""
+    a = cfg.framework.action_model
+    d = a.diffusion_model_cfg
+    if spec.chunk_length != a.chunk_length:
+        raise ConfigError(
+            f"framework.action_model.future_action_window_size: the head predicts {a.chunk_length} steps "
+            f"but the batches bring chunks of {spec.chunk_length}"
+        )
+    dim, heads, head_dim = PRESETS[a.action_model_type]
+    return ActionHeadConfig(
+        state_width=spec.state_width,
+        action_width=spec.action_width,
+        chunk_length=spec.chunk_length,
+        dim=a.input_embedding_dim or dim,
+        num_heads=d.num_attention_heads or heads,
+        head_dim=d.attention_head_dim or head_dim,
+        num_layers=d.num_layers,
+        output_dim=d.output_dim,
+        dropout=d.dropout,
+        final_dropout=d.final_dropout,
+        interleave_self_attention=d.interleave_self_attention,
+        hidden_size=a.hidden_size,
+        add_pos_embed=a.add_pos_embed,
+        max_seq_len=a.max_seq_len,
+        noise_beta_alpha=a.noise_beta_alpha,
+        noise_beta_beta=a.noise_beta_beta,
+        noise_s=a.noise_s,
+        num_timestep_buckets=a.num_timestep_buckets,
+        num_inference_timesteps=a.num_inference_timesteps,
+        repeated_diffusion_steps=a.repeated_diffusion_steps,
+    )
+
+
+def dit4dit_config(cfg: Config) -> DiT4DiTConfig:
+    c = cfg.framework.cosmos25
+    return DiT4DiTConfig(
+        training=c.training,
+        backprop_action_to_backbone=c.backprop_action_to_backbone,
+        autocast=cfg.trainer.mixed_precision == "bf16",
+    )
+
+
+def tiny_sizes(cfg: Config) -> tiny.TinySizes:
+    return tiny.TinySizes(**dataclasses.asdict(cfg.framework.cosmos25.tiny))
+
+
+# --------------------------------------------------------------------------------------------
+# Builders
+# --------------------------------------------------------------------------------------------
+
+
+def build_backbone(cfg: Config) -> CosmosBackbone:
+    from diffusers import AutoencoderKLWan, CosmosTransformer3DModel, UniPCMultistepScheduler
+
+    p = base_model_folder(cfg, BACKBONE_PARTS)
+    # fp32 master weights for the trained transformer; autocast/DeepSpeed handle bf16 compute
+    transformer = load_weights(CosmosTransformer3DModel, p, "transformer", torch.float32)
+    vae = load_weights(AutoencoderKLWan, p, "vae", _frozen_dtype(cfg))
+    scheduler = _load(UniPCMultistepScheduler, p, "scheduler")
+    with _as_config_error():
+        return CosmosBackbone(transformer, vae, scheduler, backbone_config(cfg))
+
+
+def build_action_head(cfg: Config, spec: BatchSpec, cross_attention_dim: int) -> FlowMatchingActionHead:
+    head_cfg = action_head_config(cfg, spec)
+    with _as_config_error():
+        # seeded from the run seed, without touching the caller's RNG: same config -> same init
+        return tiny.seeded(cfg.seed + 3, lambda: FlowMatchingActionHead(head_cfg, cross_attention_dim))
+
+
+def build_dit4dit(cfg: Config, spec: BatchSpec) -> DiT4DiT:
+    """The model for batches that fit ``spec`` (widths, chunk and clip length, frame size)."""
+    backbone = build_backbone(cfg)
+    head = None
+    if cfg.framework.cosmos25.training != "video":
+        head = build_action_head(cfg, spec, backbone.hidden_size)
+    with _as_config_error():
+        return DiT4DiT(backbone, head, dit4dit_config(cfg), spec)
+
+
+def build_prompt_encoder(cfg: Config) -> PromptEncoder:
+    """Tokenizer + the Qwen2.5-VL *language model* only: the vision tower and lm_head are dropped
+    right after loading (the pipeline never uses them, SPEC B1)."""
+    from transformers import AutoTokenizer, Qwen2_5_VLForConditionalGeneration
+
+    c = cfg.framework.cosmos25
+    p = base_model_folder(cfg, TEXT_PARTS)
+    tok = _load(AutoTokenizer, p, "tokenizer")
+    full = load_weights(Qwen2_5_VLForConditionalGeneration, p, "text_encoder", _frozen_dtype(cfg))
+    language_model = full.model.language_model
+    del full  # frees the vision tower and lm_head
+    return PromptEncoder(tok, language_model, c.max_sequence_length, identity=text_identity(cfg))
+
+
+def text_identity(cfg: Config) -> str:
+    """Names the text encoder weights, so a prompt cache of another model is refused."""
+    c = cfg.framework.cosmos25
+    if c.base_model == TINY:  # path- and version-independent, as the tiny weights are
+        t = c.tiny
+        return f"tiny:text{t.text_hidden_size}x{t.text_num_layers}h{t.text_num_heads}:seed{t.seed}"
+    p = check_base_model(c.base_model, TEXT_PARTS)
+    h = hashlib.sha256()
+    for comp in TEXT_PARTS:  # configs + tokenizer content + weight file sizes: cheap, path-independent
+        for f in sorted((p / comp).iterdir()):
+            if f.suffix in (".json", ".txt", ".model", ".jinja"):
+                h.update(f.name.encode() + f.read_bytes())
+            elif f.is_file():
+                h.update(f"{f.name}:{f.stat().st_size}".encode())
+    return f"cosmos25:{h.hexdigest()[:16]}"
+
+
+# --------------------------------------------------------------------------------------------
+# Weights on disk
+# --------------------------------------------------------------------------------------------
+
+
+def base_model_folder(cfg: Config, parts: tuple[str, ...] = tuple(COMPONENTS)) -> Path:
+    """The diffusers folder to load: ``base_model`` itself, or the cached tiny folder."""
+    c = cfg.framework.cosmos25
+    if c.base_model == TINY:
+        return tiny_base_model(tiny_sizes(cfg))
+    return check_base_model(c.base_model, parts)
 
 
 def check_base_model(path: str | Path, parts: tuple[str, ...] = tuple(COMPONENTS)) -> Path:
@@ -68,6 +248,14 @@ def _load(loader: Any, path: Path, component: str, **kwargs: Any) -> Any:
         raise ConfigError(f"framework.cosmos25.base_model: cannot load {path / component}: {e}") from None
 
 
+def load_weights(loader: Any, path: Path, component: str, dtype: torch.dtype) -> Any:
+    """``loader.from_pretrained`` in ``dtype``, with the keyword each library takes at our minimum
+    versions: diffusers < 0.40 rejects ``dtype=`` (TypeError) but all take ``torch_dtype=``;
+    transformers takes ``dtype=`` from 4.56 on and deprecates ``torch_dtype=`` in 5.x."""
+    keyword = "torch_dtype" if loader.__module__.startswith("diffusers") else "dtype"
+    return _load(loader, path, component, **{keyword: dtype})
+
+
 def _frozen_dtype(cfg: Config) -> torch.dtype:
     """Frozen parts (VAE, text encoder) run in bf16 on accelerators, as the original; fp32 on CPU."""
     if dev.device_type() == dev.CPU or cfg.trainer.mixed_precision == "no":
@@ -75,117 +263,95 @@ def _frozen_dtype(cfg: Config) -> torch.dtype:
     return dev.autocast_dtype()
 
 
-def build_backbone(cfg: Config) -> CosmosBackbone:
-    c = cfg.framework.cosmos25
-    if is_tiny(cfg):
-        transformer, vae = tiny.build_transformer(c.tiny), tiny.build_vae(c.tiny)
-        scheduler = tiny.build_scheduler()
-    else:
-        from diffusers import AutoencoderKLWan, CosmosTransformer3DModel, UniPCMultistepScheduler
-
-        p = check_base_model(c.base_model, BACKBONE_PARTS)
-        # fp32 master weights for the trained transformer; autocast/DeepSpeed handle bf16 compute
-        transformer = _load(CosmosTransformer3DModel, p, "transformer", dtype=torch.float32)
-        vae = _load(AutoencoderKLWan, p, "vae", dtype=_frozen_dtype(cfg))
-        scheduler = _load(UniPCMultistepScheduler, p, "scheduler")
-    backbone = CosmosBackbone(
-        transformer,
-        vae,
-        scheduler,
-        conditional_frame_timestep=c.conditional_frame_timestep,
-        flow_matching=c.flow_matching,
-        attention_backend=c.attention_backend,
-    )
-    if cfg.trainer.enable_gradient_checkpointing:
-        transformer.enable_gradient_checkpointing()
-    return backbone
+def tiny_cache_root() -> Path:
+    default = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dit4dit_npu" / "tiny"
+    return Path(os.environ.get(TINY_CACHE_ENV) or default).expanduser()
 
 
-def text_identity(cfg: Config) -> str:
-    """Names the text encoder weights, so a prompt cache of another model is refused."""
-    c = cfg.framework.cosmos25
-    if is_tiny(cfg):
-        t = c.tiny
-        return f"tiny:text{t.text_hidden_size}x{t.text_num_layers}h{t.text_num_heads}:seed{t.seed}"
-    p = check_base_model(c.base_model, TEXT_PARTS)
-    h = hashlib.sha256()
-    for comp in TEXT_PARTS:  # configs + tokenizer content + weight file sizes: cheap, path-independent
-        for f in sorted((p / comp).iterdir()):
-            if f.suffix in (".json", ".txt", ".model"):
-                h.update(f.name.encode() + f.read_bytes())
-            elif f.is_file():
-                h.update(f"{f.name}:{f.stat().st_size}".encode())
-    return f"cosmos25:{h.hexdigest()[:16]}"
+def tiny_base_model(sizes: tiny.TinySizes) -> Path:
+    """The tiny pipeline's diffusers folder, written on first use. Keyed by the sizes and the
+    library versions (a tokenizer saved by transformers 5 is unreadable by 4.x); written to a
+    temp folder and renamed, so concurrent ranks never see half a folder."""
+    import diffusers
+    import transformers
 
-
-def build_prompt_encoder(cfg: Config) -> PromptEncoder:
-    """Tokenizer + the Qwen2.5-VL *language model* only: the vision tower and lm_head are dropped
-    right after loading (the pipeline never uses them, SPEC B1)."""
-    c = cfg.framework.cosmos25
-    if is_tiny(cfg):
-        tok = tiny.build_tokenizer()
-        full = tiny.build_text_encoder(c.tiny, tok, c.max_sequence_length)
-    else:
-        from transformers import AutoTokenizer, Qwen2_5_VLForConditionalGeneration
-
-        p = check_base_model(c.base_model, TEXT_PARTS)
-        tok = _load(AutoTokenizer, p, "tokenizer")
-        full = _load(Qwen2_5_VLForConditionalGeneration, p, "text_encoder", dtype=_frozen_dtype(cfg))
-    language_model: nn.Module = full.model.language_model
-    del full  # frees the vision tower and lm_head
-    return PromptEncoder(tok, language_model, c.max_sequence_length, identity=text_identity(cfg))
-
-
-def clip_frames(cfg: Config) -> int:
-    """Pixel frames per training clip: video_delta_indices subsampled by action_video_freq_ratio."""
-    d = cfg.datasets.vla_data
-    return len(range(0, len(d.video_delta_indices), d.action_video_freq_ratio))
-
-
-def build_action_head(
-    cfg: Config, cross_attention_dim: int, reference_copied_repeats: bool = False
-) -> nn.Module:
-    # seeded from the run seed, without touching the caller's RNG: same config -> same init
-    return tiny.seeded(
-        cfg.seed + 3,
-        lambda: FlowMatchingActionHead(
-            cfg.framework.action_model, cross_attention_dim, reference_copied_repeats
-        ),
-    )
-
-
-def build_dit4dit(cfg: Config, reference_copied_repeats: bool = False) -> DiT4DiT:
-    c = cfg.framework.cosmos25
-    backbone = build_backbone(cfg)
-    backbone.check_extract_layer(c.extract_layer)
-    head = None
-    if c.training != "video":
-        head = build_action_head(cfg, backbone.hidden_size, reference_copied_repeats)
-    encoder = build_prompt_encoder(cfg) if c.reference_text_encoder_per_step else None
-    return DiT4DiT(
-        backbone,
-        head,
-        c,
-        feature_latent_frames=backbone.latent_frames(clip_frames(cfg)),
-        video_loss_weight=cfg.trainer.loss_scale.future_video,
-        autocast_enabled=cfg.trainer.mixed_precision == "bf16",
-        prompt_encoder=encoder,
-    )
+    ident = {"sizes": dataclasses.asdict(sizes), "diffusers": diffusers.__version__, "transformers": transformers.__version__}
+    key = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
+    root = tiny_cache_root()
+    folder = root / f"cosmos25-tiny-{key}"
+    if (folder / "model_index.json").is_file():
+        return folder
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=root))
+    except OSError as e:
+        raise ConfigError(
+            f"framework.cosmos25.base_model=tiny: cannot write the tiny model cache {root} ({e.strerror}); "
+            f"set {TINY_CACHE_ENV} to a writable folder"
+        ) from None
+    try:
+        with _as_config_error():
+            write_tiny_base_model(sizes, tmp)
+        try:
+            os.replace(tmp, folder)
+        except OSError:
+            if not (folder / "model_index.json").is_file():  # not just another process winning the race
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return folder
 
 
 def save_tiny_base_model(cfg: Config, path: str | Path) -> Path:
-    """Write the tiny base model as a diffusers-layout folder (same layout as the real one), so
-    the path loader can be exercised without weights. Returns the folder."""
-    if not is_tiny(cfg):
-        raise ConfigError("save_tiny_base_model: framework.cosmos25.base_model must be 'tiny'")
-    p = Path(path)
-    backbone = build_backbone(cfg)
-    backbone.transformer.save_pretrained(p / "transformer")
-    backbone.vae.save_pretrained(p / "vae")
-    backbone.scheduler.save_pretrained(p / "scheduler")
-    c = cfg.framework.cosmos25
+    """Write the tiny base model of ``cfg`` as a diffusers folder at ``path``; returns it."""
+    with _as_config_error():
+        return write_tiny_base_model(tiny_sizes(cfg), Path(path))
+
+
+class _NoSafetyChecker:
+    """The pipeline insists on a safety checker (cosmos_guardrail, not a dependency); saving
+    records it as absent, as the real folder's model_index.json does."""
+
+    def to(self, *args: Any, **kwargs: Any) -> _NoSafetyChecker:
+        return self
+
+    def check_text_safety(self, prompt: str) -> bool:
+        return True
+
+    def check_video_safety(self, video: Any) -> Any:
+        return video
+
+
+def write_tiny_base_model(sizes: tiny.TinySizes, path: Path) -> Path:
+    """``Cosmos2_5_PredictBasePipeline(tiny modules).save_pretrained(path)``."""
+    from diffusers import Cosmos2_5_PredictBasePipeline
+
     tok = tiny.build_tokenizer()
-    tok.save_pretrained(p / "tokenizer")
-    tiny.build_text_encoder(c.tiny, tok, c.max_sequence_length).save_pretrained(p / "text_encoder")
-    (p / "tiny_config.json").write_text(json.dumps(dataclasses.asdict(c.tiny)))
-    return p
+    pipe = Cosmos2_5_PredictBasePipeline(
+        text_encoder=tiny.build_text_encoder(sizes, tok),
+        tokenizer=tok,
+        transformer=tiny.build_transformer(sizes),
+        vae=tiny.build_vae(sizes),
+        scheduler=tiny.build_scheduler(),
+        safety_checker=_NoSafetyChecker(),
+    )
+    with _quiet_saving():
+        pipe.save_pretrained(str(path))
+    return path
+
+
+@contextlib.contextmanager
+def _quiet_saving() -> Iterator[None]:
+    """No progress bars and no "safety_checker cannot be saved" warning for a tiny, expected write."""
+    from transformers.utils import logging as hf_logging
+
+    pipeline_log = logging.getLogger("diffusers.pipelines.pipeline_utils")
+    level, bars = pipeline_log.level, hf_logging.is_progress_bar_enabled()
+    pipeline_log.setLevel(logging.ERROR)
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        pipeline_log.setLevel(level)
+        if bars:
+            hf_logging.enable_progress_bar()

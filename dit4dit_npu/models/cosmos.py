@@ -3,7 +3,8 @@
 Per training step, versus the original (SPEC 1.7, B2-B4):
 - one batched VAE encode of the clip (posterior mean, no grad); latent frame 0 conditions;
 - the feature pass runs under ``no_grad`` and stops after block ``extract_layer`` (the original
-  ran all blocks and the output head with an autograd graph it then discarded);
+  ran all blocks and the output head with an autograd graph it then discarded; that path is
+  rebuilt from these same modules in ``bench/reference.py``);
 - the video flow-matching pass is the only one with gradients.
 Tensors are channels-first video: (B, C, T, H, W), latents (B, 16, T_lat, H/8, W/8).
 """
@@ -11,18 +12,33 @@ Tensors are channels-first video: (B, C, T, H, W), latents (B, 16, T_lat, H/8, W
 from __future__ import annotations
 
 import copy
-import logging
 import warnings
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import torch
 from torch import nn
 
 from dit4dit_npu import device as dev
-from dit4dit_npu.config import ConfigError, FlowMatchingConfig
-from dit4dit_npu.models.views import FrameInputError
+from dit4dit_npu.models.errors import ModelConfigError
 
-log = logging.getLogger(__name__)
+
+@dataclass(frozen=True)
+class BackboneConfig:
+    # Block whose output feeds the action head (0-indexed; 17 = the paper's "layer 18").
+    extract_layer: int = 17
+    # Timestep of the clean conditioning frame (the pipeline's conditional_frame_timestep).
+    conditional_frame_timestep: float = 1e-4
+    # Time t of the video flow-matching loss: U[0, 1), or sigmoid(N(0, 1)) with, at probability
+    # high_sigma_ratio, t replaced by U[high_sigma_min (default 0.98), 1).
+    time_distribution: Literal["uniform", "logit_normal"] = "uniform"
+    high_sigma_ratio: float | None = None
+    high_sigma_min: float | None = None
+    # Seed of the feature-pass noise; None = unseeded, as the original (SPEC A3).
+    feature_noise_seed: int | None = 42
+    # "auto" = the device layer's choice, or a diffusers attention backend name.
+    attention_backend: str = "auto"
+    gradient_checkpointing: bool = False
 
 
 def fresh_schedule(scheduler: Any, num_steps: int, device: torch.device | None = None) -> Any:
@@ -51,11 +67,11 @@ def run_blocks(
     padding_mask: torch.Tensor,
     last_block: int,
 ) -> torch.Tensor:
-    """``CosmosTransformer3DModel.forward`` (diffusers 0.42) steps 1-5 and 7, stopped after block
-    ``last_block``: returns that block's output (B, T*H/2*W/2, hidden), i.e. exactly what a forward
-    hook on ``transformer_blocks[last_block]`` sees, without running the later blocks or the output
-    head. Uses the model's own submodules; tests compare against a hooked full pass, which guards
-    this against drift in diffusers."""
+    """``CosmosTransformer3DModel.forward`` (the same in diffusers 0.37 to 0.42) steps 1-5 and 7,
+    stopped after block ``last_block``: returns that block's output (B, T*H/2*W/2, hidden), i.e.
+    exactly what a forward hook on ``transformer_blocks[last_block]`` sees, without running the
+    later blocks or the output head. Uses the model's own submodules; tests compare against a
+    hooked full pass, which guards this against drift in diffusers."""
     from torchvision import transforms  # what transformer_cosmos uses for the padding mask
 
     tr, cfg = transformer, transformer.config
@@ -96,22 +112,12 @@ def run_blocks(
 class CosmosBackbone(nn.Module):
     """Transformer (trainable) + VAE (always frozen, eval) + the scheduler's sigma convention."""
 
-    def __init__(
-        self,
-        transformer: nn.Module,
-        vae: nn.Module,
-        scheduler: Any,
-        conditional_frame_timestep: float = 1e-4,
-        flow_matching: FlowMatchingConfig | None = None,
-        attention_backend: str = "auto",
-    ) -> None:
+    def __init__(self, transformer: nn.Module, vae: nn.Module, scheduler: Any, cfg: BackboneConfig) -> None:
         super().__init__()
+        self.cfg = cfg
         self.transformer = transformer
         self.vae = vae.eval().requires_grad_(False)
         self.scheduler = scheduler  # stateless use only (copies are stepped)
-        self.conditional_frame_timestep = conditional_frame_timestep
-        self.flow_matching = flow_matching or FlowMatchingConfig()
-        self.attention_backend = attention_backend
         z = vae.config.z_dim
         # Convention: latents_std holds the TRUE per-channel std (the VAE config's value) and we
         # normalise z_n = (z - mean) / std. The diffusers pipeline stores 1/std in pipe.latents_std
@@ -123,7 +129,14 @@ class CosmosBackbone(nn.Module):
         self.temporal_factor = 2 ** sum(vae.config.temperal_downsample)  # 4 (causal: T_lat = (T-1)//4+1)
         self.spatial_factor = 2 ** len(vae.config.temperal_downsample)  # 8
         self.feature_sigma = first_step_sigma(scheduler)
-        self._warned_pad = False
+        if not 0 <= cfg.extract_layer < self.num_layers:
+            raise ModelConfigError(
+                "extract_layer",
+                f"got {cfg.extract_layer}, expected 0..{self.num_layers - 1} "
+                f"(the transformer has {self.num_layers} blocks)",
+            )
+        if cfg.gradient_checkpointing:
+            transformer.enable_gradient_checkpointing()
 
     # ------------------------------------------------------------------ properties / mode
 
@@ -145,27 +158,20 @@ class CosmosBackbone(nn.Module):
         self.vae.eval()  # frozen: never in train mode, whatever the caller does
         return self
 
-    def check_extract_layer(self, extract_layer: int) -> None:
-        if not 0 <= extract_layer < self.num_layers:
-            raise ConfigError(
-                f"framework.cosmos25.extract_layer: got {extract_layer}, expected 0..{self.num_layers - 1} "
-                f"(the transformer has {self.num_layers} blocks)"
-            )
-
     def latent_frames(self, num_frames: int) -> int:
         """Latent frames of a clip of ``num_frames`` pixel frames (after padding to 1 + 4k)."""
         return (num_frames - 1 + self.temporal_factor - 1) // self.temporal_factor + 1
 
-    # ------------------------------------------------------------------ VAE
-
     def check_frame_size(self, height: int, width: int) -> None:
         mult = self.spatial_factor * self.transformer.config.patch_size[1]  # 8 x 2 = 16
         if height % mult or width % mult:
-            raise FrameInputError(
-                f"frames: tiled frame size {height}x{width} must be divisible by {mult} (VAE x"
-                f"{self.spatial_factor} then patch x{mult // self.spatial_factor}); change "
-                "datasets.vla_data.image_size or framework.cosmos25.view_layout"
+            raise ModelConfigError(
+                "frame_size",
+                f"tiled frame {height}x{width} must be divisible by {mult} (VAE x{self.spatial_factor}, "
+                f"then patch x{mult // self.spatial_factor})",
             )
+
+    # ------------------------------------------------------------------ VAE
 
     def pad_clip(self, video: torch.Tensor) -> torch.Tensor:
         """(B, 3, T, H, W): pad T to 1 + 4k by repeating the last frame (the causal VAE would
@@ -174,15 +180,6 @@ class CosmosBackbone(nn.Module):
         target = (self.latent_frames(t) - 1) * self.temporal_factor + 1
         if target == t:
             return video
-        if not self._warned_pad:
-            log.warning(
-                "clip of %d frames is not 1 + %dk: padding to %d by repeating the last frame "
-                "(pick video_delta_indices / action_video_freq_ratio to avoid this)",
-                t,
-                self.temporal_factor,
-                target,
-            )
-            self._warned_pad = True
         return torch.cat([video, video[:, :, -1:].expand(-1, -1, target - t, -1, -1)], dim=2)
 
     def normalize(self, z: torch.Tensor) -> torch.Tensor:
@@ -190,6 +187,10 @@ class CosmosBackbone(nn.Module):
 
     def denormalize(self, z: torch.Tensor) -> torch.Tensor:
         return z.float() * self.latents_std.to(z.device) + self.latents_mean.to(z.device)
+
+    @property
+    def vae_dtype(self) -> torch.dtype:
+        return next(self.vae.parameters()).dtype
 
     @torch.no_grad()
     def encode_video(self, video: torch.Tensor) -> torch.Tensor:
@@ -199,25 +200,12 @@ class CosmosBackbone(nn.Module):
         T == 1 only the conditioning latent is computed: the Wan VAE is causal and encodes pixel
         frame 0 alone, so this equals latent 0 of the whole clip's encode.
         """
-        self.check_frame_size(video.shape[-2], video.shape[-1])
-        video = self.pad_clip(video)
-        z = self.vae.encode(video.to(next(self.vae.parameters()).dtype)).latent_dist.mode()
+        z = self.vae.encode(self.pad_clip(video).to(self.vae_dtype)).latent_dist.mode()
         return self.normalize(z)
-
-    @torch.no_grad()
-    def encode_condition_reference(self, first_frame: torch.Tensor, num_frames: int) -> torch.Tensor:
-        """The original's separate conditioning encode (SPEC 1.4, B4), for bench only: frame 0
-        zero-padded to ``num_frames`` in pixel space, one sample at a time, stochastic
-        ``latent_dist.sample()``. Returns its normalised latent frame 0 (B, 16, 1, h, w)."""
-        b, c, _, h, w = first_frame.shape
-        clip = torch.cat([first_frame, first_frame.new_zeros(b, c, num_frames - 1, h, w)], dim=2)
-        clip = self.pad_clip(clip).to(next(self.vae.parameters()).dtype)
-        lat = [self.vae.encode(clip[i : i + 1]).latent_dist.sample() for i in range(b)]
-        return self.normalize(torch.cat(lat))[:, :, :1]
 
     # ------------------------------------------------------------------ transformer inputs
 
-    def _inputs(
+    def transformer_inputs(
         self, cond: torch.Tensor, x: torch.Tensor, sigma: torch.Tensor, prompt_embeds: torch.Tensor
     ) -> dict[str, torch.Tensor]:
         """Conditioned transformer inputs: frame 0 replaced by the clean conditioning latent, a
@@ -228,7 +216,7 @@ class CosmosBackbone(nn.Module):
         ind[:, :, 0] = 1.0
         mask = ind.expand(b, 1, t, h, w)
         lat = mask * cond.float() + (1 - mask) * x.float()
-        tau = ind * self.conditional_frame_timestep + (1 - ind) * sigma.float().view(b, 1, 1, 1, 1)
+        tau = ind * self.cfg.conditional_frame_timestep + (1 - ind) * sigma.float().view(b, 1, 1, 1, 1)
         dtype = self.dtype
         if not torch.is_autocast_enabled(dev.device_type()):
             # without autocast the weights' dtype rules; under it, leave the prompt embeddings as
@@ -254,66 +242,38 @@ class CosmosBackbone(nn.Module):
         noise = torch.randn(1, c, num_latent_frames, h, w, generator=g)
         return noise.to(cond.device).expand(b, -1, -1, -1, -1)
 
+    def feature_seed(self, call_seed: int | None = None) -> int | None:
+        """The configured seed wins (it is what training saw); a call's seed only fills in for None."""
+        s = self.cfg.feature_noise_seed
+        return s if s is not None else call_seed
+
+    def feature_inputs(
+        self, cond: torch.Tensor, prompt_embeds: torch.Tensor, num_latent_frames: int, call_seed: int | None = None
+    ) -> dict[str, torch.Tensor]:
+        """Transformer inputs of the feature pass: the first denoising step, future latents = noise
+        at ``feature_sigma``."""
+        noise = self.feature_noise(cond, num_latent_frames, self.feature_seed(call_seed))
+        sigma = torch.full((cond.shape[0],), self.feature_sigma, device=cond.device)
+        return self.transformer_inputs(cond, noise, sigma, prompt_embeds)
+
     # ------------------------------------------------------------------ feature pass
 
     def features(
         self,
         cond: torch.Tensor,
         prompt_embeds: torch.Tensor,
-        extract_layer: int,
         num_latent_frames: int,
-        seed: int | None = None,
+        call_seed: int | None = None,
         grad: bool = False,
     ) -> torch.Tensor:
         """(B, 16, 1, h, w) conditioning latent -> block ``extract_layer`` output (B, S, hidden),
-        S = num_latent_frames * h/2 * w/2, at the first denoising step (future latents = noise at
-        ``feature_sigma``). No autograd graph unless ``grad`` (backprop_action_to_backbone)."""
-        self.check_extract_layer(extract_layer)
-        noise = self.feature_noise(cond, num_latent_frames, seed)
-        sigma = torch.full((cond.shape[0],), self.feature_sigma, device=cond.device)
-        with torch.set_grad_enabled(grad), dev.attention_context(self.attention_backend):
-            inputs = self._inputs(cond, noise, sigma, prompt_embeds)
-            return run_blocks(self.transformer, **inputs, last_block=extract_layer)
-
-    def features_reference(
-        self,
-        cond: torch.Tensor,
-        prompt_embeds: torch.Tensor,
-        extract_layer: int,
-        num_latent_frames: int,
-        seed: int | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The original's feature pass (SPEC 1.5, B2, B3), for bench/ and tests: all blocks and the
-        output head, autograd enabled, a forward hook capturing block ``extract_layer`` detached.
-        Returns (features, full output); keep the output alive as the original did (its graph
-        stayed referenced until forward returned)."""
-        self.check_extract_layer(extract_layer)
-        noise = self.feature_noise(cond, num_latent_frames, seed)
-        sigma = torch.full((cond.shape[0],), self.feature_sigma, device=cond.device)
-        captured: list[torch.Tensor] = []
-        block = self.transformer.transformer_blocks[extract_layer]
-        handle = block.register_forward_hook(lambda _m, _i, out: captured.append(out))
-        try:
-            with torch.enable_grad(), dev.attention_context(self.attention_backend):
-                out = self.transformer(**self._inputs(cond, noise, sigma, prompt_embeds), return_dict=False)[
-                    0
-                ]
-        finally:
-            handle.remove()
-        return captured[0].detach(), out
+        S = num_latent_frames * h/2 * w/2. No autograd graph unless ``grad``
+        (backprop_action_to_backbone)."""
+        with torch.set_grad_enabled(grad), dev.attention_context(self.cfg.attention_backend):
+            inputs = self.feature_inputs(cond, prompt_embeds, num_latent_frames, call_seed)
+            return run_blocks(self.transformer, **inputs, last_block=self.cfg.extract_layer)
 
     # ------------------------------------------------------------------ video flow matching
-
-    def sample_time(self, batch_size: int, device: torch.device) -> torch.Tensor:
-        fm = self.flow_matching
-        if fm.time_distribution == "uniform":
-            return torch.rand(batch_size, device=device)
-        t = torch.sigmoid(torch.randn(batch_size, device=device))
-        if fm.high_sigma_ratio:
-            lo = 0.98 if fm.high_sigma_min is None else fm.high_sigma_min
-            high = lo + (1 - lo) * torch.rand(batch_size, device=device)
-            t = torch.where(torch.rand(batch_size, device=device) < fm.high_sigma_ratio, high, t)
-        return t
 
     def video_flow_matching_loss(
         self, latents: torch.Tensor, prompt_embeds: torch.Tensor, cond: torch.Tensor | None = None
@@ -325,10 +285,22 @@ class CosmosBackbone(nn.Module):
             return latents.new_zeros(())
         cond = latents[:, :, :1] if cond is None else cond
         x0 = latents.float()
-        t = self.sample_time(x0.shape[0], x0.device)
+        t = sample_video_time(self.cfg, x0.shape[0], x0.device)
         z = torch.randn_like(x0)
         tv = t.view(-1, 1, 1, 1, 1)
         x_t = (1 - tv) * x0 + tv * z
-        with dev.attention_context(self.attention_backend):
-            v = self.transformer(**self._inputs(cond, x_t, t, prompt_embeds), return_dict=False)[0]
+        with dev.attention_context(self.cfg.attention_backend):
+            v = self.transformer(**self.transformer_inputs(cond, x_t, t, prompt_embeds), return_dict=False)[0]
         return torch.mean((v[:, :, 1:].float() - (z - x0)[:, :, 1:]) ** 2)
+
+
+def sample_video_time(cfg: BackboneConfig, n: int, device: torch.device) -> torch.Tensor:
+    """n flow-matching times in [0, 1) from ``cfg.time_distribution`` (SPEC 1.6)."""
+    if cfg.time_distribution == "uniform":
+        return torch.rand(n, device=device)
+    t = torch.sigmoid(torch.randn(n, device=device))
+    if cfg.high_sigma_ratio:
+        lo = 0.98 if cfg.high_sigma_min is None else cfg.high_sigma_min
+        high = lo + (1 - lo) * torch.rand(n, device=device)
+        t = torch.where(torch.rand(n, device=device) < cfg.high_sigma_ratio, high, t)
+    return t

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from diffusers.models.attention import FeedForward
 from diffusers.models.embeddings import TimestepEmbedding, Timesteps
+from einops import rearrange
 from torch import nn
 
 KV = tuple[torch.Tensor, torch.Tensor]
@@ -50,25 +51,21 @@ class Attention(nn.Module):
         self.to_v = nn.Linear(kv_dim or dim, inner)
         self.to_out = nn.Sequential(nn.Linear(inner, dim), nn.Dropout(dropout))
 
-    def _split(self, x: torch.Tensor) -> torch.Tensor:  # (B, N, h*d) -> (B, h, N, d)
-        return x.unflatten(-1, (self.heads, self.head_dim)).transpose(1, 2)
-
     def context_kv(self, context: torch.Tensor) -> KV:
-        return self._split(self.to_k(context)), self._split(self.to_v(context))
+        k, v = self.to_k(context), self.to_v(context)
+        return tuple(rearrange(x, "b s (h d) -> b h s d", h=self.heads) for x in (k, v))
 
     def forward(self, x: torch.Tensor, kv: KV | None = None, repeats: int = 1) -> torch.Tensor:
         """x (B*R, N, dim); kv from ``context_kv`` of (B, S, kv_dim) features, or None = self-attn."""
-        n = x.shape[1]
         if kv is None:
-            q = self._split(self.to_q(x))
+            q = rearrange(self.to_q(x), "b n (h d) -> b h n d", h=self.heads)
             k, v = self.context_kv(x)
-        else:
-            # the R repeats of a sample become R*N queries against that sample's K/V: a view, no copy
-            q = self._split(self.to_q(x).reshape(x.shape[0] // repeats, repeats * n, -1))
-            k, v = kv
-        out = F.scaled_dot_product_attention(q, k, v)  # (B', h, N', d)
-        out = out.transpose(1, 2).flatten(2).reshape(x.shape[0], n, -1)
-        return self.to_out(out)
+            out = F.scaled_dot_product_attention(q, k, v)
+            return self.to_out(rearrange(out, "b h n d -> b n (h d)"))
+        # the R repeats of a sample become R*N queries against that sample's K/V: a view, no copy
+        q = rearrange(self.to_q(x), "(b r) n (h d) -> b h (r n) d", r=repeats, h=self.heads)
+        out = F.scaled_dot_product_attention(q, *kv)
+        return self.to_out(rearrange(out, "b h (r n) d -> (b r) n (h d)", r=repeats))
 
 
 class DiTBlock(nn.Module):

@@ -5,10 +5,11 @@ safety checker). Only for inspection (``predict_video`` of the policy API), neve
 from __future__ import annotations
 
 import torch
+from einops import rearrange
 
 from dit4dit_npu import device as dev
 from dit4dit_npu.models.cosmos import CosmosBackbone, fresh_schedule
-from dit4dit_npu.models.views import to_uint8
+from dit4dit_npu.models.pixels import to_uint8
 
 
 @torch.no_grad()
@@ -39,13 +40,12 @@ def imagine(
     mask[:, :, 0] = 1.0
     gt_velocity = (noise - cond.float()) * mask
     latents = noise
-    with dev.attention_context(backbone.attention_backend):
+    with dev.attention_context(backbone.cfg.attention_backend):
         for i, t in enumerate(sched.timesteps):
             sigma = sched.sigmas[i].expand(b).to(device=cond.device, dtype=torch.float32)
-            inputs = backbone._inputs(cond, latents, sigma, prompt_embeds)
+            inputs = backbone.transformer_inputs(cond, latents, sigma, prompt_embeds)
             v = backbone.transformer(**inputs, return_dict=False)[0].float()
             v = gt_velocity + v * (1 - mask)
             latents = sched.step(v, t, latents, return_dict=False)[0]
-    vae = backbone.vae
-    video = vae.decode(backbone.denormalize(latents).to(next(vae.parameters()).dtype), return_dict=False)[0]
-    return to_uint8(video).permute(0, 2, 1, 3, 4).contiguous()  # (B, T, 3, H, W)
+    video = backbone.vae.decode(backbone.denormalize(latents).to(backbone.vae_dtype), return_dict=False)[0]
+    return rearrange(to_uint8(video), "b c t h w -> b t c h w").contiguous()

@@ -1,16 +1,22 @@
-"""Small builders for tests (ours and other packages'): a very small config and hand-made batches.
+"""Small builders for tests (ours and other packages'): a very small config, its batch spec, and
+hand-made batches.
 
-Nothing here touches data/ (the model never depends on the data pipeline); batches follow the
-schema of ``dit4dit_npu/batch.py``.
+Nothing here touches data/ or PolicyIO (the model never depends on the data pipeline): batches
+are random tensors in the ``Batch`` schema of ``dit4dit_npu/batch.py``, frames already tiled.
 """
 
 from __future__ import annotations
 
 import torch
 
+from dit4dit_npu.batch import Batch, BatchSpec
 from dit4dit_npu.config import Config, load_config
 
 INSTRUCTIONS = ["pick up the cup", "open the drawer", "stack the blocks", "press the button"]
+
+# The widths and clip length of the small setup (SMALL_OVERRIDES gives the data side the same
+# values) and its tiled frame size.
+STATE_WIDTH, ACTION_WIDTH, CLIP_FRAMES, FRAME_SIZE = 5, 6, 5, (32, 32)
 
 # A model that builds in well under a second and steps in a few ms on one CPU thread.
 SMALL_OVERRIDES = [
@@ -22,13 +28,11 @@ SMALL_OVERRIDES = [
     "framework.action_model.diffusion_model_cfg.num_layers=2",
     "framework.action_model.hidden_size=32",
     "framework.action_model.diffusion_model_cfg.output_dim=32",
-    "framework.action_model.action_dim=6",
-    "framework.action_model.state_dim=5",
     "framework.action_model.future_action_window_size=3",
     "framework.action_model.repeated_diffusion_steps=2",
-    "datasets.vla_data.max_action_dim=6",
-    "datasets.vla_data.max_state_dim=5",
-    "datasets.vla_data.video_delta_indices=[0,1,2,3,4]",
+    f"datasets.vla_data.max_action_dim={ACTION_WIDTH}",
+    f"datasets.vla_data.max_state_dim={STATE_WIDTH}",
+    f"datasets.vla_data.video_delta_indices={list(range(CLIP_FRAMES))}",
     "datasets.vla_data.action_video_freq_ratio=1",
     "trainer.mixed_precision='no'",  # fp32 on CPU (quoted: YAML reads a bare no as false)
 ]
@@ -38,29 +42,35 @@ def small_config(*overrides: str) -> Config:
     return load_config(None, SMALL_OVERRIDES + list(overrides))
 
 
-def make_batch(
+def small_spec(
     cfg: Config,
+    state_width: int = STATE_WIDTH,
+    action_width: int = ACTION_WIDTH,
+    num_frames: int = CLIP_FRAMES,
+    frame_size: tuple[int, int] = FRAME_SIZE,
+) -> BatchSpec:
+    """The spec PolicyIO would promise for the small setup (chunk length from ``cfg``)."""
+    chunk = cfg.framework.action_model.chunk_length
+    return BatchSpec(state_width, action_width, chunk, num_frames, tuple(frame_size))
+
+
+def make_batch(
+    spec: BatchSpec,
     batch_size: int = 2,
-    num_frames: int = 5,
-    num_views: int = 1,
-    size: tuple[int, int] = (32, 32),
     seed: int = 0,
     training: bool = True,
-) -> dict:
-    """Random batch in the documented schema (uint8 frames, padded state/action, mask)."""
+    num_frames: int | None = None,
+) -> Batch:
+    """Random batch fitting ``spec``: uint8 tiled frames, padded state/action, an all-True mask.
+    ``training=False`` gives an observation (frame 0 only, no actions)."""
     g = torch.Generator().manual_seed(seed)
-    a = cfg.framework.action_model
-    d = cfg.datasets.vla_data
-    h, w = size
-    batch: dict = {
-        "frames": torch.randint(
-            0, 256, (batch_size, num_frames, num_views, 3, h, w), generator=g, dtype=torch.uint8
-        ),
-        "instruction": [INSTRUCTIONS[i % len(INSTRUCTIONS)] for i in range(batch_size)],
-        "state": torch.randn(batch_size, d.max_state_dim, generator=g),
-    }
+    t = num_frames or (spec.num_frames if training else 1)
+    h, w = spec.frame_size
+    frames = torch.randint(0, 256, (batch_size, t, 3, h, w), generator=g, dtype=torch.uint8)
+    state = torch.randn(batch_size, spec.state_width, generator=g) if spec.state_width else None
+    batch = Batch(frames, [INSTRUCTIONS[i % len(INSTRUCTIONS)] for i in range(batch_size)], state)
     if training:
-        batch["action"] = torch.rand(batch_size, a.chunk_length, d.max_action_dim, generator=g) * 2 - 1
-        mask = torch.ones(batch_size, a.chunk_length, d.max_action_dim, dtype=torch.bool)
-        batch["action_mask"] = mask
+        shape = (batch_size, spec.chunk_length, spec.action_width)
+        batch.action = torch.rand(*shape, generator=g) * 2 - 1
+        batch.action_mask = torch.ones(shape, dtype=torch.bool)
     return batch

@@ -3,9 +3,10 @@
 The original ran the 7B text encoder (through the VL model, with its unused vision tower resident
 and a (B, 512, 152k) lm_head product) on every training step and every ``predict_action`` call
 (SPEC B1). An instruction's embedding never changes while the text encoder is frozen, so we
-compute it once per unique instruction, keep it in a ``PromptCache`` (in memory, persistable as
-safetensors) and free the text encoder. Neither class is an ``nn.Module``: they must never end up
-inside the trained model (nor in DeepSpeed's engine or a checkpoint).
+compute it once per unique instruction, keep it in a ``PromptCache`` and free the text encoder.
+Neither class is an ``nn.Module``: they must never end up inside the trained model (nor in
+DeepSpeed's engine or a checkpoint). The cache is pure memory; its file (safetensors, written
+next to checkpoints and policies) is ``dit4dit_npu/policy/prompts.py``'s business.
 """
 
 from __future__ import annotations
@@ -14,15 +15,15 @@ import hashlib
 import json
 import logging
 from collections.abc import Iterable, Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from dit4dit_npu.models.tiny import SYSTEM_PROMPT
-
 log = logging.getLogger(__name__)
+
+# The Cosmos-Predict2.5 pipeline's system prompt (diffusers ``_get_prompt_embeds``).
+SYSTEM_PROMPT = "You are a helpful assistant who will provide prompts to an image generator."
 
 
 def _ids(encoded: Any) -> list[int]:
@@ -31,7 +32,7 @@ def _ids(encoded: Any) -> list[int]:
 
 
 class PromptCacheError(ValueError):
-    """Cache miss in training, or a cache file made for another text encoder."""
+    """Cache miss, or embeddings made by another text encoder."""
 
 
 class PromptEncoder:
@@ -86,8 +87,7 @@ class PromptEncoder:
                 # the pipeline truncates silently; with a short max length the system prompt alone
                 # can fill it, and then every instruction gets the same embedding
                 log.warning(
-                    "prompt of %d tokens truncated to max_sequence_length=%d (framework.cosmos25."
-                    "max_sequence_length): %r",
+                    "prompt of %d tokens truncated to max_sequence_length=%d (the text encoder's): %r",
                     full,
                     self.max_sequence_length,
                     prompt,
@@ -145,12 +145,11 @@ class PromptCache:
         if not self.identity and not self._store:
             self.identity, self.max_sequence_length = encoder.identity, encoder.max_sequence_length
             return
-        if (self.identity, self.max_sequence_length) != (encoder.identity, encoder.max_sequence_length):
+        if not self.matches(encoder.identity, encoder.max_sequence_length):
             raise PromptCacheError(
                 f"prompt cache was made by text encoder {self.identity!r} (max_sequence_length="
                 f"{self.max_sequence_length}), not {encoder.identity!r} (max_sequence_length="
-                f"{encoder.max_sequence_length}); delete the cache file or point "
-                "framework.cosmos25.prompt_cache elsewhere"
+                f"{encoder.max_sequence_length}): start a new cache for this encoder"
             )
 
     def build(self, instructions: Iterable[str], encoder: PromptEncoder, batch_size: int = 8) -> int:
@@ -180,59 +179,42 @@ class PromptCache:
                 f"{len(missing)} instruction(s) not in the prompt cache ({len(self._store)} cached): "
                 + "; ".join(repr(s) for s in missing[:5])
                 + (" ..." if len(missing) > 5 else "")
-                + ". Build the cache over the dataset's instructions before training "
-                "(PromptCache.build), or set framework.cosmos25.reference_text_encoder_per_step=true"
+                + ". Build the cache over the dataset's instructions before training (PromptCache.build)"
             )
         return torch.stack([self._store[s] for s in instructions]).to(device=device, dtype=dtype)
 
-    # -------------------------------------------------------------------------- persistence
+    def matches(self, identity: str | None, max_sequence_length: int | None) -> bool:
+        """Made by that text encoder (None = do not check that part)?"""
+        return (identity is None or identity == self.identity) and (
+            max_sequence_length is None or max_sequence_length == self.max_sequence_length
+        )
 
-    def save(self, path: str | Path) -> None:
-        from safetensors.torch import save_file
+    # -------------------------------------------------------------------------- tensors
 
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
+    def to_tensors(self) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+        """-> (tensors, string metadata), e.g. for a safetensors file. Keys are hashes of the
+        instructions (a safetensors key must be a plain string; an instruction can hold anything);
+        the instructions themselves travel in the metadata."""
         tensors = {_key(s): t.detach().cpu().contiguous() for s, t in self._store.items()}
         meta = {
             "identity": self.identity,
             "max_sequence_length": json.dumps(self.max_sequence_length),
             "instructions": json.dumps({_key(s): s for s in self._store}),
         }
-        tmp = path.with_name(path.name + ".tmp")
-        save_file(tensors, str(tmp), metadata=meta)
-        tmp.replace(path)  # atomic: a crash never leaves half a cache behind
+        return tensors, meta
 
     @classmethod
-    def load(
-        cls,
-        path: str | Path,
-        expect_identity: str | None = None,
-        expect_max_sequence_length: int | None = None,
-    ) -> PromptCache:
-        """Read a cache file; with ``expect_*`` given, a cache of another text encoder is an error."""
-        from safetensors import safe_open
-
-        path = Path(path)
-        if not path.is_file():
-            raise PromptCacheError(f"prompt cache file not found: {path}")
-        with safe_open(str(path), framework="pt") as f:
-            meta = f.metadata() or {}
-            if "identity" not in meta or "instructions" not in meta:
-                raise PromptCacheError(f"{path} is not a prompt cache (no identity/instructions metadata)")
-            cache = cls(meta["identity"], json.loads(meta.get("max_sequence_length", "null")))
-            names = json.loads(meta["instructions"])
-            for key in f.keys():
-                cache._store[names[key]] = f.get_tensor(key)
-        wrong_model = expect_identity is not None and cache.identity != expect_identity
-        wrong_len = (
-            expect_max_sequence_length is not None and cache.max_sequence_length != expect_max_sequence_length
-        )
-        if wrong_model or wrong_len:
+    def from_tensors(cls, tensors: dict[str, torch.Tensor], meta: dict[str, str]) -> PromptCache:
+        """Inverse of ``to_tensors``."""
+        if "identity" not in meta or "instructions" not in meta:
+            raise PromptCacheError("not a prompt cache (no identity/instructions metadata)")
+        cache = cls(meta["identity"], json.loads(meta.get("max_sequence_length", "null")))
+        names = json.loads(meta["instructions"])
+        if set(names) != set(tensors):
             raise PromptCacheError(
-                f"prompt cache {path} was made by text encoder {cache.identity!r} with max_sequence_length="
-                f"{cache.max_sequence_length}, expected {expect_identity!r} with "
-                f"{expect_max_sequence_length}; delete it to rebuild"
+                f"prompt cache metadata names {len(names)} instructions but holds {len(tensors)} embeddings"
             )
+        cache._store = {names[k]: t for k, t in tensors.items()}
         return cache
 
     def merge_from(self, other: PromptCache) -> None:

@@ -66,6 +66,8 @@ def export_policy(
     """
     from safetensors.torch import save_file
 
+    from dit4dit_npu.policy.prompts import save_prompt_cache
+
     out = Path(out_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
@@ -77,7 +79,7 @@ def export_policy(
         save_file(weights, str(tmp / WEIGHTS), metadata={"format": "dit4dit_npu.policy", "step": str(step)})
         (tmp / CONFIG).write_text(dump_yaml(cfg))
         io.save(tmp / POLICY_IO)
-        prompt_cache.save(tmp / PROMPTS)
+        save_prompt_cache(prompt_cache, tmp / PROMPTS)
 
         paths = [str(Path(p).resolve()) for p in dataset_paths]
         held_out, trained_on = {}, {}
@@ -163,7 +165,8 @@ def load_policy_folder(policy_dir: str | Path, base_model: str | None = None) ->
     """Read and validate a policy folder and build its model on the CPU."""
     from safetensors.torch import load_file
 
-    from dit4dit_npu.models import PromptCache, build_dit4dit, text_identity
+    from dit4dit_npu.models import build_dit4dit, text_identity
+    from dit4dit_npu.policy.prompts import load_prompt_cache
 
     path = find_policy_dir(policy_dir)
     info = read_policy_info(path)
@@ -194,7 +197,7 @@ def load_policy_folder(policy_dir: str | Path, base_model: str | None = None) ->
     except ConfigError:  # a base folder without text_encoder/: the cached prompts are all we have
         expect = None
     try:
-        cache = PromptCache.load(path / PROMPTS, expect_identity=expect)
+        cache = load_prompt_cache(path / PROMPTS, expect_identity=expect)
     except ValueError as e:
         raise PolicyLoadError(str(e)) from None
     model.eval()

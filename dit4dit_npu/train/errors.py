@@ -10,8 +10,13 @@ class TrainingError(RuntimeError):
 def user_errors() -> tuple[type[Exception], ...]:
     """Errors that mean bad input (config, data, base model, launch), not a bug."""
     from dit4dit_npu import device
+    from dit4dit_npu.batch import BatchError
     from dit4dit_npu.config import ConfigError
     from dit4dit_npu.data import DatasetError
-    from dit4dit_npu.models import ActionInputError, FrameInputError, PromptCacheError
+    from dit4dit_npu.models import FrameInputError, ModelConfigError, PromptCacheError
+    from dit4dit_npu.transforms import PolicyIOError
 
-    return (ConfigError, TrainingError, device.DeviceError, DatasetError, ActionInputError, FrameInputError, PromptCacheError)
+    return (
+        ConfigError, TrainingError, device.DeviceError, DatasetError, BatchError, FrameInputError,
+        ModelConfigError, PromptCacheError, PolicyIOError,
+    )

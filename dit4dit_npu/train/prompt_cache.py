@@ -1,7 +1,7 @@
 """The run's prompt-embedding cache: every instruction encoded once, before the first step.
 
-The one place where training builds, saves and loads the cache file (issue 9 moves the file
-format next to the policy folder; only ``_load`` / ``_save`` / ``_encode_missing`` change then).
+The one place where training builds, saves and loads the run's cache file; the file format is
+the policy folder's (``policy/prompts.py``), so a run's cache and an exported one are the same.
 """
 
 from __future__ import annotations
@@ -51,10 +51,12 @@ def _empty():
 
 
 def _load(path: Path):
-    from dit4dit_npu.models import PromptCache
+    from dit4dit_npu.policy.prompts import load_prompt_cache
 
-    return PromptCache.load(path)
+    return load_prompt_cache(path)
 
 
 def _save(cache, path: Path) -> None:
-    cache.save(path)
+    from dit4dit_npu.policy.prompts import save_prompt_cache
+
+    save_prompt_cache(cache, path)
