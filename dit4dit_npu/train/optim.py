@@ -15,6 +15,17 @@ def _module_paths(model: nn.Module) -> list[str]:
     return [name for name, _ in model.named_modules() if name]
 
 
+def _absent(model: nn.Module, path: str) -> bool:
+    """The path names a slot the model has but leaves empty in this configuration (the action
+    head in ``training: video``): a valid key for another mode, not a typo."""
+    parent, _, name = path.rpartition(".")
+    try:
+        owner = model.get_submodule(parent) if parent else model
+    except AttributeError:
+        return False
+    return hasattr(owner, name) and getattr(owner, name) is None
+
+
 def _resolve(model: nn.Module, path: str, key: str) -> nn.Module:
     try:
         return model.get_submodule(path)
@@ -37,9 +48,10 @@ def param_groups(model: nn.Module, learning_rate: dict[str, float]) -> list[dict
 
     A parameter belongs to the most specific (longest) matching path, so `backbone` and
     `backbone.transformer` can both be given. Frozen parameters are left out entirely.
-    Empty groups are dropped (DeepSpeed rejects them) but every path must still resolve.
+    Empty groups are dropped (DeepSpeed rejects them) but every path must still resolve, except
+    one whose module this training mode leaves out (the action head in video-only training).
     """
-    paths = sorted((k for k in learning_rate if k != "base"), key=len, reverse=True)
+    paths = sorted((k for k in learning_rate if k != "base" and not _absent(model, k)), key=len, reverse=True)
     owner: dict[int, str] = {}
     for path in paths:
         for p in _resolve(model, path, f"trainer.learning_rate.{path}").parameters():

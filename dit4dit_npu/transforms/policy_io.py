@@ -129,7 +129,7 @@ class PolicyIO:
             image_size=d.image_size,
             view_layout=d.view_layout,
             clip_offsets=d.video_delta_indices[:: d.action_video_freq_ratio],
-            chunk_length=cfg.framework.action_model.future_action_window_size + 1,
+            chunk_length=cfg.framework.action_model.chunk_length,
             state_stats=state_stats,
             action_stats=action_stats,
             state_norm=d.state_norm,
