@@ -120,10 +120,10 @@ class CosmosBackbone(nn.Module):
         self.scheduler = scheduler  # stateless use only (copies are stepped)
         z = vae.config.z_dim
         # Convention: latents_std holds the TRUE per-channel std (the VAE config's value) and we
-        # normalise z_n = (z - mean) / std. The diffusers pipeline stores 1/std in pipe.latents_std
-        # and multiplies, which is the same thing; DiT4DiT divided by the pipeline's 1/std, i.e.
-        # multiplied by std (a bug we do not reproduce). Plain fp32 tensors, not buffers: a bf16
-        # cast of the whole model (DeepSpeed) must not round these constants.
+        # normalise z_n = (z - mean) / std, as DiT4DiT does at the diffusers commit it pins (its
+        # pipe.latents_std was the true std there; diffusers >= 0.39 stores 1/std and multiplies,
+        # the same maths). Plain fp32 tensors, not buffers: a bf16 cast of the whole model
+        # (DeepSpeed) must not round these constants.
         self.latents_mean = torch.tensor(vae.config.latents_mean, dtype=torch.float32).view(1, z, 1, 1, 1)
         self.latents_std = torch.tensor(vae.config.latents_std, dtype=torch.float32).view(1, z, 1, 1, 1)
         self.temporal_factor = 2 ** sum(vae.config.temperal_downsample)  # 4 (causal: T_lat = (T-1)//4+1)
