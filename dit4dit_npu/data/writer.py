@@ -23,6 +23,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from dit4dit_npu.data.lerobot_stats import PixelHistogram, to_json, vector_stats
+from dit4dit_npu.data.meta import STANDARD_COLUMNS
 from dit4dit_npu.data.video import Mp4Writer, write_mp4
 
 CODEC_NAMES = {"libx264": "h264", "libsvtav1": "av1", "libaom-av1": "av1", "mpeg4": "mpeg4"}
@@ -79,29 +81,50 @@ def _features(spec: DatasetSpec, size_hw: tuple[int, int], version: str, sd: int
     return feats
 
 
-def _frame_table(ep: Episode, episode_index: int, start: int, fps: int) -> pa.Table:
+def _frame_columns(ep: Episode, episode_index: int, start: int, fps: int) -> dict[str, np.ndarray]:
+    """The parquet columns of one episode, in lerobot's order and dtypes."""
     n = len(ep.states)
+    return {
+        "observation.state": np.asarray(ep.states, np.float32),
+        "action": np.asarray(ep.actions, np.float32),
+        "timestamp": (np.arange(n) / fps).astype(np.float32),
+        "frame_index": np.arange(n, dtype=np.int64),
+        "episode_index": np.full(n, episode_index, np.int64),
+        "index": np.arange(start, start + n, dtype=np.int64),
+        "task_index": np.full(n, ep.task_index, np.int64),
+    }
+
+
+def _frame_table(cols: dict[str, np.ndarray]) -> pa.Table:
     vec = pa.list_(pa.float32())
     return pa.table(
-        {
-            "observation.state": pa.array(list(ep.states.astype(np.float32)), type=vec),
-            "action": pa.array(list(ep.actions.astype(np.float32)), type=vec),
-            "timestamp": pa.array((np.arange(n) / fps).astype(np.float32)),
-            "frame_index": pa.array(np.arange(n, dtype=np.int64)),
-            "episode_index": pa.array(np.full(n, episode_index, np.int64)),
-            "index": pa.array(np.arange(start, start + n, dtype=np.int64)),
-            "task_index": pa.array(np.full(n, ep.task_index, np.int64)),
-        }
+        {k: pa.array(list(v), type=vec) if v.ndim == 2 else pa.array(v) for k, v in cols.items()}
     )
 
 
-def _stats(x: np.ndarray, quantiles: bool) -> dict:
-    x = np.asarray(x, np.float64).reshape(len(x), -1)
-    out = {"min": x.min(0), "max": x.max(0), "mean": x.mean(0), "std": x.std(0), "count": [len(x)]}
-    if quantiles:
-        for q in (1, 10, 50, 90, 99):
-            out[f"q{q:02d}"] = np.quantile(x, q / 100, axis=0)
-    return {k: np.asarray(v).tolist() for k, v in out.items()}
+def _tasks_table(tasks: Sequence[str]) -> pa.Table:
+    """``meta/tasks.parquet`` as ``pd.DataFrame({"task_index": ...}, index=tasks).to_parquet()`` writes it.
+
+    lerobot reads it with ``pd.read_parquet`` and looks tasks up by the DataFrame's index, so the
+    pandas metadata must describe every column: pyarrow rebuilds the index from it, and a column it
+    does not list fails with ``KeyError: '__index_level_0__'``. The layout is pandas 2.2's (plain
+    ``string`` values), which pandas 2 and 3 both read; pandas itself is not needed to write it.
+    """
+    index = "__index_level_0__"
+    table = pa.table({"task_index": pa.array(range(len(tasks)), pa.int64()), index: pa.array(list(tasks), pa.string())})
+    text = {"pandas_type": "unicode", "numpy_type": "object"}
+    pandas_meta = {
+        "index_columns": [index],
+        "column_indexes": [{"name": None, "field_name": None, **text, "metadata": {"encoding": "UTF-8"}}],
+        "columns": [
+            {"name": "task_index", "field_name": "task_index", "pandas_type": "int64", "numpy_type": "int64", "metadata": None},
+            {"name": None, "field_name": index, **text, "metadata": None},
+        ],
+        "attributes": {},
+        "creator": {"library": "pyarrow", "version": pa.__version__},
+        "pandas_version": "2.2.3",
+    }
+    return table.replace_schema_metadata({b"pandas": json.dumps(pandas_meta).encode()})
 
 
 def _info(
@@ -160,8 +183,10 @@ class LeRobotWriter:
         self.lengths: list[int] = []
         self.size_hw: tuple[int, int] | None = None
         self.dims: tuple[int, int] | None = None
-        self._states: list[np.ndarray] = []  # small (T x 14 floats per episode): kept for stats
-        self._actions: list[np.ndarray] = []
+        # For the dataset's stats.json, exact (lerobot_stats): the numeric columns are small
+        # (T x ~30 numbers per episode) and kept; camera pixels are kept as 256-bin histograms.
+        self._columns: dict[str, list[np.ndarray]] = {}
+        self._pixels: dict[str, PixelHistogram] = {}
         self._rows: list[dict] = []  # v2.1: episodes.jsonl lines; v3.0: meta/episodes rows
         self._stat_lines: list[dict] = []  # v2.1 episodes_stats.jsonl
         self._data_tables: list[pa.Table] = []  # v3.0: rows of the data file being filled
@@ -181,19 +206,44 @@ class LeRobotWriter:
         e, n = len(self.lengths), len(episode.states)
         start = int(sum(self.lengths))
         self.lengths.append(n)
-        self._states.append(np.asarray(episode.states, np.float32))
-        self._actions.append(np.asarray(episode.actions, np.float32))
+        cols = _frame_columns(episode, e, start, self.spec.fps)
+        stats = self._episode_stats(cols, frames)
         if self.version == "v3.0":
-            self._add_v3(e, episode, frames, start)
+            self._add_v3(e, episode, frames, cols, stats)
         else:
-            self._add_v21(e, episode, frames, start)
+            self._add_v21(e, episode, frames, cols, stats)
         return e
+
+    def _episode_stats(self, cols: dict[str, np.ndarray], frames: Mapping[str, np.ndarray]) -> dict:
+        """lerobot's per-episode stats of every feature (lerobot_stats), in info.json's feature order."""
+        stats: dict[str, dict[str, np.ndarray]] = {}
+        for key in ("observation.state", "action"):
+            stats[key] = vector_stats(cols[key])
+            self._columns.setdefault(key, []).append(cols[key])
+        for key in self.spec.video_keys:
+            hist = PixelHistogram.of_episode(frames[key])
+            stats[key] = hist.stats()
+            self._pixels[key] = self._pixels[key] + hist if key in self._pixels else hist
+        for key in STANDARD_COLUMNS:
+            stats[key] = vector_stats(cols[key])
+            self._columns.setdefault(key, []).append(cols[key])
+        return stats
+
+    def _dataset_stats(self) -> dict:
+        """stats.json: the stats of all frames (numeric columns pooled whole, pixel histograms summed)."""
+        out = {key: vector_stats(np.concatenate(self._columns[key])) for key in ("observation.state", "action")}
+        out |= {key: self._pixels[key].stats() for key in self.spec.video_keys}
+        return out | {key: vector_stats(np.concatenate(self._columns[key])) for key in STANDARD_COLUMNS}
 
     def _check(self, episode: Episode, frames: Mapping[str, np.ndarray]) -> None:
         n = len(episode.states)
         if n == 0 or len(episode.actions) != n:
             raise ValueError(
                 f"episode {len(self.lengths)}: {n} states and {len(episode.actions)} actions"
+            )
+        if not 0 <= episode.task_index < len(self.spec.tasks):
+            raise ValueError(
+                f"episode {len(self.lengths)}: task_index {episode.task_index}, expected 0..{len(self.spec.tasks) - 1}"
             )
         dims = (episode.states.shape[1], episode.actions.shape[1])
         if self.dims is None:
@@ -214,28 +264,27 @@ class LeRobotWriter:
                     f"{self.size_hw[1]}, 3) frames, got {clip.dtype} {clip.shape}"
                 )
 
-    def _add_v21(self, e: int, ep: Episode, frames: Mapping[str, np.ndarray], start: int) -> None:
+    def _add_v21(self, e: int, ep: Episode, frames: Mapping[str, np.ndarray], cols: dict, stats: dict) -> None:
         path = self.root / f"data/chunk-000/episode_{e:06d}.parquet"
         path.parent.mkdir(parents=True, exist_ok=True)
-        pq.write_table(_frame_table(ep, e, start, self.spec.fps), path)
+        pq.write_table(_frame_table(cols), path)
         for key in self.spec.video_keys:
             vpath = self.root / f"videos/chunk-000/{key}/episode_{e:06d}.mp4"
             vpath.parent.mkdir(parents=True, exist_ok=True)
             write_mp4(vpath, frames[key], self.spec.fps, codec=self.spec.codec, gop=self.spec.gop)
         task = self.spec.tasks[ep.task_index]
         self._rows.append({"episode_index": e, "tasks": [task], "length": len(ep.states)})
-        stats = {"observation.state": _stats(ep.states, False), "action": _stats(ep.actions, False)}
-        self._stat_lines.append({"episode_index": e, "stats": stats})
+        self._stat_lines.append({"episode_index": e, "stats": to_json(stats)})
 
     def _file_of(self, e: int, per_file: int) -> tuple[int, int]:
         """(chunk, file) index of episode ``e`` when files hold ``per_file`` episodes each."""
         n = e // per_file
         return n // self.chunk, n % self.chunk
 
-    def _add_v3(self, e: int, ep: Episode, frames: Mapping[str, np.ndarray], start: int) -> None:
-        n, fps = len(ep.states), self.spec.fps
+    def _add_v3(self, e: int, ep: Episode, frames: Mapping[str, np.ndarray], cols: dict, stats: dict) -> None:
+        n, fps, start = len(ep.states), self.spec.fps, int(cols["index"][0])
         c, f = self._file_of(e, self.per_data)
-        self._data_tables.append(_frame_table(ep, e, start, fps))
+        self._data_tables.append(_frame_table(cols))
         row: dict = {"data/chunk_index": c, "data/file_index": f}
         if (e + 1) % self.per_data == 0:
             self._flush_data(c, f)
@@ -269,9 +318,8 @@ class LeRobotWriter:
             "meta/episodes/chunk_index": 0,
             "meta/episodes/file_index": 0,
         }
-        for feat, x in (("observation.state", ep.states), ("action", ep.actions)):
-            for name, v in _stats(x, False).items():
-                row[f"stats/{feat}/{name}"] = v
+        for feat, per in to_json(stats).items():
+            row |= {f"stats/{feat}/{name}": v for name, v in per.items()}
         self._rows.append(row)
 
     def _flush_data(self, c: int, f: int) -> None:
@@ -331,21 +379,8 @@ class LeRobotWriter:
         meta = self.root / "meta"
         (meta / "episodes/chunk-000").mkdir(parents=True)
         pq.write_table(pa.Table.from_pylist(self._rows), meta / "episodes/chunk-000/file-000.parquet")
-        # pandas' layout: the task text is the (unnamed) DataFrame index.
-        n_tasks = len(self.spec.tasks)
-        tasks = pa.table(
-            {"task_index": pa.array(range(n_tasks), pa.int64()), "__index_level_0__": list(self.spec.tasks)}
-        )
-        pandas_meta = {"index_columns": ["__index_level_0__"], "columns": [], "pandas_version": "2.2.0"}
-        pq.write_table(
-            tasks.replace_schema_metadata({b"pandas": json.dumps(pandas_meta).encode()}),
-            meta / "tasks.parquet",
-        )
-        stats = {
-            "observation.state": _stats(np.concatenate(self._states), True),
-            "action": _stats(np.concatenate(self._actions), True),
-        }
-        (meta / "stats.json").write_text(json.dumps(stats, indent=2))
+        pq.write_table(_tasks_table(self.spec.tasks), meta / "tasks.parquet")
+        (meta / "stats.json").write_text(json.dumps(to_json(self._dataset_stats()), indent=2))
         info = _info(self.spec, "v3.0", self.lengths, self.dims, self.size_hw, self.chunk)
         (meta / "info.json").write_text(json.dumps(info, indent=2))
 
