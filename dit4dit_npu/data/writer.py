@@ -1,11 +1,14 @@
 """Write a LeRobot dataset (v2.1 or v3.0) from arrays and RGB frames: the demo's back end.
 
-Files and metadata follow lerobot's layouts (reference/robotwin_lerobot_npu.md §1.4, §2) closely
-enough that lerobot itself and starVLA read them: v2.1 with one parquet and one mp4 per camera per
-episode; v3.0 with several episodes per file, data and video files sharded *differently* (so a
-reader that uses the data file indices for videos, like starVLA, fails), small chunks (so
-``chunk-001`` exists), per-episode ``from_timestamp`` in shared mp4s, ``tasks.parquet`` with the
-task text as the pandas index, and aggregated ``stats.json`` with quantiles.
+Files and metadata follow lerobot's layouts (reference/robotwin_lerobot_npu.md §1.4, §2): lerobot
+0.4.4's LeRobotDataset, v2.1->v3.0 converter, visualizer and trainer accept them unchanged
+(``scripts/interop_check.sh`` checks with the real library), and starVLA reads them. v2.1: one
+parquet and one mp4 per camera per episode, ``episodes_stats.jsonl``; v3.0: several episodes per
+file, data and video files sharded *differently* (so a reader that uses the data file indices for
+videos, like starVLA, fails), small chunks (so ``chunk-001`` exists), per-episode
+``from_timestamp`` in shared mp4s, ``tasks.parquet`` with the task text as its pandas index, and
+``stats.json``. Statistics (``lerobot_stats``) cover every feature, cameras included, per episode
+and for the dataset, as lerobot's ``compute_episode_stats`` lays them out.
 
 ``LeRobotWriter`` appends one episode at a time (bounded memory: simulation demos);
 ``write_lerobot_dataset`` writes arrays already in memory through it.
