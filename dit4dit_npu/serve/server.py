@@ -189,8 +189,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--port", type=int, default=8000, help="TCP port (0 = any free port)")
     p.add_argument("--base-model", default=None, help="override the base model path recorded at export")
     p.add_argument("--bf16", action="store_true", help="cast the video backbone to bf16 (accelerators)")
-    p.add_argument("--max-message-mb", type=float, default=DEFAULT_MAX_MESSAGE_BYTES / 2**20)
-    p.add_argument("--log-level", default="INFO")
+    p.add_argument(
+        "--max-message-mb",
+        type=float,
+        default=DEFAULT_MAX_MESSAGE_BYTES / 2**20,
+        help="largest observation message answered, in MiB (default: %(default)g); bigger ones get an error",
+    )
+    p.add_argument("--log-level", default="INFO", help="DEBUG, INFO (default), WARNING or ERROR")
     return p.parse_args(argv)
 
 

@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from dit4dit_npu.config import ConfigError, dump_yaml, load_config
+from dit4dit_npu.train.metrics import check_trackers
 
 USAGE_EPILOG = """overrides:
   a.b=c            e.g. trainer.max_train_steps=10
@@ -25,8 +26,14 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
         epilog=USAGE_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--config", required=True, help="YAML config (e.g. configs/robotwin/dit4dit_robotwin.yaml)")
-    parser.add_argument("--dry-run", action="store_true", help="print the resolved config and exit")
+    parser.add_argument(
+        "--config",
+        required=True,
+        help="run config YAML (e.g. configs/robotwin/dit4dit_robotwin_tiny.yaml); overrides follow it",
+    )
+    parser.add_argument(
+        "--dry-run", action="store_true", help="check the config (and its trackers), print it resolved, and exit"
+    )
     return parser.parse_known_args(argv)
 
 
@@ -34,6 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     args, overrides = parse_args(argv)
     try:
         cfg = load_config(args.config, overrides)
+        check_trackers(cfg.trackers)  # now, not after the imports and the data loading
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
