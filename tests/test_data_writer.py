@@ -170,3 +170,36 @@ def test_writer_refuses_an_unknown_task_index(tmp_path: Path) -> None:
     ep = Episode(np.zeros((4, 1), np.float32), np.zeros((4, 1), np.float32), task_index=1)
     with pytest.raises(ValueError, match=r"episode 0: task_index 1, expected 0\.\.0"):
         LeRobotWriter(tmp_path / "ds", "v3.0", spec).add_episode(ep, {"cam": np.zeros((4, 16, 16, 3), np.uint8)})
+
+
+# meta/stats.json as lerobot 0.4.4 wrote it for a recorded dataset (two of its features, verbatim).
+LEROBOT_STATS = {
+    "observation.images.cam_high": {
+        "min": [[[0.0]], [[0.0]], [[0.0]]],
+        "max": [[[0.996078431372549]], [[0.996078431372549]], [[0.996078431372549]]],
+        "mean": [[[0.49778055427900325]], [[0.4960757186989379]], [[0.4981408611621732]]],
+        "std": [[[0.002012005974264708]], [[0.0010552300347222154]], [[0.0007274752348856162]]],
+        "count": [24],
+        "q01": [[[0.007903946448036913]], [[0.005949027117853763]], [[0.007880395442635774]]],
+        "q10": [[[0.09417008496700226]], [[0.0979950554399003]], [[0.09807339339406947]]],
+        "q50": [[[0.5038764727882784]], [[0.49611520323684877]], [[0.49800145227321685]]],
+        "q90": [[[0.8979956591183494]], [[0.8979670253224438]], [[0.8961275480896888]]],
+        "q99": [[[0.9901536596568562]], [[0.9882422915478971]], [[0.988250496801351]]],
+    },
+    "frame_index": {
+        "min": [0], "max": [11], "mean": [5.5], "std": [3.452052529534663], "count": [24], "q01": [-1e-10],
+        "q10": [0.9992399999181679], "q50": [5.00059999999092], "q90": [10.000760000081831], "q99": [10.999736000099995],
+    },
+}
+
+
+def test_our_reader_reads_lerobots_stats_json(roots: dict[str, Path], tmp_path: Path) -> None:
+    import shutil
+
+    root = Path(shutil.copytree(roots["v3.0"], tmp_path / "ds"))
+    (root / "meta/stats.json").write_text(json.dumps(LEROBOT_STATS))
+    stats = LeRobotDatasetMetadata(root).stats
+    assert sorted(stats) == sorted(LEROBOT_STATS)
+    cam = stats["observation.images.cam_high"]
+    assert sorted(cam) == sorted(STATS) and cam["q50"].shape == (3, 1, 1) and cam["count"].tolist() == [24]
+    assert stats["frame_index"]["max"].dtype == np.float64 and stats["frame_index"]["max"].tolist() == [11.0]
