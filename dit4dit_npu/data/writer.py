@@ -218,7 +218,8 @@ class LeRobotWriter:
         return e
 
     def _episode_stats(self, cols: dict[str, np.ndarray], frames: Mapping[str, np.ndarray]) -> dict:
-        """lerobot's per-episode stats of every feature (lerobot_stats), in info.json's feature order."""
+        """lerobot's per-episode stats of every feature (lerobot_stats), in info.json's feature order;
+        the episode's columns and pixel histograms are kept for the dataset's stats.json."""
         stats: dict[str, dict[str, np.ndarray]] = {}
         for key in ("observation.state", "action"):
             stats[key] = vector_stats(cols[key])
