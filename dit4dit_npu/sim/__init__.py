@@ -5,7 +5,7 @@
     render.py    one offscreen renderer, shadows and MSAA off
     scene.py     AlohaScene: reset(seed) / step(action) with the project's observation keys
     ik.py        TCP-pose inverse kinematics for the two arms
-    experts.py   scripted experts (transfer cube)
+    experts.py   scripted experts (transfer cube, insertion)
     policies.py  what the eval drives: expert, hold, a policy folder, a websocket server
     rollout.py   one episode, and the worker loop that runs many
     stats.py     Wilson interval and the summary line

@@ -2,8 +2,8 @@
 
     python -m dit4dit_npu.sim.demos --task transfer_cube --episodes 50 --size 240x320 --out DIR
 
-Each episode: reset the scene with the next training seed, run the expert for ``--horizon``
-steps, record (three camera images, 14-d state, the expert's 14-d action) at every step, and keep
+Each episode: reset the scene with the next training seed, run the task's scripted expert for
+``--horizon`` steps, record (three camera images, 14-d state, the expert's 14-d action) at every step, and keep
 the episode only if it succeeded (reward 4) - the seeds used are listed in ``meta/sim_demos.json``.
 Memory holds one episode (its frames are encoded before the next starts): 50 episodes at 240x320
 would need 13.8 GB held together. Training seeds start at 100000, disjoint from the evaluation
@@ -74,7 +74,7 @@ def write_demos(
     from tqdm import tqdm
 
     from dit4dit_npu.data.writer import DatasetSpec, Episode, LeRobotWriter
-    from dit4dit_npu.sim.experts import TransferCubeExpert
+    from dit4dit_npu.sim.experts import EXPERTS
     from dit4dit_npu.sim.scene import AlohaScene
 
     spec_task = get_task(task)
@@ -84,8 +84,9 @@ def write_demos(
         raise SimError(f"--seed: demo seeds start at {TRAIN_SEED0} or above (0..{TRAIN_SEED0 - 1} are evaluation seeds)")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise SimError(f"--out: {out} exists and is not empty; refusing to overwrite a dataset")
-    pace_horizon = int(round(TransferCubeExpert.horizon * 0.8))  # the expert's schedule ends here
-    horizon = horizon or pace_horizon
+    if task not in EXPERTS:
+        raise SimError(f"no scripted expert for task {task!r} (available: {sorted(EXPERTS)})")
+    horizon = horizon or EXPERTS[task].horizon()  # the expert's schedule ends here
     spec = DatasetSpec(
         fps=FPS, tasks=[spec_task.instruction], video_keys=list(CAMERAS), motors=MOTORS, robot_type="aloha",
         extra_meta={"modality.json": modality()},
@@ -137,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--size", default="240x320", help="HxW of every camera (RoboTwin: 240x320)")
     p.add_argument("--out", required=True, type=Path)
     p.add_argument("--seed", type=int, default=TRAIN_SEED0, help=f"first training seed (>= {TRAIN_SEED0})")
-    p.add_argument("--horizon", type=int, default=None, help="steps per episode (default: the expert's, 320)")
+    p.add_argument("--horizon", type=int, default=None, help="steps per episode (default: the expert's: transfer_cube 320, insertion 300)")
     p.add_argument("--version", default="v3.0", choices=["v2.1", "v3.0"])
     a = p.parse_args(argv)
     try:
