@@ -77,8 +77,20 @@ def policy_ms_per_chunk(spec: str, size_hw: tuple[int, int], calls: int) -> tupl
 
 def eval_rate(spec: str, episodes: int, workers: int, size: str, root: Path) -> dict:
     out = root / f"w{workers}"
-    args = ["--policy", spec, "--episodes", str(episodes), "--workers", str(workers), "--size", size,
-            "--videos", "0", "--output", str(out)]
+    args = [
+        "--policy",
+        spec,
+        "--episodes",
+        str(episodes),
+        "--workers",
+        str(workers),
+        "--size",
+        size,
+        "--videos",
+        "0",
+        "--output",
+        str(out),
+    ]
     if eval_main(args) != 0:
         raise SystemExit(f"eval failed: {args}")
     return json.loads((out / "results.json").read_text())["summary"]
@@ -99,8 +111,10 @@ def main() -> None:
     with AlohaScene("transfer_cube", render=False) as scene:
         physics_ms = ms_per_step(scene, a.steps)
     stock_ms = stock_gym_ms_per_step("transfer_cube", max(5, a.steps // 10))
-    print(f"env step, physics + 3 cameras at {a.size}: {env_ms:.2f} ms  (physics alone {physics_ms:.2f} ms; "
-          f"stock gym-aloha step {stock_ms:.1f} ms = {stock_ms / env_ms:.1f}x)")
+    print(
+        f"env step, physics + 3 cameras at {a.size}: {env_ms:.2f} ms  (physics alone {physics_ms:.2f} ms; "
+        f"stock gym-aloha step {stock_ms:.1f} ms = {stock_ms / env_ms:.1f}x)"
+    )
 
     pol_ms, chunk = policy_ms_per_chunk(a.policy, size_hw, 20)
     print(f"policy {a.policy}: {pol_ms:.2f} ms per chunk of {chunk} action(s)")
@@ -109,9 +123,11 @@ def main() -> None:
         one = eval_rate(a.policy, a.episodes, 1, a.size, Path(tmp))
         many = eval_rate(a.policy, a.episodes, a.workers, a.size, Path(tmp))
     for s in (one, many):
-        print(f"eval with {s['workers']} worker(s): {s['episodes_per_min']:.2f} episodes/min "
-              f"({s['episodes']} episodes, {s['total_steps']} steps, {s['wall_s']} s wall, "
-              f"success {s['successes']}/{s['episodes']})")
+        print(
+            f"eval with {s['workers']} worker(s): {s['episodes_per_min']:.2f} episodes/min "
+            f"({s['episodes']} episodes, {s['total_steps']} steps, {s['wall_s']} s wall, "
+            f"success {s['successes']}/{s['episodes']})"
+        )
     print(f"speedup: {many['episodes_per_min'] / one['episodes_per_min']:.2f}")
 
 

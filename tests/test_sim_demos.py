@@ -28,8 +28,13 @@ def test_demos_round_trip_through_our_reader(tmp_path: Path) -> None:
     assert summary["seeds"] == [TRAIN_SEED0, TRAIN_SEED0 + 1] and summary["failed_seeds"] == []
     assert json.loads((out / "meta/sim_demos.json").read_text())["seeds"] == summary["seeds"]
 
-    check = subprocess.run([sys.executable, "-m", "dit4dit_npu.data.inspect", str(out), "--check"],
-                           cwd=REPO, capture_output=True, text=True, timeout=300)
+    check = subprocess.run(
+        [sys.executable, "-m", "dit4dit_npu.data.inspect", str(out), "--check"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert check.returncode == 0 and "check: OK" in check.stdout, check.stdout + check.stderr
 
     ds = LeRobotDataset(out)

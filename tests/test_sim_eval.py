@@ -43,8 +43,21 @@ def policy_dir() -> Path:
 @pytest.mark.slow
 def test_expert_end_to_end_with_video(tmp_path: Path, capsys) -> None:
     out = tmp_path / "expert"
-    code, lines, _ = run_eval(capsys, "--policy", "expert", "--episodes", "1", "--seed", "3", "--size", "32x40",
-                              "--videos", "1", "--output", str(out))
+    code, lines, _ = run_eval(
+        capsys,
+        "--policy",
+        "expert",
+        "--episodes",
+        "1",
+        "--seed",
+        "3",
+        "--size",
+        "32x40",
+        "--videos",
+        "1",
+        "--output",
+        str(out),
+    )
     assert code == 0
     assert lines[0].startswith("episode 1/1 seed 3: success at step ")
     assert "success 1/1 = 100.0% (95% Wilson CI 20.7–100.0%)" in lines
@@ -59,8 +72,23 @@ def test_expert_end_to_end_with_video(tmp_path: Path, capsys) -> None:
 
 def test_hold_in_parallel_workers_fails_every_seed(tmp_path: Path, capsys) -> None:
     out = tmp_path / "hold"
-    code, lines, _ = run_eval(capsys, "--policy", "hold", "--episodes", "3", "--max-steps", "15", "--size", "32x40",
-                              "--videos", "0", "--workers", "2", "--output", str(out))
+    code, lines, _ = run_eval(
+        capsys,
+        "--policy",
+        "hold",
+        "--episodes",
+        "3",
+        "--max-steps",
+        "15",
+        "--size",
+        "32x40",
+        "--videos",
+        "0",
+        "--workers",
+        "2",
+        "--output",
+        str(out),
+    )
     assert code == 0
     assert sum(line.startswith("episode ") for line in lines) == 3
     assert "success 0/3 = 0.0% (95% Wilson CI 0.0–56.1%)" in lines
@@ -73,8 +101,21 @@ def test_hold_in_parallel_workers_fails_every_seed(tmp_path: Path, capsys) -> No
 @pytest.mark.slow
 def test_policy_folder_chunks_and_replanning(tmp_path: Path, capsys, policy_dir: Path) -> None:
     out = tmp_path / "folder"
-    code, lines, _ = run_eval(capsys, "--policy", str(policy_dir), "--episodes", "1", "--max-steps", "12",
-                              "--replan", "4", "--videos", "1", "--output", str(out))
+    code, lines, _ = run_eval(
+        capsys,
+        "--policy",
+        str(policy_dir),
+        "--episodes",
+        "1",
+        "--max-steps",
+        "12",
+        "--replan",
+        "4",
+        "--videos",
+        "1",
+        "--output",
+        str(out),
+    )
     assert code == 0, lines
     r = results(out)
     ep = r["episodes"][0]
@@ -95,15 +136,34 @@ def test_through_a_real_websocket_server(tmp_path: Path, capsys, policy_dir: Pat
     port = free_port()
     server = subprocess.Popen(
         [sys.executable, "-m", "dit4dit_npu.serve", "--checkpoint", str(policy_dir), "--port", str(port)],
-        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         out = tmp_path / "ws"
-        code, lines, err = run_eval(capsys, "--policy", f"ws://127.0.0.1:{port}", "--episodes", "2", "--max-steps",
-                                    "8", "--videos", "0", "--connect-timeout", "120", "--output", str(out))
+        code, lines, err = run_eval(
+            capsys,
+            "--policy",
+            f"ws://127.0.0.1:{port}",
+            "--episodes",
+            "2",
+            "--max-steps",
+            "8",
+            "--videos",
+            "0",
+            "--connect-timeout",
+            "120",
+            "--output",
+            str(out),
+        )
         assert code == 0, err
         r = results(out)
-        assert [(e["steps"], e["policy_calls"]) for e in r["episodes"]] == [(8, 1), (8, 1)]  # whole 8-step chunks
+        assert [(e["steps"], e["policy_calls"]) for e in r["episodes"]] == [
+            (8, 1),
+            (8, 1),
+        ]  # whole 8-step chunks
         assert r["summary"]["policy_ms_per_chunk"] > 0
     finally:
         server.terminate()
@@ -116,7 +176,9 @@ def test_mismatched_policies_are_refused(policy_dir: Path) -> None:
     meta = DiT4DiTPolicy.from_pretrained(policy_dir).metadata
     check_compatible("p", meta)  # the RoboTwin-shaped policy fits the ALOHA scene
     check_compatible("p", {**meta, "camera_keys": ["observation.images.cam_high"]})  # a subset is fine
-    with pytest.raises(SimError, match=r"expects cameras \['observation.images.cam_front'\], but the ALOHA scene "):
+    with pytest.raises(
+        SimError, match=r"expects cameras \['observation.images.cam_front'\], but the ALOHA scene "
+    ):
         check_compatible("p", {**meta, "camera_keys": ["observation.images.cam_front"]})
     with pytest.raises(SimError, match="has action_dim=7, but the ALOHA scene needs 14"):
         check_compatible("p", {**meta, "action_dim": 7})
@@ -150,7 +212,11 @@ def test_renderer_that_cannot_start_names_the_mujoco_gl_choices(tmp_path: Path, 
     env = {**os.environ, "MUJOCO_GL": gl, "DISPLAY": ""}
     proc = subprocess.run(
         [sys.executable, "-m", "dit4dit_npu.sim.eval", "--policy", "hold", "--output", str(tmp_path / "o")],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
@@ -206,5 +272,8 @@ def test_default_render_size_follows_the_policy_training_videos() -> None:
 
     cams = ["observation.images.cam_high"]
     assert default_size({"camera_keys": cams, "source_image_sizes": {cams[0]: [[96, 128]]}}) == (96, 128)
-    assert default_size({"camera_keys": cams, "source_image_sizes": {cams[0]: [[96, 128], [240, 320]]}}) == DEFAULT_SIZE
+    assert (
+        default_size({"camera_keys": cams, "source_image_sizes": {cams[0]: [[96, 128], [240, 320]]}})
+        == DEFAULT_SIZE
+    )
     assert default_size({}) == DEFAULT_SIZE == (240, 320)

@@ -42,7 +42,9 @@ def test_observation_keys_sizes_and_physics_only_mode() -> None:
         assert set(obs) == {*CAMERAS, "state", "instruction"}
         for key in CAMERAS:
             assert obs[key].shape == (48, 64, 3) and obs[key].dtype == np.uint8 and obs[key].std() > 0
-        assert not np.array_equal(obs["observation.images.cam_high"], obs["observation.images.cam_left_wrist"])
+        assert not np.array_equal(
+            obs["observation.images.cam_high"], obs["observation.images.cam_left_wrist"]
+        )
         assert obs["state"].shape == (14,) and obs["state"].dtype == np.float32
     with AlohaScene("transfer_cube", render=False) as scene:
         assert set(scene.reset(0)) == {"state", "instruction"}
@@ -55,7 +57,9 @@ def test_bad_actions_and_tasks() -> None:
             scene.step(np.full(14, np.nan))
         with pytest.raises(SimError, match=r"expected shape \(14,\)"):
             scene.step(obs["state"][:7])
-    with pytest.raises(SimError, match=r"unknown task 'stack_cups'; expected one of \['insertion', 'transfer_cube'\]"):
+    with pytest.raises(
+        SimError, match=r"unknown task 'stack_cups'; expected one of \['insertion', 'transfer_cube'\]"
+    ):
         get_task("stack_cups")
     with pytest.raises(SimError, match="--size"):
         parse_size("240x321")

@@ -49,7 +49,9 @@ def import_mujoco() -> ModuleType:
     except ImportError as e:
         raise SimError(f"mujoco is not installed ({e}); {INSTALL_HELP}") from None
     except Exception as e:  # PyOpenGL raises AttributeError/RuntimeError for a missing platform
-        raise SimError(f"MuJoCo cannot load OpenGL with MUJOCO_GL={gl} ({type(e).__name__}: {e}); {GL_HELP}") from None
+        raise SimError(
+            f"MuJoCo cannot load OpenGL with MUJOCO_GL={gl} ({type(e).__name__}: {e}); {GL_HELP}"
+        ) from None
     return mujoco
 
 

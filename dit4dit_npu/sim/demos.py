@@ -31,7 +31,12 @@ MAX_CONSECUTIVE_FAILURES = 10
 
 def modality() -> dict:
     """starVLA/GR00T's modality.json for the 14-d ALOHA layout (the RoboTwin demo writes the same)."""
-    parts = {"left_joints": (0, 6), "left_gripper": (6, 7), "right_joints": (7, 13), "right_gripper": (13, 14)}
+    parts = {
+        "left_joints": (0, 6),
+        "left_gripper": (6, 7),
+        "right_joints": (7, 13),
+        "right_gripper": (13, 14),
+    }
     return {
         "state": {k: {"start": s, "end": e} for k, (s, e) in parts.items()},
         "action": {k: {"start": s, "end": e} for k, (s, e) in parts.items()},
@@ -67,8 +72,14 @@ def record_expert_episode(scene, seed: int, horizon: int) -> tuple[dict, int | N
 
 
 def write_demos(
-    out: Path, task: str, episodes: int, size_hw: tuple[int, int], seed0: int = TRAIN_SEED0,
-    horizon: int | None = None, version: str = "v3.0", progress: bool = True,
+    out: Path,
+    task: str,
+    episodes: int,
+    size_hw: tuple[int, int],
+    seed0: int = TRAIN_SEED0,
+    horizon: int | None = None,
+    version: str = "v3.0",
+    progress: bool = True,
 ) -> dict:
     """Write ``episodes`` successful expert episodes to ``out`` (atomically); returns a summary."""
     from tqdm import tqdm
@@ -81,14 +92,20 @@ def write_demos(
     if episodes < 1:
         raise SimError(f"--episodes: expected >= 1, got {episodes}")
     if seed0 < TRAIN_SEED0:
-        raise SimError(f"--seed: demo seeds start at {TRAIN_SEED0} or above (0..{TRAIN_SEED0 - 1} are evaluation seeds)")
+        raise SimError(
+            f"--seed: demo seeds start at {TRAIN_SEED0} or above (0..{TRAIN_SEED0 - 1} are evaluation seeds)"
+        )
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise SimError(f"--out: {out} exists and is not empty; refusing to overwrite a dataset")
     if task not in EXPERTS:
         raise SimError(f"no scripted expert for task {task!r} (available: {sorted(EXPERTS)})")
     horizon = horizon or EXPERTS[task].horizon()  # the expert's schedule ends here
     spec = DatasetSpec(
-        fps=FPS, tasks=[spec_task.instruction], video_keys=list(CAMERAS), motors=MOTORS, robot_type="aloha",
+        fps=FPS,
+        tasks=[spec_task.instruction],
+        video_keys=list(CAMERAS),
+        motors=MOTORS,
+        robot_type="aloha",
         extra_meta={"modality.json": modality()},
     )
     kept, failed, first_steps = [], [], []
@@ -106,7 +123,9 @@ def write_demos(
                     failed.append(seed)
                     streak += 1
                     if streak >= MAX_CONSECUTIVE_FAILURES:
-                        raise SimError(f"the {task} expert failed {streak} seeds in a row (last {seed}); not writing")
+                        raise SimError(
+                            f"the {task} expert failed {streak} seeds in a row (last {seed}); not writing"
+                        )
                 else:
                     streak = 0
                     writer.add_episode(Episode(ep["states"], ep["actions"], task_index=0), ep["frames"])
@@ -116,8 +135,15 @@ def write_demos(
                 seed += 1
             bar.close()
             summary = {
-                "task": task, "instruction": spec_task.instruction, "episodes": len(kept), "frames_per_episode": horizon,
-                "size_hw": list(size_hw), "fps": FPS, "cameras": CAMERAS, "seeds": kept, "failed_seeds": failed,
+                "task": task,
+                "instruction": spec_task.instruction,
+                "episodes": len(kept),
+                "frames_per_episode": horizon,
+                "size_hw": list(size_hw),
+                "fps": FPS,
+                "cameras": CAMERAS,
+                "seeds": kept,
+                "failed_seeds": failed,
                 "first_success_step": {"min": min(first_steps), "max": max(first_steps)},
                 "sim_and_write_s": round(time.perf_counter() - t0, 1),
             }
@@ -138,7 +164,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--size", default="240x320", help="HxW of every camera (RoboTwin: 240x320)")
     p.add_argument("--out", required=True, type=Path)
     p.add_argument("--seed", type=int, default=TRAIN_SEED0, help=f"first training seed (>= {TRAIN_SEED0})")
-    p.add_argument("--horizon", type=int, default=None, help="steps per episode (default: the expert's: transfer_cube 320, insertion 300)")
+    p.add_argument(
+        "--horizon",
+        type=int,
+        default=None,
+        help="steps per episode (default: the expert's: transfer_cube 320, insertion 300)",
+    )
     p.add_argument("--version", default="v3.0", choices=["v2.1", "v3.0"])
     a = p.parse_args(argv)
     try:

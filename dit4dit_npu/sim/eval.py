@@ -35,8 +35,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--task", default="transfer_cube")
     p.add_argument("--episodes", type=int, default=50)
     p.add_argument("--seed", type=int, default=0, help="seed of the first episode")
-    p.add_argument("--replan", type=int, default=None, help="actions executed per query (default: whole chunk)")
-    p.add_argument("--size", default=None, help="HxW per camera (default: the policy's training size, else 240x320)")
+    p.add_argument(
+        "--replan", type=int, default=None, help="actions executed per query (default: whole chunk)"
+    )
+    p.add_argument(
+        "--size", default=None, help="HxW per camera (default: the policy's training size, else 240x320)"
+    )
     p.add_argument("--max-steps", type=int, default=EPISODE_STEPS, help="episode length (ACT: 400)")
     p.add_argument("--videos", type=int, default=2, help="mp4s of the first N episodes")
     p.add_argument("--workers", type=int, default=1, help="parallel worker processes (each: scene + policy)")
@@ -48,15 +52,25 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def make_setup(a: argparse.Namespace) -> EvalSetup:
     """Validate the arguments (one SimError per problem) and describe what every worker runs."""
     get_task(a.task)
-    for name, value, low in (("--episodes", a.episodes, 1), ("--max-steps", a.max_steps, 1),
-                             ("--workers", a.workers, 1), ("--videos", a.videos, 0)):
+    for name, value, low in (
+        ("--episodes", a.episodes, 1),
+        ("--max-steps", a.max_steps, 1),
+        ("--workers", a.workers, 1),
+        ("--videos", a.videos, 0),
+    ):
         if value < low:
             raise SimError(f"{name}: expected >= {low}, got {value}")
     if a.replan is not None and a.replan < 1:
         raise SimError(f"--replan: expected >= 1, got {a.replan}")
     if (a.output / "results.json").exists():
-        raise SimError(f"--output: {a.output / 'results.json'} exists; choose another folder (results are never overwritten)")
-    if a.policy not in ("expert", "hold") and not a.policy.startswith(("ws://", "wss://")) and not Path(a.policy).is_dir():
+        raise SimError(
+            f"--output: {a.output / 'results.json'} exists; choose another folder (results are never overwritten)"
+        )
+    if (
+        a.policy not in ("expert", "hold")
+        and not a.policy.startswith(("ws://", "wss://"))
+        and not Path(a.policy).is_dir()
+    ):
         raise SimError(f"--policy: {a.policy!r} is not expert, hold, ws://host:port or a policy folder")
     seeds = list(range(a.seed, a.seed + a.episodes))
     workers = min(a.workers, a.episodes)
@@ -81,8 +95,10 @@ def episode_line(i: int, n: int, r: dict[str, Any]) -> str:
         outcome = f"failure (max reward {r['max_reward']:g} in {r['steps']} steps)"
         if r["error"]:
             outcome += f" [{r['error']}]"
-    return (f"episode {i + 1}/{n} seed {r['seed']}: {outcome} | env {r['env_ms_per_step']} ms/step, "
-            f"policy {r['policy_ms_per_call']} ms/chunk x {r['policy_calls']}")
+    return (
+        f"episode {i + 1}/{n} seed {r['seed']}: {outcome} | env {r['env_ms_per_step']} ms/step, "
+        f"policy {r['policy_ms_per_call']} ms/chunk x {r['policy_calls']}"
+    )
 
 
 def run_serial(setup: EvalSetup, seeds: list[int], output: Path, on_result) -> dict[str, Any]:
@@ -108,7 +124,10 @@ def run_parallel(setup: EvalSetup, seeds: list[int], workers: int, output: Path,
 
     ctx = mp.get_context("spawn")
     seed_q, result_q, go = ctx.Queue(), ctx.Queue(), ctx.Event()
-    procs = [ctx.Process(target=worker_main, args=(setup, seed_q, result_q, go), daemon=True) for _ in range(workers)]
+    procs = [
+        ctx.Process(target=worker_main, args=(setup, seed_q, result_q, go), daemon=True)
+        for _ in range(workers)
+    ]
     for p in procs:
         p.start()
     try:
@@ -144,7 +163,9 @@ def run_parallel(setup: EvalSetup, seeds: list[int], workers: int, output: Path,
                 p.terminate()
 
 
-def summarize(a: argparse.Namespace, setup: EvalSetup, info: dict, results: list[dict], wall_s: float) -> dict:
+def summarize(
+    a: argparse.Namespace, setup: EvalSetup, info: dict, results: list[dict], wall_s: float
+) -> dict:
     n = len(results)
     k = sum(r["success"] for r in results)
     k300 = sum(r[f"success_within_{GYM_MAX_STEPS}"] for r in results)
@@ -155,15 +176,28 @@ def summarize(a: argparse.Namespace, setup: EvalSetup, info: dict, results: list
         return round(sum(vals) / len(vals), 2) if vals else None
 
     return {
-        "task": a.task, "policy": a.policy, "episodes": n, "seeds": [a.seed, a.seed + n - 1],
-        "successes": k, "success_rate": k / n, "wilson95": list(wilson_interval(k, n)),
-        f"successes_within_{GYM_MAX_STEPS}": k300, f"wilson95_within_{GYM_MAX_STEPS}": list(wilson_interval(k300, n)),
-        "mean_steps_to_success": mean_of("steps_to_success"), "errors": sum(r["error"] is not None for r in results),
-        "env_ms_per_step": mean_of("env_ms_per_step"), "policy_ms_per_chunk": mean_of("policy_ms_per_call"),
-        "policy_ms_per_step": mean_of("policy_ms_per_step"), "total_steps": steps,
-        "wall_s": round(wall_s, 1), "episodes_per_min": round(60 * n / wall_s, 2),
-        "workers": min(a.workers, n), "size_hw": list(info["size_hw"]), "replan": a.replan,
-        "chunk_length": info["metadata"].get("chunk_length"), "max_steps": a.max_steps,
+        "task": a.task,
+        "policy": a.policy,
+        "episodes": n,
+        "seeds": [a.seed, a.seed + n - 1],
+        "successes": k,
+        "success_rate": k / n,
+        "wilson95": list(wilson_interval(k, n)),
+        f"successes_within_{GYM_MAX_STEPS}": k300,
+        f"wilson95_within_{GYM_MAX_STEPS}": list(wilson_interval(k300, n)),
+        "mean_steps_to_success": mean_of("steps_to_success"),
+        "errors": sum(r["error"] is not None for r in results),
+        "env_ms_per_step": mean_of("env_ms_per_step"),
+        "policy_ms_per_chunk": mean_of("policy_ms_per_call"),
+        "policy_ms_per_step": mean_of("policy_ms_per_step"),
+        "total_steps": steps,
+        "wall_s": round(wall_s, 1),
+        "episodes_per_min": round(60 * n / wall_s, 2),
+        "workers": min(a.workers, n),
+        "size_hw": list(info["size_hw"]),
+        "replan": a.replan,
+        "chunk_length": info["metadata"].get("chunk_length"),
+        "max_steps": a.max_steps,
         "mujoco_gl": os.environ.get("MUJOCO_GL"),
     }
 
@@ -198,10 +232,14 @@ def main(argv: list[str] | None = None) -> int:
     summary = summarize(a, setup, info, results, wall)
     (a.output / "results.json").write_text(json.dumps({"summary": summary, "episodes": results}, indent=1))
     print(f"success {format_rate(summary['successes'], len(results))}")
-    print(f"success within {GYM_MAX_STEPS} steps (gym-aloha's limit): "
-          f"{format_rate(summary[f'successes_within_{GYM_MAX_STEPS}'], len(results))}")
-    print(f"env {summary['env_ms_per_step']} ms/step, policy {summary['policy_ms_per_chunk']} ms/chunk, "
-          f"{summary['episodes_per_min']} episodes/min with {summary['workers']} worker(s) -> {a.output / 'results.json'}")
+    print(
+        f"success within {GYM_MAX_STEPS} steps (gym-aloha's limit): "
+        f"{format_rate(summary[f'successes_within_{GYM_MAX_STEPS}'], len(results))}"
+    )
+    print(
+        f"env {summary['env_ms_per_step']} ms/step, policy {summary['policy_ms_per_chunk']} ms/chunk, "
+        f"{summary['episodes_per_min']} episodes/min with {summary['workers']} worker(s) -> {a.output / 'results.json'}"
+    )
     return 0
 
 

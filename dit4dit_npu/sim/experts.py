@@ -92,24 +92,28 @@ class TransferCubeExpert(ScheduledExpert):
         h = self.handover
         pick = axis_angle((0, 1, 0), -60)
         self.receive = axis_angle((1, 0, 0), 90)
-        self.right = Waypoints([
-            (0, right_start[:3], right_start[3:], CLOSED),
-            (at(90), cube + [0, 0, 0.08], pick, OPEN),  # above the cube
-            (at(130), grasp, pick, OPEN),  # down
-            (at(165), grasp, pick, CLOSED),  # grasp
-            (at(200), h + [0.05, 0, 0], pick, CLOSED),  # lift towards the hand-over point
-            (at(220), h, pick, CLOSED),
-            (at(305), h, pick, CLOSED),  # hold while the left gripper closes
-            (at(325), h, pick, OPEN),  # let go
-            (at(365), h + [0.1, 0, 0], pick, OPEN),  # back off
-            (at(400), h + [0.1, 0, 0], pick, OPEN),
-        ])
+        self.right = Waypoints(
+            [
+                (0, right_start[:3], right_start[3:], CLOSED),
+                (at(90), cube + [0, 0, 0.08], pick, OPEN),  # above the cube
+                (at(130), grasp, pick, OPEN),  # down
+                (at(165), grasp, pick, CLOSED),  # grasp
+                (at(200), h + [0.05, 0, 0], pick, CLOSED),  # lift towards the hand-over point
+                (at(220), h, pick, CLOSED),
+                (at(305), h, pick, CLOSED),  # hold while the left gripper closes
+                (at(325), h, pick, OPEN),  # let go
+                (at(365), h + [0.1, 0, 0], pick, OPEN),  # back off
+                (at(400), h + [0.1, 0, 0], pick, OPEN),
+            ]
+        )
         self.wait = h + [-0.12, 0, 0]
-        self.left = Waypoints([
-            (0, left_start[:3], left_start[3:], CLOSED),
-            (at(100), self.wait, self.receive, OPEN),  # beside the hand-over point, open
-            (at(400), self.wait, self.receive, OPEN),
-        ])
+        self.left = Waypoints(
+            [
+                (0, left_start[:3], left_start[3:], CLOSED),
+                (at(100), self.wait, self.receive, OPEN),  # beside the hand-over point, open
+                (at(400), self.wait, self.receive, OPEN),
+            ]
+        )
         self.latch = at(235)  # the left arm starts following the cube
         self.catch: np.ndarray | None = None
 
@@ -130,7 +134,10 @@ class TransferCubeExpert(ScheduledExpert):
             left, left_grip = np.concatenate([self.catch, self.receive]), CLOSED
         else:  # pull away, holding it, turning the gripper back upright
             a = min(1.0, (k - released) / away)
-            left, left_grip = _blend(self.catch, self.receive, self.catch + [-0.12, 0, 0], IDENTITY, a), CLOSED
+            left, left_grip = (
+                _blend(self.catch, self.receive, self.catch + [-0.12, 0, 0], IDENTITY, a),
+                CLOSED,
+            )
         return left, left_grip, right, right_grip
 
 
@@ -162,14 +169,16 @@ class InsertionExpert(ScheduledExpert):
         m = self.meet
 
         def arm(start: np.ndarray, obj: np.ndarray, q: np.ndarray, side: float) -> Waypoints:
-            return Waypoints([
-                (0, start[:3], start[3:], CLOSED),
-                (at(120), obj + above, q, OPEN),
-                (at(170), obj + grasp, q, OPEN),
-                (at(220), obj + grasp, q, CLOSED),
-                (at(285), m + [side * 0.1, 0, 0], q, CLOSED),  # meet, 0.2 m apart
-                (at(400), m + [side * 0.1, 0, 0], q, CLOSED),
-            ])
+            return Waypoints(
+                [
+                    (0, start[:3], start[3:], CLOSED),
+                    (at(120), obj + above, q, OPEN),
+                    (at(170), obj + grasp, q, OPEN),
+                    (at(220), obj + grasp, q, CLOSED),
+                    (at(285), m + [side * 0.1, 0, 0], q, CLOSED),  # meet, 0.2 m apart
+                    (at(400), m + [side * 0.1, 0, 0], q, CLOSED),
+                ]
+            )
 
         self.left, self.right = arm(left_start, socket, left_q, -1.0), arm(right_start, peg, right_q, 1.0)
         self.servo_from, self.close_from, self.close_to = at(250), at(285), at(360)

@@ -71,7 +71,12 @@ class ArmIK:
     """``solve(left_pose, right_pose) -> (12,)`` arm joint targets; poses are (xyz, quat) of the TCPs."""
 
     def __init__(
-        self, model: mujoco.MjModel, qpos: np.ndarray, iters: int = 8, damping: float = 1e-4, posture: float = 1e-3
+        self,
+        model: mujoco.MjModel,
+        qpos: np.ndarray,
+        iters: int = 8,
+        damping: float = 1e-4,
+        posture: float = 1e-3,
     ) -> None:
         self.m = model
         self.d = mujoco.MjData(model)

@@ -100,7 +100,9 @@ class FolderPolicy:
 
         self._seed += 1
         try:
-            return self._policy.predict_action(_policy_observation(obs, self.metadata["camera_keys"]), seed=self._seed)
+            return self._policy.predict_action(
+                _policy_observation(obs, self.metadata["camera_keys"]), seed=self._seed
+            )
         except PolicyInputError as e:
             raise SimError(f"policy {self.name} rejected the scene's observation: {e}") from None
 
@@ -117,8 +119,10 @@ class RemotePolicy:
         try:
             self._client = WebsocketClientPolicy(uri, None, connect_timeout_s=connect_timeout_s)
         except ConnectionError as e:
-            raise SimError(f"--policy {uri}: server unreachable ({e}); start it with "
-                           "python -m dit4dit_npu.serve --checkpoint POLICY_DIR --port PORT") from None
+            raise SimError(
+                f"--policy {uri}: server unreachable ({e}); start it with "
+                "python -m dit4dit_npu.serve --checkpoint POLICY_DIR --port PORT"
+            ) from None
         self.name, self.metadata = uri, self._client.get_server_metadata()
 
     def reset(self, scene: Any, seed: int) -> None:
@@ -139,7 +143,9 @@ class RemotePolicy:
         self._client.close()
 
 
-def make_policy(spec: str, threads: int | None = None, connect_timeout_s: float = CONNECT_TIMEOUT_S) -> SimPolicy:
+def make_policy(
+    spec: str, threads: int | None = None, connect_timeout_s: float = CONNECT_TIMEOUT_S
+) -> SimPolicy:
     """``expert`` | ``hold`` | ``ws://host:port`` | a policy folder -> a checked policy."""
     if spec == "expert":
         return ExpertPolicy()
@@ -163,5 +169,7 @@ def check_compatible(name: str, meta: dict[str, Any], scene_cameras: dict[str, s
         )
     for what, want in (("action_dim", ACTION_DIM), ("state_dim", STATE_DIM)):
         if meta.get(what) != want:
-            raise SimError(f"policy {name} has {what}={meta.get(what)}, but the ALOHA scene needs {want} "
-                           "([left 6 joints, left gripper, right 6 joints, right gripper])")
+            raise SimError(
+                f"policy {name} has {what}={meta.get(what)}, but the ALOHA scene needs {want} "
+                "([left 6 joints, left gripper, right 6 joints, right gripper])"
+            )

@@ -64,7 +64,9 @@ class Worker:
             path = Path(self.setup.video_dir) / f"{self.setup.task}_seed{seed:06d}.mp4"
             video = Mp4Writer(path, (h, w * len(self.scene.cameras)), FPS)
         try:
-            result = run_episode(self.scene, self.policy, seed, self.setup.max_steps, self.setup.replan, video)
+            result = run_episode(
+                self.scene, self.policy, seed, self.setup.max_steps, self.setup.replan, video
+            )
         finally:
             if video is not None:
                 video.close()
@@ -98,7 +100,9 @@ def run_episode(scene, policy, seed: int, max_steps: int, replan: int | None, vi
         policy_t.total_s += time.perf_counter() - t0
         policy_t.count += 1
         if chunk.ndim != 2 or chunk.shape[1] != ACTION_DIM or len(chunk) == 0:
-            raise SimError(f"policy {policy.name} returned actions of shape {chunk.shape}, expected (k, {ACTION_DIM})")
+            raise SimError(
+                f"policy {policy.name} returned actions of shape {chunk.shape}, expected (k, {ACTION_DIM})"
+            )
         for action in chunk[:replan]:
             if video is not None:
                 video.write(np.concatenate([obs[k] for k in scene.cameras], axis=1))
@@ -155,4 +159,3 @@ def worker_main(setup: EvalSetup, seeds, results, go) -> None:
         results.put(("crash", traceback.format_exc()))
     finally:
         worker.close()
-
