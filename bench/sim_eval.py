@@ -1,6 +1,6 @@
 """Cost of closed-loop simulation: env ms/step, policy ms/chunk, eval episodes/min (1 vs all workers).
 
-    python bench/sim_eval.py [--policy expert|POLICY_DIR|ws://...] [--episodes 4] [--size 240x320]
+    python bench/sim_eval.py [--policy expert|POLICY_DIR|ws://...] [--episodes 8] [--size 240x320]
 
 1. Env step at 240x320 with three cameras (physics + our renderer: one context, no shadows, no
    MSAA), physics alone, and - for comparison - the stock ``gym_aloha`` env step, which renders
@@ -99,7 +99,7 @@ def eval_rate(spec: str, episodes: int, workers: int, size: str, root: Path) -> 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--policy", default="expert")
-    p.add_argument("--episodes", type=int, default=4, help="episodes per eval run")
+    p.add_argument("--episodes", type=int, default=8, help="episodes per eval run")
     p.add_argument("--size", default="240x320")
     p.add_argument("--steps", type=int, default=100, help="timed env steps")
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="'all workers' count")

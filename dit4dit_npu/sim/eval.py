@@ -116,6 +116,22 @@ def run_serial(setup: EvalSetup, seeds: list[int], output: Path, on_result) -> d
         worker.close()
 
 
+def _next_message(result_q, procs) -> tuple[str, Any]:
+    """The next worker message; a worker that died without one (a crash in native code) is an
+    error, not an eval that waits forever."""
+    import queue
+
+    while True:
+        try:
+            return result_q.get(timeout=2.0)
+        except queue.Empty:
+            dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+            if dead:
+                raise RuntimeError(
+                    f"an eval worker died with exit code {dead[0]} (see its output above)"
+                ) from None
+
+
 def run_parallel(setup: EvalSetup, seeds: list[int], workers: int, output: Path, on_result) -> dict[str, Any]:
     """W spawned processes (a fork would copy MuJoCo's GL context and torch's thread pool)."""
     import multiprocessing as mp
@@ -133,7 +149,7 @@ def run_parallel(setup: EvalSetup, seeds: list[int], workers: int, output: Path,
     try:
         info = None
         for _ in procs:  # every worker has built its scene and policy, or one says why it cannot
-            kind, payload = result_q.get()
+            kind, payload = _next_message(result_q, procs)
             if kind == "error":
                 raise SimError(payload)
             if kind == "crash":
@@ -148,7 +164,7 @@ def run_parallel(setup: EvalSetup, seeds: list[int], workers: int, output: Path,
             seed_q.put(None)
         go.set()
         for _ in seeds:
-            kind, payload = result_q.get()
+            kind, payload = _next_message(result_q, procs)
             if kind == "error":
                 raise SimError(payload)
             if kind == "crash":
