@@ -46,12 +46,14 @@ def modality() -> dict:
 
 
 def record_expert_episode(scene, seed: int, horizon: int) -> tuple[dict, int | None]:
-    """One expert episode: ({"states", "actions", "frames": {key: (T, H, W, 3)}}, first success step)."""
+    """One expert episode: ({"states", "actions", "frames": {key: (T, H, W, 3)}}, first success step);
+    no frames from a scene without rendering."""
     from dit4dit_npu.sim.experts import make_expert
 
     obs = scene.reset(seed)
     expert = make_expert(scene)
-    states, actions, frames = [], [], {k: [] for k in scene.cameras}
+    states, actions = [], []
+    frames: dict[str, list] = {k: [] for k in scene.cameras} if scene.renderer is not None else {}
     first_success = None
     for t in range(horizon):
         action = expert(obs)
