@@ -94,6 +94,8 @@ def backbone_config(cfg: Config) -> BackboneConfig:
         feature_noise_seed=c.feature_noise_seed,
         attention_backend=c.attention_backend,
         gradient_checkpointing=cfg.trainer.enable_gradient_checkpointing,
+        condition_latent=c.condition_latent,
+        round_timesteps=c.round_timesteps,
     )
 
 
