@@ -29,7 +29,7 @@ class ConfigError(ValueError):
 
 
 # Keys earlier versions had: an old config fails on them with where the concept went (the table
-# is part of the DiT4DiT migration table, migrate.TABLE).
+# is part of the DiT4DiT migration table, dit4dit_keys.TABLE).
 REMOVED_KEYS = {k: r.where for k, r in migrate.TABLE.items() if isinstance(r, migrate.Removed)}
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from dit4dit_npu.config.migrate import module_path
+from dit4dit_npu.config.dit4dit_keys import module_path
 
 TRANSFORMER = "backbone_interface.extractor.transformer."
 TEXT_ENCODER = "backbone_interface.extractor.text_encoder."
