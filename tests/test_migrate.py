@@ -203,8 +203,11 @@ def test_cli_dry_run_fails_on_what_the_model_build_would(libero_yaml):
         "config error: trainer.learning_rate.action_modle: 'action_modle' names no module of the model; "
         "did you mean 'action_model'?"
     )
-    r = _cli("--config_yaml", str(libero_yaml), *LAUNCH_FLAGS, "--framework.cosmos25.extract_layer", "17", "--dry-run")
-    assert r.returncode == 2 and "extract_layer: got 17, expected 0..3" in r.stderr
+    from dit4dit_npu.train.cli import check_model_build  # what --dry-run runs, in-process
+
+    cfg = load_config(libero_yaml, [*LAUNCH_FLAGS, "--framework.cosmos25.extract_layer", "17"], lambda _: None)
+    with pytest.raises(ConfigError, match="extract_layer: got 17, expected 0..3"):
+        check_model_build(cfg)
     r = _cli("--config_yaml", str(libero_yaml), *LAUNCH_FLAGS, "--dry-run")
     assert r.returncode == 0, r.stderr
     assert yaml.safe_load(r.stdout)["trainer"]["learning_rate"]["backbone.transformer"] == 1e-5
