@@ -176,7 +176,7 @@ def test_missing_dataset_folder(tmp_path: Path) -> None:
         tmp_path,
         lambda: build_training_data(cfg_for(tmp_path / "nope")),
         "not found",
-        "generate_demo_if_missing",
+        "python -m dit4dit_npu.data.demo --out",
     )
 
 
@@ -216,5 +216,6 @@ def test_inspect_check_episode_length_mismatch(ds_copy: Path) -> None:
     problems = check_dataset(ds_copy)
     assert any("episode 1 has 12 rows, metadata length is 13" in p for p in problems)
     assert any("video frames" in p for p in problems)  # the videos no longer match the lengths either
-    with pytest.raises(DatasetError, match="episode 1 has 12 rows"):
+    assert any("total_frames is 48 but meta/episodes" in p and "lists 49" in p for p in problems)
+    with pytest.raises(DatasetError, match="total_frames is 48 but meta/episodes.* lists 49"):
         LeRobotDataset(ds_copy)
