@@ -94,7 +94,8 @@ def ensure_demo_data(
             try:
                 write_demo_dataset(p, image_size=_demo_size(d))
             except OSError as e:
-                raise DatasetError(f"cannot write the demo dataset to {p} ({e.strerror or e})") from None
+                why = f"{e.strerror}: {e.filename}" if e.strerror and e.filename else str(e)
+                raise DatasetError(f"cannot write the demo dataset to {p} ({why})") from None
     if barrier is not None and world_size > 1:
         barrier()
     elif rank != 0:  # no barrier: the writer renames a finished folder into place, so poll for it

@@ -223,7 +223,7 @@ class DiT4DiTPolicy:
             _warned_state_range = True
             names = self.info.get("state_names") or [f"state[{j}]" for j in range(self.io.state_dim)]
             log.warning(
-                "state far outside the training range (more than %g ranges from its centre) in %s; actions "
+                "state far outside the training range (min-max normalized |x| > %g) in %s; actions "
                 "there are extrapolation. Check the robot's units and joint order (warned once per process)",
                 STATE_RANGE_WARNING, [names[j] for j in joints],
             )

@@ -18,7 +18,7 @@ from dit4dit_npu.train.errors import TrainingError, user_errors
 from dit4dit_npu.train.optim import freeze_modules
 from dit4dit_npu.train.prompt_cache import prepare_prompt_cache
 from dit4dit_npu.train.resume import check_data
-from dit4dit_npu.train.run_folder import open_run
+from dit4dit_npu.train.run_folder import open_run, record_config
 from dit4dit_npu.train.trainer import Trainer, data_fingerprint
 
 __all__ = ["TrainingError", "train", "user_errors"]
@@ -43,6 +43,7 @@ def _train(cfg: Config, accelerator) -> Path:
         note = check_data(run.resume_from, data_fingerprint(data))
         if note:
             accelerator.print(note)
+    record_config(cfg, run, accelerator.is_main_process)
     model, prompt_cache = build_model(cfg, accelerator, data, run.path)
     trainer = Trainer(cfg, accelerator, model, data, prompt_cache, run.path)
     if run.resume_from is not None:

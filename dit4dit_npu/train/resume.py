@@ -24,6 +24,7 @@ from dit4dit_npu.train import checkpoint as ckpt_io
 from dit4dit_npu.train.errors import TrainingError
 
 RNG_FILE = "state/random_states_{rank}.pkl"  # accelerate's name for each rank's RNG state
+RNG_MISSING = "is missing (the RNG state: the run would not continue exactly)"
 
 
 @dataclass(frozen=True)
@@ -43,7 +44,7 @@ def checkpoint_problem(ckpt: Path) -> str | None:
         for rel, size in files.items():
             p = ckpt / rel
             if not p.is_file():
-                return f"{p} is missing"
+                return f"{p} {RNG_MISSING if rel.startswith('state/random_states_') else 'is missing'}"
             if p.stat().st_size != size:
                 return f"{p} is truncated or damaged ({p.stat().st_size} bytes, {size} when saved)"
     # Checked also when a manifest exists: a manifest-less checkpoint (older versions) has only these.
@@ -66,7 +67,7 @@ def checkpoint_problem(ckpt: Path) -> str | None:
     for rank in range(int(state.get("world_size", 1))):
         rng = ckpt / RNG_FILE.format(rank=rank)
         if not rng.is_file():
-            return f"{rng} is missing (the run would not continue exactly)"
+            return f"{rng} {RNG_MISSING}"
     return None
 
 

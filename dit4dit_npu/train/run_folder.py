@@ -4,8 +4,9 @@ A refused run overwrites nothing: the folder must be writable, a fresh run must 
 another run's checkpoints, and a resumed run's checkpoint must be whole (``resume.py``: a damaged
 newest one is named and the run falls back to the newest whole one) and made with a compatible
 config. Then rank 0 finishes what a killed run left half-done (partial ``.tmp-*`` saves,
-half-pruned folders, a half-replaced checkpoint), sets damaged checkpoints aside and writes
-``config.yaml``. Every rank waits for that before it reads the folder again.
+half-pruned folders, a half-replaced checkpoint) and sets damaged checkpoints aside. Every rank
+waits for that before it reads the folder again. ``config.yaml`` is written by ``record_config``
+once the data has been checked too (a resume on changed data is refused after ``open_run``).
 """
 
 from __future__ import annotations
@@ -43,14 +44,19 @@ def open_run(cfg: Config, is_main: bool, barrier: Callable[[], None] = lambda: N
     if point.path is not None:
         resume.check_config(point.path, cfg)
     barrier()  # every rank has chosen before rank 0 renames anything
-    if is_main:  # only once the run is known to be valid
+    if is_main:
         for line in resume.set_aside(point.damaged):
             _say(line)
         if point.damaged:
             _say(f"resume: falling back to {point.path}")
-        save_config(cfg, path / "config.yaml")
     barrier()
     return RunFolder(path, point.path)
+
+
+def record_config(cfg: Config, run: RunFolder, is_main: bool) -> None:
+    """``config.yaml``, only once the run is known to be valid (config and data checked)."""
+    if is_main:
+        save_config(cfg, run.path / "config.yaml")
 
 
 def _say(line: str) -> None:
