@@ -149,6 +149,7 @@ def prune(run_dir: Path, keep: int) -> None:
     so a kill half-way through a deletion never leaves a half-deleted ``step_*``."""
     for _, path in list_checkpoints(run_dir)[:-keep]:
         doomed = path.with_name(DELETING + path.name)
+        shutil.rmtree(doomed, ignore_errors=True)  # a leftover of the same name would block the rename
         os.replace(path, doomed)
         shutil.rmtree(doomed, ignore_errors=True)
 
