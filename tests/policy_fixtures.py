@@ -15,7 +15,12 @@ TINY_YAML = Path(__file__).resolve().parents[1] / "configs" / "robotwin" / "dit4
 
 
 def tiny_config(root: Path, *overrides: str) -> Config:
-    """The embedded tiny config with its demo data and runs under ``root``."""
+    """The embedded tiny config with its demo data (written here: the trainer generates it only
+    at its default location) and runs under ``root``."""
+    from dit4dit_npu.data.demo import write_demo_dataset
+
+    if not (root / "data" / "robotwin_demo").exists():
+        write_demo_dataset(root / "data" / "robotwin_demo")
     return load_config(
         TINY_YAML,
         [f"datasets.vla_data.data_root_dir={root}/data", f"run_root_dir={root}/runs", *overrides],

@@ -115,3 +115,43 @@ def test_cli_dry_run_prints_resolved_config():
     assert r.returncode == 0, r.stderr
     assert "max_train_steps: 9" in r.stdout
     assert "extract_layer: 2" in r.stdout
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("datasets.vla_data.per_device_batch_size=0", "datasets.vla_data.per_device_batch_size: got 0, expected >= 1"),
+        ("datasets.vla_data.num_workers=-1", "datasets.vla_data.num_workers: got -1, expected >= 0 (0 = load in the main process)"),
+        ("trainer.eval_interval=0", "trainer.eval_interval: got 0, expected >= 1 (turn evaluation off with trainer.eval_samples=0)"),
+        ("trainer.learning_rate={base: 0.0}", "trainer.learning_rate.base: got 0.0, expected a number > 0"),
+        ("trainer.learning_rate={base: 1e-4, action_model: .nan}", "trainer.learning_rate.action_model: got nan, expected a number > 0"),
+        ("trainer.learning_rate={base: -1e-4}", "trainer.learning_rate.base: got -0.0001, expected a number > 0"),
+        ("trainer.scheduler_specific_kwargs.min_lr=-1", "trainer.scheduler_specific_kwargs.min_lr: got -1.0, expected >= 0"),
+        ("trainer.num_warmup_steps=-5", "trainer.num_warmup_steps: got -5, expected >= 0"),
+        ("trainer.eval_samples=-1", "trainer.eval_samples: got -1, expected >= 0 (0 = no evaluation)"),
+        ("trainer.gradient_clipping=0", "trainer.gradient_clipping: got 0.0, expected > 0"),
+        ("trainer.optimizer.betas=[0.9, 1.5]", "trainer.optimizer.betas: got [0.9, 1.5], expected [beta1, beta2], each in [0, 1)"),
+        ("trainer.optimizer.eps=0", "trainer.optimizer.eps: got 0.0, expected > 0"),
+        ("trainer.loss_scale.future_video=.inf", "trainer.loss_scale.future_video: got inf, expected >= 0"),
+        ("datasets.vla_data.data_mix=[{path: a, weight: 0}]", "datasets.vla_data.data_mix[0].weight: got 0.0, expected a number > 0"),
+        ("datasets.vla_data.video_delta_indices=[0, 2, 2]", "datasets.vla_data.video_delta_indices: got [0, 2, 2], expected strictly increasing frame offsets"),
+        ("framework.action_model.num_inference_timesteps=0", "framework.action_model.num_inference_timesteps: got 0, expected >= 1"),
+        ("framework.action_model.future_action_window_size=-1", "framework.action_model.future_action_window_size: got -1, expected >= 0 (the chunk is window + 1 steps)"),
+        ("framework.action_model.diffusion_model_cfg.dropout=1.0", "framework.action_model.diffusion_model_cfg.dropout: got 1.0, expected in [0, 1)"),
+    ],
+)
+def test_out_of_range_values_are_refused_at_load(override, message):
+    with pytest.raises(ConfigError) as e:
+        load_config(TINY, [override])
+    assert str(e.value) == message
+
+
+def test_config_errors_exit_2_before_anything_runs(tmp_path):
+    r = subprocess.run(
+        [sys.executable, "-m", "dit4dit_npu.train", "--config", str(TINY), "trainer.eval_interval=0", f"run_root_dir={tmp_path}"],
+        capture_output=True, text=True, cwd=ROOT, timeout=120,
+    )
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        "config error: trainer.eval_interval: got 0, expected >= 1 (turn evaluation off with trainer.eval_samples=0)"
+    ]
+    assert list(tmp_path.iterdir()) == []

@@ -176,7 +176,7 @@ def test_missing_dataset_folder(tmp_path: Path) -> None:
         tmp_path,
         lambda: build_training_data(cfg_for(tmp_path / "nope")),
         "not found",
-        "generate_demo_if_missing",
+        "python -m dit4dit_npu.data.demo --out",
     )
 
 
@@ -216,5 +216,125 @@ def test_inspect_check_episode_length_mismatch(ds_copy: Path) -> None:
     problems = check_dataset(ds_copy)
     assert any("episode 1 has 12 rows, metadata length is 13" in p for p in problems)
     assert any("video frames" in p for p in problems)  # the videos no longer match the lengths either
-    with pytest.raises(DatasetError, match="episode 1 has 12 rows"):
+    assert any("total_frames is 48 but meta/episodes" in p and "lists 49" in p for p in problems)
+    with pytest.raises(DatasetError, match="total_frames is 48 but meta/episodes.* lists 49"):
         LeRobotDataset(ds_copy)
+
+
+# -- issue 10: more bad datasets ----------------------------------------------------------------
+
+
+def set_info(root: Path, **changes) -> None:
+    info = json.loads((root / "meta/info.json").read_text())
+    info.update(changes)
+    (root / "meta/info.json").write_text(json.dumps(info))
+
+
+def test_non_numeric_fps(ds_copy: Path) -> None:
+    set_info(ds_copy, fps="fast")
+    raises_and_writes_nothing(
+        ds_copy.parent, lambda: LeRobotDataset(ds_copy), f"{ds_copy}/meta/info.json: fps must be a number > 0, got 'fast'"
+    )
+    assert check_dataset(ds_copy) == [f"{ds_copy}/meta/info.json: fps must be a number > 0, got 'fast'"]
+
+
+def drop_index_rows(root: Path, keep: Callable[[int], bool]) -> None:
+    """Remove episodes from the episode index only (their data and videos stay on disk)."""
+    if (root / "meta/episodes.jsonl").is_file():
+        lines = (root / "meta/episodes.jsonl").read_text().splitlines()
+        kept = [ln for ln in lines if keep(json.loads(ln)["episode_index"])]
+        (root / "meta/episodes.jsonl").write_text("".join(ln + "\n" for ln in kept))
+    else:
+        path = next((root / "meta/episodes").rglob("*.parquet"))
+        table = pq.read_table(path)
+        mask = pa.array([keep(e) for e in table.column("episode_index").to_pylist()])
+        pq.write_table(table.filter(mask), path)
+
+
+def test_empty_dataset(ds_copy: Path) -> None:
+    drop_index_rows(ds_copy, lambda e: False)
+    index = "meta/episodes/" if (ds_copy / "meta/episodes").is_dir() else "meta/episodes.jsonl"
+    line = f"{ds_copy}: the dataset has no episodes ({index} lists none)"
+    raises_and_writes_nothing(ds_copy.parent, lambda: build_training_data(cfg_for(ds_copy)), line)
+    assert check_dataset(ds_copy) == [line]
+
+
+def test_episode_on_disk_but_not_in_the_index(ds_copy: Path) -> None:
+    drop_index_rows(ds_copy, lambda e: e != 3)
+    v3 = (ds_copy / "meta/episodes").is_dir()
+    index = "meta/episodes/" if v3 else "meta/episodes.jsonl"
+    first = f"{ds_copy}/meta/info.json: total_episodes is 4 but {index} lists 3"
+    raises_and_writes_nothing(ds_copy.parent, lambda: LeRobotDataset(ds_copy), first)
+    problems = check_dataset(ds_copy)
+    assert first in problems and f"{ds_copy}/meta/info.json: total_frames is 48 but {index} lists 36" in problems
+    if v3:  # one data file holds every episode: its rows of episode 3 are the stray ones
+        assert any("rows of episode(s) [3] that the episode index does not list" in p for p in problems)
+    else:  # one file per episode: episode 3's file is the stray one
+        stray = ds_copy / "data/chunk-000/episode_000003.parquet"
+        assert any(f"data file(s) {stray} hold episodes that meta/episodes.jsonl does not list" in p for p in problems)
+
+
+def test_inspect_check_reports_the_declared_width(ds_copy: Path) -> None:
+    meta = json.loads((ds_copy / "meta/info.json").read_text())
+    meta["features"]["action"]["shape"] = [16]
+    (ds_copy / "meta/info.json").write_text(json.dumps(meta))
+    assert f"{first_data_file(ds_copy)}: 'action' is 14 wide but meta/info.json declares 16" in check_dataset(ds_copy)
+
+
+def test_camera_size_in_info_json_differs_from_the_video(ds_copy: Path) -> None:
+    meta = json.loads((ds_copy / "meta/info.json").read_text())
+    meta["features"][HIGH]["shape"] = [48, 64, 3]  # names: height, width, channels; the mp4s are 32x32
+    (ds_copy / "meta/info.json").write_text(json.dumps(meta))
+    with pytest.warns(UserWarning, match=f"{HIGH} videos decode to 32x32 but meta/info.json declares 48x64"):
+        data = build_training_data(cfg_for(ds_copy))
+    assert data.io.source_sizes[HIGH] == [[32, 32]]  # the decoded size, never the declared one
+    assert any("frames are 32x32, info.json says 48x64" in p for p in check_dataset(ds_copy))
+
+
+def test_decode_pass_finds_a_corrupt_payload(ds_copy: Path, capsys) -> None:
+    video = first_video(ds_copy)
+    data = bytearray(video.read_bytes())
+    mid = len(data) // 2
+    data[mid : mid + 64] = b"\xff" * 64  # same size, container intact: only decoding sees it
+    video.write_bytes(bytes(data))
+    assert check_dataset(ds_copy, decode=False) == []  # demuxing alone passes it
+    problems = check_dataset(ds_copy, decode=True)
+    assert len(problems) == 1 and problems[0].startswith(f"{video}: decoding fails after frame ")
+    assert inspect_main([str(ds_copy), "--check"]) == 1  # small dataset: decoded by default
+    assert f"{video}: decoding fails" in capsys.readouterr().out
+    assert inspect_main([str(ds_copy), "--check", "--no-decode"]) == 0
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("framework.action_model.future_action_window_size=15",
+         "episode 0 has 12 frames, fewer than the action chunk (16 steps = "
+         "framework.action_model.future_action_window_size + 1): every sample of it would train on padding"),
+        ("datasets.vla_data.video_delta_indices=[0, 4, 8, 12, 16]",
+         "episode 0 has 12 frames, fewer than the video clip spans (17 frames: clip offsets [0, 8, 16]): every "
+         "sample of it would train on padding"),
+    ],
+    ids=["chunk", "clip"],
+)
+def test_episodes_shorter_than_a_sample(ds_copy: Path, override: str, message: str) -> None:
+    raises_and_writes_nothing(ds_copy.parent, lambda: build_training_data(cfg_for(ds_copy, override)), message)
+
+
+def test_demo_data_is_generated_only_at_its_default_location(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    typo = tmp_path / "dmeo_data"
+    cfg = cfg_for(typo / "robotwin_demo", "datasets.vla_data.generate_demo_if_missing=true")
+    raises_and_writes_nothing(
+        tmp_path,
+        lambda: build_training_data(cfg),
+        f"dataset folder not found: {typo}/robotwin_demo (data_root_dir='{typo}'; the demo dataset is generated "
+        "only at its default location demo_data/robotwin_demo (under the working directory), never at another path",
+    )
+    assert not typo.exists()
+    (tmp_path / "demo_data").write_text("")  # the default location cannot be written
+    cfg = cfg_for(Path("demo_data/robotwin_demo"), "datasets.vla_data.generate_demo_if_missing=true")
+    raises_and_writes_nothing(
+        tmp_path, lambda: build_training_data(cfg),
+        "cannot write the demo dataset to demo_data/robotwin_demo (File exists: demo_data)",
+    )

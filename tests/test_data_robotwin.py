@@ -207,10 +207,12 @@ def test_demo_frames_are_caused_by_the_state() -> None:
         assert not np.array_equal(a[:24], render(cam, d.states[30], goal, 0, 0, (32, 32))[:24])
 
 
-def test_demo_generation_when_missing_and_sincos_state(tmp_path: Path) -> None:
+def test_demo_generation_when_missing_and_sincos_state(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)  # the demo is generated only at its default location, demo_data/robotwin_demo
+    demo = tmp_path / "demo_data" / "robotwin_demo"
     cfg = make_cfg(
-        tmp_path,
-        "datasets.vla_data.data_mix=[{path: demo/x, weight: 1.0}]",
+        Path("demo_data"),
+        "datasets.vla_data.data_mix=[{path: robotwin_demo, weight: 1.0}]",
         "datasets.vla_data.generate_demo_if_missing=true",
         "datasets.vla_data.state_norm=sincos",
         "datasets.vla_data.max_state_dim=32",
@@ -218,21 +220,22 @@ def test_demo_generation_when_missing_and_sincos_state(tmp_path: Path) -> None:
     )
     calls = []
     data = build_training_data(cfg, barrier=lambda: calls.append(1))
-    assert (tmp_path / "demo/x/meta/info.json").is_file() and calls == []  # world_size 1: no barrier
+    assert (demo / "meta/info.json").is_file() and calls == []  # world_size 1: no barrier
     assert data.val_dataset is None
     s = data.train_dataset[0]
     assert s["state"].shape == (32,) and (s["state"][28:] == 0).all()
     assert torch.allclose(s["state"][:14] ** 2 + s["state"][14:28] ** 2, torch.ones(14))
-    mtime = (tmp_path / "demo/x/meta/info.json").stat().st_mtime_ns
+    mtime = (demo / "meta/info.json").stat().st_mtime_ns
     build_training_data(cfg, rank=1, world_size=2, barrier=lambda: calls.append(1))
-    assert calls == [1] and (tmp_path / "demo/x/meta/info.json").stat().st_mtime_ns == mtime
-    unpadded = make_cfg(tmp_path, "datasets.vla_data.data_mix=[{path: demo/x}]", "datasets.vla_data.state_norm=sincos")
+    assert calls == [1] and (demo / "meta/info.json").stat().st_mtime_ns == mtime
+    unpadded = make_cfg(tmp_path / "demo_data", "datasets.vla_data.data_mix=[{path: robotwin_demo}]",
+                        "datasets.vla_data.state_norm=sincos")
     assert build_training_data(unpadded).io.spec.state_width == 28  # no max_state_dim: no padding
     with pytest.raises(ConfigError, match="max_state_dim is 14 but the encoded state has 28 dims"):
         build_training_data(
             make_cfg(
-                tmp_path,
-                "datasets.vla_data.data_mix=[{path: demo/x}]",
+                tmp_path / "demo_data",
+                "datasets.vla_data.data_mix=[{path: robotwin_demo}]",
                 "datasets.vla_data.state_norm=sincos",
                 "datasets.vla_data.max_state_dim=14",
             )

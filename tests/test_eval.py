@@ -120,11 +120,14 @@ def test_trained_tiny_model_beats_hold_baseline(tmp_path: Path) -> None:
     Measured with the default 600 steps (~2.5 min on 2 cores): hold-position MSE ratio 0.69,
     dataset-mean ratio 0.08.
     """
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    # Run from tmp_path (this checkout's package on PYTHONPATH): the demo dataset is generated at
+    # its default location, demo_data/robotwin_demo under the working directory, as for a user.
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     train = [sys.executable, "-m", "dit4dit_npu.train", "--config", str(TINY_YAML),
-             f"datasets.vla_data.data_root_dir={tmp_path}/data", f"run_root_dir={tmp_path}/runs", "run_id=t"]
-    r = subprocess.run(train, capture_output=True, text=True, timeout=1800, cwd=REPO, env=env)
+             f"run_root_dir={tmp_path}/runs", "run_id=t"]
+    r = subprocess.run(train, capture_output=True, text=True, timeout=1800, cwd=tmp_path, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
+    assert (tmp_path / "demo_data" / "robotwin_demo" / "meta" / "info.json").is_file()
     out = tmp_path / "eval"
     cmd = [sys.executable, "-m", "dit4dit_npu.eval", "--checkpoint", str(tmp_path / "runs" / "t"),
            "--output", str(out), "--video-samples", "1"]

@@ -1,16 +1,18 @@
 """``build_training_data(cfg)``: config -> validated datasets, split, PolicyIO, sampler.
 
-Order matters: resolve paths (generating the demo dataset when asked and absent, rank 0 only),
-open every dataset and validate it against the config (``validate.feature_problems``: cameras,
-state/action widths, the clip offsets on each video's frame grid) before anything expensive,
-split episodes, compute statistics from the *training* episodes only, build the PolicyIO from
-them, then the datasets and the sampler. Nothing is written anywhere except the generated demo
-dataset.
+Order matters: resolve paths (generating the demo dataset when asked and absent, rank 0 only,
+and only at its shipped location: a mistyped path must not train on synthetic data), open every
+dataset and validate it against the config (``validate.feature_problems``: cameras, state/action
+widths, the clip offsets on each video's frame grid; episodes long enough for one sample) before
+anything expensive, split episodes, compute statistics from the *training* episodes only, build
+the PolicyIO from them (with the camera sizes the videos really decode to), then the datasets
+and the sampler. Nothing is written anywhere except the generated demo dataset.
 """
 
 from __future__ import annotations
 
 import time
+import warnings
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,7 +24,8 @@ from dit4dit_npu.data.lerobot import LeRobotDataset
 from dit4dit_npu.data.mixture import MixtureSampler, split_episodes
 from dit4dit_npu.data.robotwin import RoboTwinDataset
 from dit4dit_npu.data.stats import compute_stats
-from dit4dit_npu.data.validate import feature_problems, raise_first
+from dit4dit_npu.data.validate import episode_length_problems, feature_problems, raise_first
+from dit4dit_npu.data.video import decoded_size
 from dit4dit_npu.transforms.policy_io import PolicyIO, PolicyIOError
 
 
@@ -45,6 +48,30 @@ def resolve_dataset_paths(d: VLADataConfig) -> list[Path]:
     return [Path(e.path) if Path(e.path).is_absolute() else root / e.path for e in d.data_mix]
 
 
+# The only place the demo dataset is generated: the tiny config's data_root_dir / data_mix path,
+# relative to the working directory. Anywhere else a missing dataset is an error, so a typo in
+# data_root_dir fails instead of quietly training on synthetic data.
+DEMO_LOCATION = Path("demo_data") / "robotwin_demo"
+
+
+def is_demo_location(path: Path) -> bool:
+    return Path(path).resolve() == DEMO_LOCATION.resolve()
+
+
+def _not_found(p: Path, d: VLADataConfig) -> DatasetError:
+    if d.generate_demo_if_missing and not is_demo_location(p):
+        why = (
+            f"the demo dataset is generated only at its default location {DEMO_LOCATION} (under the working "
+            "directory), never at another path"
+        )
+    else:
+        why = "set datasets.vla_data.data_root_dir / data_mix to a LeRobot dataset folder"
+    return DatasetError(
+        f"dataset folder not found: {p} (data_root_dir={d.data_root_dir!r}; {why}; to write the demo dataset "
+        f"there on purpose: python -m dit4dit_npu.data.demo --out {p})"
+    )
+
+
 def _demo_size(d: VLADataConfig) -> tuple[int, int]:
     """Generate demo frames at the training size when it is small and even (no resize at all)."""
     h, w = d.image_size
@@ -64,7 +91,11 @@ def ensure_demo_data(
         from dit4dit_npu.data.demo import write_demo_dataset
 
         for p in missing:
-            write_demo_dataset(p, image_size=_demo_size(d))
+            try:
+                write_demo_dataset(p, image_size=_demo_size(d))
+            except OSError as e:
+                why = f"{e.strerror}: {e.filename}" if e.strerror and e.filename else str(e)
+                raise DatasetError(f"cannot write the demo dataset to {p} ({why})") from None
     if barrier is not None and world_size > 1:
         barrier()
     elif rank != 0:  # no barrier: the writer renames a finished folder into place, so poll for it
@@ -86,15 +117,15 @@ def build_training_data(
     d = cfg.datasets.vla_data
     paths = resolve_dataset_paths(d)
     if d.generate_demo_if_missing:
-        ensure_demo_data(paths, d, rank, world_size, barrier)
+        ensure_demo_data([p for p in paths if is_demo_location(p)], d, rank, world_size, barrier)
     for p in paths:
         if not p.exists():
-            raise DatasetError(
-                f"dataset folder not found: {p} (data_root_dir={d.data_root_dir!r}; set "
-                "datasets.vla_data.generate_demo_if_missing=true to generate the demo dataset there)"
-            )
+            raise _not_found(p, d)
     datasets = [LeRobotDataset(p, image_size=tuple(d.image_size)) for p in paths]
     raise_first(feature_problems(datasets, d.camera_keys, [d.state_key, d.action_key], d.video_delta_indices))
+    clip = d.video_delta_indices[:: d.action_video_freq_ratio]
+    chunk = cfg.framework.action_model.chunk_length
+    raise_first(episode_length_problems(datasets, [None] * len(datasets), clip, chunk))
 
     known = {e.path for e in d.data_mix} | {str(p) for p in paths}
     unknown = sorted(set(d.val_episodes or {}) - known)
@@ -135,11 +166,21 @@ def build_training_data(
 
 
 def source_sizes(datasets: list[LeRobotDataset], cameras: list[str]) -> dict[str, list[list[int]]]:
-    """(H, W) of each camera's videos across the mixture (for the live-image aspect check)."""
+    """(H, W) of each camera's videos across the mixture (for the live-image aspect check), as
+    they decode (the first episode's video per dataset): info.json may be wrong, and a wrong
+    size baked into a policy would refuse every correct live image."""
     sizes: dict[str, list[list[int]]] = {k: [] for k in cameras}
     for ds in datasets:
+        first = ds.selected_episodes[0]
         for key in cameras:
-            hw = ds.meta.video_size(key)
-            if hw is not None and list(hw) not in sizes[key]:
-                sizes[key].append(list(hw))
+            hw = list(decoded_size(ds.root / ds.meta.get_video_file_path(first, key)))
+            declared = ds.meta.video_size(key)
+            if declared is not None and list(declared) != hw:
+                warnings.warn(
+                    f"{ds.root}: {key} videos decode to {hw[0]}x{hw[1]} but meta/info.json declares "
+                    f"{declared[0]}x{declared[1]}; using the decoded size",
+                    stacklevel=2,
+                )
+            if hw not in sizes[key]:
+                sizes[key].append(hw)
     return {k: v for k, v in sizes.items() if v}

@@ -2,11 +2,15 @@
 
     python -m dit4dit_npu.data.inspect ROOT            # summary: episodes, fps, cameras, tasks, dims, stats
     python -m dit4dit_npu.data.inspect ROOT --check    # + validation; exit 1 listing every problem
+    python -m dit4dit_npu.data.inspect ROOT --check --decode      # + decode every video frame
 
-``--check`` does not stop at the first problem: it reports, each with its file, parquet rows vs
-episode lengths, frame_index/timestamps (monotonic, 1/fps apart), NaN/inf in numeric columns,
-unknown task indices, missing/unreadable videos, video frame counts, durations and sizes, and an
-unknown format version. Videos are demuxed, not decoded, so a check is fast.
+``--check`` does not stop at the first problem: it reports, each with its file, the episode
+index against info.json's totals and the data files on disk, parquet rows vs episode lengths,
+frame_index/timestamps (monotonic, 1/fps apart), NaN/inf in numeric columns, vector widths
+against info.json, unknown task indices, missing/unreadable videos, video frame counts,
+durations and sizes, and an unknown format version. Videos are demuxed; with ``--decode`` (the
+default for datasets with at most DECODE_BY_DEFAULT_BYTES of video) every frame is also decoded,
+so a corrupt payload is found before training rather than at step N.
 """
 
 from __future__ import annotations
@@ -21,8 +25,11 @@ from tqdm.auto import tqdm
 from dit4dit_npu.data.errors import DatasetError
 from dit4dit_npu.data.lerobot import STANDARD_COLUMNS, _column_to_numpy
 from dit4dit_npu.data.meta import LeRobotDatasetMetadata, read_parquet
-from dit4dit_npu.data.validate import table_problems
-from dit4dit_npu.data.video import probe_video
+from dit4dit_npu.data.validate import index_problems, table_problems, width_problems
+from dit4dit_npu.data.video import decode_problem, probe_video
+
+# Decoding every frame costs about a minute per GB of h264 on one core: on by default below this.
+DECODE_BY_DEFAULT_BYTES = 1 << 30
 
 
 def _numeric_keys(meta: LeRobotDatasetMetadata) -> list[str]:
@@ -62,11 +69,12 @@ def _check_data(meta: LeRobotDatasetMetadata, tol: float) -> list[str]:
         except DatasetError as e:
             problems.append(str(e))
             continue
-        problems += table_problems(path, cols, eps, meta.fps, tol, meta.tasks)
+        problems += width_problems(path, cols, meta.features)
+        problems += table_problems(path, cols, eps, meta.fps, tol, meta.tasks, set(meta.episodes))
     return problems
 
 
-def _check_videos(meta: LeRobotDatasetMetadata, tol: float) -> list[str]:
+def _check_videos(meta: LeRobotDatasetMetadata, tol: float, decode: bool) -> list[str]:
     problems: list[str] = []
     for key in meta.video_keys:
         want_hw = meta.video_size(key)
@@ -78,6 +86,10 @@ def _check_videos(meta: LeRobotDatasetMetadata, tol: float) -> list[str]:
             except DatasetError as e:
                 problems.append(str(e))
                 continue
+            if decode:
+                bad = decode_problem(path, info["frames"])
+                if bad:
+                    problems.append(bad)
             n = sum(ep["length"] for ep in eps)
             if info["frames"] != n:
                 problems.append(
@@ -103,13 +115,21 @@ def _check_videos(meta: LeRobotDatasetMetadata, tol: float) -> list[str]:
     return problems
 
 
-def check_dataset(root: str | Path, tolerance_s: float = 1e-4) -> list[str]:
-    """Every problem found in the dataset at ``root`` (empty list = valid)."""
+def video_bytes(meta: LeRobotDatasetMetadata) -> int:
+    paths = {meta.root / ep["videos"][k]["path"] for ep in meta.episodes.values() for k in meta.video_keys}
+    return sum(p.stat().st_size for p in paths if p.is_file())
+
+
+def check_dataset(root: str | Path, tolerance_s: float = 1e-4, decode: bool | None = None) -> list[str]:
+    """Every problem found in the dataset at ``root`` (empty list = valid). ``decode``: decode
+    every video frame too (None: only when the videos total at most DECODE_BY_DEFAULT_BYTES)."""
     try:
         meta = LeRobotDatasetMetadata(root)
     except DatasetError as e:
         return [str(e)]
-    return _check_data(meta, tolerance_s) + _check_videos(meta, tolerance_s)
+    if decode is None:
+        decode = video_bytes(meta) <= DECODE_BY_DEFAULT_BYTES
+    return index_problems(meta) + _check_data(meta, tolerance_s) + _check_videos(meta, tolerance_s, decode)
 
 
 def _fmt(v: np.ndarray) -> str:
@@ -169,9 +189,13 @@ def main(argv: list[str] | None = None) -> int:
         default=1e-4,
         help="how far timestamps may be off the 1/fps grid, in seconds (default: %(default)g, lerobot's)",
     )
+    p.add_argument(
+        "--decode", action=argparse.BooleanOptionalAction, default=None,
+        help="with --check: decode every video frame (default: on when the videos total at most 1 GiB)",
+    )
     a = p.parse_args(argv)
     if a.check:
-        problems = check_dataset(a.root, a.tolerance_s)
+        problems = check_dataset(a.root, a.tolerance_s, a.decode)
         if problems:
             print(f"{len(problems)} problem(s) in {a.root}:")
             for pr in problems:

@@ -29,7 +29,7 @@ import torch
 
 from dit4dit_npu.data.errors import DatasetError
 from dit4dit_npu.data.meta import STANDARD_COLUMNS, LeRobotDatasetMetadata, read_parquet
-from dit4dit_npu.data.validate import raise_first, table_problems
+from dit4dit_npu.data.validate import index_problems, raise_first, table_problems
 from dit4dit_npu.data.video import VideoDecoder
 
 
@@ -83,6 +83,7 @@ class LeRobotDataset(torch.utils.data.Dataset):
     ) -> None:
         self.root = Path(root)
         self.meta = LeRobotDatasetMetadata(self.root)
+        raise_first(index_problems(self.meta))
         self.tolerance_s = tolerance_s
         self.image_size = tuple(int(s) for s in image_size) if image_size is not None else None
         self.decoder = decoder or VideoDecoder()
@@ -139,7 +140,9 @@ class LeRobotDataset(torch.utils.data.Dataset):
                 raise DatasetError(f"{path}: missing columns {missing} (declared in meta/info.json)")
             cols = {k: _column_to_numpy(table.column(k), k, path) for k in keys}
             metas = [self.meta.episode(ep) for ep in eps]
-            raise_first(table_problems(path, cols, metas, self.meta.fps, self.tolerance_s, self.meta.tasks))
+            raise_first(
+                table_problems(path, cols, metas, self.meta.fps, self.tolerance_s, self.meta.tasks, set(self.meta.episodes))
+            )
             ep_col = cols["episode_index"]
             for ep in eps:
                 rows = np.flatnonzero(ep_col == ep)

@@ -20,6 +20,7 @@ where things live (reference/robotwin_lerobot_npu.md §2); this class hides that
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -121,9 +122,11 @@ class LeRobotDatasetMetadata:
         for key in ("fps", "features", "data_path"):
             if key not in self.info:
                 raise DatasetError(f"{info_path}: missing key {key!r}")
-        self.fps: float = float(self.info["fps"])
-        if self.fps <= 0:
-            raise DatasetError(f"{info_path}: fps must be > 0, got {self.info['fps']}")
+        fps = self.info["fps"]
+        # bool is an int to Python; "30" or NaN would pass float() and fail far from here.
+        if isinstance(fps, bool) or not isinstance(fps, int | float) or not math.isfinite(fps) or fps <= 0:
+            raise DatasetError(f"{info_path}: fps must be a number > 0, got {fps!r}")
+        self.fps: float = float(fps)
         self.features: dict[str, dict] = self.info["features"]
         self.video_keys = [k for k, f in self.features.items() if f.get("dtype") == "video"]
         self.image_keys = [k for k, f in self.features.items() if f.get("dtype") == "image"]

@@ -8,7 +8,12 @@ fails at start-up, not in a worker hours later.
   NaN/inf, frame_index, timestamps on the 1/fps grid, known task indices);
 - ``feature_problems``: the features a run needs (cameras, state/action vectors of one width
   across a mixture, their declared width against the parquet's, clip offsets on each video's
-  frame grid).
+  frame grid);
+- ``index_problems``: the episode index against info.json's totals and the data files on disk
+  (an episode whose file is there but whose index entry is not, an empty dataset);
+- ``width_problems``: declared (info.json) against stored (parquet) widths of vector features;
+- ``episode_length_problems``: episodes shorter than the action chunk or the video clip (every
+  sample of them would train on padding).
 """
 
 from __future__ import annotations
@@ -35,9 +40,15 @@ def table_problems(
     fps: float,
     tolerance_s: float,
     tasks: dict[int, str],
+    indexed: set[int] | None = None,
 ) -> list[str]:
-    """Problems of one parquet file's numeric columns ``cols`` holding ``episodes`` (metadata dicts)."""
+    """Problems of one parquet file's numeric columns ``cols`` holding ``episodes`` (metadata dicts);
+    ``indexed``: every episode the episode index knows (rows of any other are an error)."""
     problems: list[str] = []
+    if indexed is not None:
+        stray = sorted(set(np.unique(cols["episode_index"]).tolist()) - indexed)
+        if stray:
+            problems.append(f"{path}: rows of episode(s) {stray[:5]} that the episode index does not list")
     for k, arr in cols.items():
         if arr.dtype.kind == "f" and len(arr):
             bad = ~np.isfinite(arr.reshape(len(arr), -1)).all(1)
@@ -126,4 +137,69 @@ def feature_problems(
                         f"{ds.root}: clip offset {off} frames = {t:.6f} s is off the {vfps:g} fps grid of {key!r}"
                     )
                     break
+    return problems
+
+
+def _index_name(meta: Any) -> str:
+    return "meta/episodes/" if meta.is_v3 else "meta/episodes.jsonl"
+
+
+def index_problems(meta: Any) -> list[str]:
+    """The episode index (``meta``: LeRobotDatasetMetadata) against info.json and the data folder."""
+    problems: list[str] = []
+    info, index = meta.root / "meta" / "info.json", _index_name(meta)
+    if not meta.episodes:
+        return [f"{meta.root}: the dataset has no episodes ({index} lists none)"]
+    for key, have in (("total_episodes", meta.total_episodes), ("total_frames", meta.total_frames)):
+        declared = meta.info.get(key)
+        if declared is not None and declared != have:
+            problems.append(f"{info}: {key} is {declared!r} but {index} lists {have}")
+    data_dir = meta.root / Path(meta.info["data_path"]).parts[0]
+    indexed = {meta.root / ep["data_path"] for ep in meta.episodes.values()}
+    stray = sorted(p for p in data_dir.rglob("*.parquet") if p not in indexed) if data_dir.is_dir() else []
+    if stray:
+        more = f" and {len(stray) - 3} more" if len(stray) > 3 else ""
+        problems.append(
+            f"{meta.root}: data file(s) {', '.join(str(p) for p in stray[:3])}{more} hold episodes that "
+            f"{index} does not list (a missing index entry?)"
+        )
+    return problems
+
+
+def width_problems(path: Path, cols: dict[str, np.ndarray], features: dict[str, dict]) -> list[str]:
+    """Vector features whose parquet width differs from the shape info.json declares."""
+    problems: list[str] = []
+    for key, arr in cols.items():
+        shape = (features.get(key) or {}).get("shape")
+        if not shape or len(shape) != 1 or not len(arr):
+            continue
+        stored = arr.reshape(len(arr), -1).shape[1]
+        if stored != int(shape[0]):
+            problems.append(f"{path}: {key!r} is {stored} wide but meta/info.json declares {int(shape[0])}")
+    return problems
+
+
+def episode_length_problems(
+    datasets: Sequence[Any], episodes: Sequence[Sequence[int] | None], clip_offsets: Sequence[int], chunk_length: int
+) -> list[str]:
+    """Each dataset's shortest episode against what one sample spans: the action chunk
+    (``chunk_length`` steps) and the video clip (up to ``max(clip_offsets)`` frames ahead)."""
+    problems: list[str] = []
+    clip = max(clip_offsets, default=0) + 1
+    for ds, eps in zip(datasets, episodes):
+        eps = ds.selected_episodes if eps is None else eps
+        if not eps:
+            continue
+        shortest = min(eps, key=lambda e: ds.meta.episode(e)["length"])
+        n = ds.meta.episode(shortest)["length"]
+        if n < chunk_length:
+            problems.append(
+                f"{ds.root}: episode {shortest} has {n} frames, fewer than the action chunk ({chunk_length} steps = "
+                "framework.action_model.future_action_window_size + 1): every sample of it would train on padding"
+            )
+        elif n < clip:
+            problems.append(
+                f"{ds.root}: episode {shortest} has {n} frames, fewer than the video clip spans ({clip} frames: "
+                f"clip offsets {list(clip_offsets)}): every sample of it would train on padding"
+            )
     return problems

@@ -256,3 +256,37 @@ def probe_video(path: str | Path) -> dict:
     except av.FFmpegError as e:
         raise DatasetError(f"cannot read video {path} (truncated or corrupt mp4?): {e}") from None
     return info
+
+
+def decoded_size(path: str | Path) -> tuple[int, int]:
+    """(H, W) of the first decoded frame: what training really gets, whatever info.json says."""
+    path = Path(path)
+    try:
+        with av.open(str(path)) as container:
+            if not container.streams.video:
+                raise DatasetError(f"video file {path} has no video stream")
+            for frame in container.decode(container.streams.video[0]):
+                return frame.height, frame.width
+    except av.FFmpegError as e:
+        raise DatasetError(f"cannot decode video {path} (truncated or corrupt mp4?): {e}") from None
+    raise DatasetError(f"video file {path} has no frames")
+
+
+def decode_problem(path: str | Path, expected_frames: int | None = None) -> str | None:
+    """Decode every frame (no RGB conversion): a corrupt payload that demuxing alone does not
+    see is found here, before training, rather than at step N and again on every resume."""
+    path = Path(path)
+    n, last = 0, None
+    try:
+        with av.open(str(path)) as container:
+            stream = container.streams.video[0]
+            stream.codec_context.thread_count = 0  # a check, not a DataLoader worker: use the cores
+            for frame in container.decode(stream):
+                n += 1
+                last = frame.time
+    except (av.FFmpegError, IndexError) as e:
+        where = "before the first frame" if last is None else f"after frame {n} (t={last:.3f} s)"
+        return f"{path}: decoding fails {where}: {e}"
+    if expected_frames is not None and n != expected_frames:
+        return f"{path}: {n} frames decode, the stream holds {expected_frames} (corrupt payload?)"
+    return None

@@ -236,6 +236,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+# flag -> smallest accepted value
+ARG_MINIMUMS = {"max_frames": 1, "stride": 1, "batch_size": 1, "video_samples": 0, "video_steps": 1, "plot_episodes": 0}
+
+
+def check_args(args: argparse.Namespace) -> None:
+    for name, least in ARG_MINIMUMS.items():
+        value = getattr(args, name)
+        if value < least:
+            raise EvalError(f"--{name.replace('_', '-')}: got {value}, expected an integer >= {least}")
+
+
 def output_dir(output: str | None, policy_dir: Path) -> Path:
     """Default outputs/eval/<checkpoint>: not inside the checkpoint, which the trainer may prune."""
     if output:
@@ -244,10 +255,33 @@ def output_dir(output: str | None, policy_dir: Path) -> Path:
     return Path("outputs") / "eval" / name
 
 
+def prepare_output(out: Path) -> None:
+    """Create the output folder and prove it writable before any (long) prediction runs."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".write-probe"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise EvalError(f"--output: cannot write to {out} ({e.strerror or e})") from None
+
+
+def check_finite(metrics: dict[str, Any]) -> None:
+    """A metric that is NaN/inf means the evaluation failed, whatever else was written."""
+    for name, v in metrics["model"].items():
+        values = np.asarray(v, dtype=np.float64)
+        if not np.isfinite(values).all():
+            raise EvalError(f"metric model.{name} is not finite ({v if values.ndim == 0 else 'NaN/inf in some entries'})")
+
+
 def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     from dit4dit_npu.eval import plots as eval_plots
     from dit4dit_npu.policy import DiT4DiTPolicy
+    from dit4dit_npu.policy.folder import find_policy_dir
 
+    check_args(args)
+    out = output_dir(args.output, find_policy_dir(args.checkpoint))
+    prepare_output(out)
     policy = DiT4DiTPolicy.from_pretrained(args.checkpoint, device=args.device, base_model=args.base_model)
     policy_dir = policy.path
     targets = resolve_targets(policy.info, args.data, args.episodes)
@@ -258,9 +292,8 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     preds = run_predictions(policy, ds, indices, args.batch_size, args.seed)
     d = policy.cfg.datasets.vla_data
     metrics = compute_metrics(preds, policy.io)
+    check_finite(metrics)
     names = joint_names(ds, d.action_key, policy.action_dim)
-    out = output_dir(args.output, policy_dir)
-    out.mkdir(parents=True, exist_ok=True)
     strips = imagination_strips(policy, ds, preds, args.video_samples, args.video_steps, args.seed)
     plots = eval_plots.plot_all(out, ds, preds, metrics, names, plot_episodes=args.plot_episodes, strips=strips)
     report = {
@@ -285,12 +318,14 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
-    from dit4dit_npu.policy import PolicyLoadError
+    from dit4dit_npu.data import DatasetError
+    from dit4dit_npu.models import PromptCacheError
+    from dit4dit_npu.policy import NonFiniteActionError, PolicyInputError, PolicyLoadError
 
     try:
         report = evaluate(args)
-    except (EvalError, PolicyLoadError) as e:
-        print(f"error: {e}", file=sys.stderr)
+    except (EvalError, PolicyLoadError, DatasetError, NonFiniteActionError, PolicyInputError, PromptCacheError) as e:
+        print(f"error: {e}", file=sys.stderr)  # bad input or an unusable policy: one line, no traceback
         return 2
     m = report["model"]
     line = f"model mse {m['mse']:.5g} mae {m['mae']:.5g}"

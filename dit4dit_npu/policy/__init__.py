@@ -8,6 +8,8 @@ wraps a loaded model with its PolicyIO for robots, servers and evaluation.
 """
 
 from dit4dit_npu.policy.folder import FORMAT_VERSION, PolicyLoadError, export_policy
-from dit4dit_npu.policy.policy import DiT4DiTPolicy, PolicyInputError
+from dit4dit_npu.policy.policy import DiT4DiTPolicy, NonFiniteActionError, PolicyInputError
 
-__all__ = ["FORMAT_VERSION", "DiT4DiTPolicy", "PolicyInputError", "PolicyLoadError", "export_policy"]
+__all__ = [
+    "FORMAT_VERSION", "DiT4DiTPolicy", "NonFiniteActionError", "PolicyInputError", "PolicyLoadError", "export_policy",
+]

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from dit4dit_npu.config import Config, ConfigError, dump_yaml, load_config
+from dit4dit_npu.policy.integrity import config_io_problems, feature_names, nonfinite_stats, nonfinite_weights
 from dit4dit_npu.transforms.policy_io import PolicyIO, PolicyIOError
 
 FORMAT_VERSION = 2  # 2: policy_io.json replaces normalizer.json
@@ -96,6 +97,9 @@ def export_policy(
             "held_out_episodes": held_out,
             "train_episodes": trained_on,
             "instructions": sorted(prompt_cache.instructions),
+            # Joint names (from the first dataset's info.json) for warnings about live inputs.
+            "state_names": feature_names(paths, cfg.datasets.vla_data.state_key, io.state_dim),
+            "action_names": feature_names(paths, cfg.datasets.vla_data.action_key, io.action_dim),
         }
         (tmp / POLICY_JSON).write_text(json.dumps(info, indent=1))
         if out.exists():  # replace: move the old folder aside first so `out` is never half-new
@@ -163,8 +167,6 @@ class LoadedPolicy:
 
 def load_policy_folder(policy_dir: str | Path, base_model: str | None = None) -> LoadedPolicy:
     """Read and validate a policy folder and build its model on the CPU."""
-    from safetensors.torch import load_file
-
     from dit4dit_npu.models import build_dit4dit, text_identity
     from dit4dit_npu.policy.prompts import load_prompt_cache
 
@@ -183,15 +185,20 @@ def load_policy_folder(policy_dir: str | Path, base_model: str | None = None) ->
         io = PolicyIO.load(path / POLICY_IO)
     except PolicyIOError as e:
         raise PolicyLoadError(str(e)) from None
+    _check_io(path, cfg, io)
+    weights = _read_weights(path, info)
     try:
         model = build_dit4dit(cfg, io.spec)
     except ConfigError as e:
         hint = "" if base_model else " (pass base_model= / --base-model to point at the Cosmos folder)"
         raise PolicyLoadError(f"cannot build the base model recorded in {path / POLICY_JSON}: {e}{hint}") from None
     try:
-        model.load_trainable_state_dict(load_file(str(path / WEIGHTS)), strict=True)
+        model.load_trainable_state_dict(weights, strict=True)
     except (KeyError, ValueError, RuntimeError) as e:
-        raise PolicyLoadError(f"{path / WEIGHTS} does not fit the model of {path / CONFIG}: {e}") from None
+        raise PolicyLoadError(
+            f"{path / WEIGHTS} does not fit the model of {path / CONFIG} and {path / POLICY_IO} "
+            f"(state width {io.spec.state_width}, action width {io.spec.action_width}): {e}"
+        ) from None
     try:
         expect = text_identity(cfg)
     except ConfigError:  # a base folder without text_encoder/: the cached prompts are all we have
@@ -202,3 +209,39 @@ def load_policy_folder(policy_dir: str | Path, base_model: str | None = None) ->
         raise PolicyLoadError(str(e)) from None
     model.eval()
     return LoadedPolicy(model, cfg, io, cache, info, path)
+
+
+def _check_io(path: Path, cfg: Config, io: PolicyIO) -> None:
+    """The PolicyIO must be finite and the one its config describes (not another run's)."""
+    bad = nonfinite_stats(io)
+    if bad:
+        raise PolicyLoadError(f"{path / POLICY_IO}: {bad}; refusing a policy whose actions would be non-finite")
+    problems = config_io_problems(cfg, io)
+    if problems:
+        raise PolicyLoadError(
+            f"{path}: {problems[0]} (files of different runs mixed, or edited after export?)"
+            + (f" and {len(problems) - 1} more difference(s)" if len(problems) > 1 else "")
+        )
+
+
+def _read_weights(path: Path, info: dict[str, Any]) -> dict[str, Any]:
+    """model.safetensors, readable, finite, and of the step policy.json records."""
+    from safetensors import safe_open
+
+    file = path / WEIGHTS
+    try:
+        with safe_open(str(file), framework="pt") as f:
+            meta = f.metadata() or {}
+            weights = {k: f.get_tensor(k) for k in f.keys()}
+    except Exception as e:  # safetensors raises its own error types for a truncated/damaged file
+        raise PolicyLoadError(f"{file}: not a readable safetensors file ({e})") from None
+    saved_step = meta.get("step")
+    if saved_step is not None and str(saved_step) != str(info.get("step")):
+        raise PolicyLoadError(
+            f"{file} holds the weights of step {saved_step} but {path / POLICY_JSON} records step "
+            f"{info.get('step')!r} (files of different checkpoints mixed?)"
+        )
+    bad = nonfinite_weights(weights)
+    if bad:
+        raise PolicyLoadError(f"{file}: {bad}; refusing a policy whose actions would be non-finite")
+    return weights

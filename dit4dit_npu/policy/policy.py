@@ -36,7 +36,25 @@ from dit4dit_npu.transforms.policy_io import PolicyIO
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DiT4DiTPolicy", "PolicyInputError"]
+__all__ = ["DiT4DiTPolicy", "NonFiniteActionError", "PolicyInputError"]
+
+# A live state whose min-max position (training range -> [-1, 1]) exceeds this is warned about:
+# one whole training range beyond either edge.
+STATE_RANGE_WARNING = 3.0
+_warned_state_range = False
+
+
+class NonFiniteActionError(RuntimeError):
+    """predict_action computed NaN/inf actions; they are never returned."""
+
+
+def state_out_of_range(stats: Any, state: np.ndarray, limit: float = STATE_RANGE_WARNING) -> list[int]:
+    """Dims of ``state`` (..., D) whose min-max normalized value exceeds ``limit`` in magnitude,
+    whatever the policy's state encoding (dims constant in training are skipped)."""
+    center, half = (stats.min + stats.max) / 2, (stats.max - stats.min) / 2
+    live = half > 0
+    z = np.abs(state.reshape(-1, len(half))[:, live] - center[live]) / half[live]
+    return np.flatnonzero(live)[(z > limit).any(0)].tolist()
 
 
 class DiT4DiTPolicy:
@@ -181,11 +199,41 @@ class DiT4DiTPolicy:
         h, w) the conditioning latent's posterior eps (policies imported from DiT4DiT); B = 1 for
         unbatched input. See dit4dit_npu/models/noise.py."""
         batch, batched = self.io.encode_observation(obs)
+        self._warn_state_out_of_range(obs)
         self.add_instructions(batch.instruction)
         with self._lock:
             normalized = self.model.predict_action(batch, seed=seed, noise=noise)
-        actions = self.io.decode_actions(normalized)
+        actions = self._finite(self.io.decode_actions(normalized))
         return actions if batched else actions[0]
+
+    def _finite(self, actions: np.ndarray) -> np.ndarray:
+        """Nothing non-finite reaches a robot: raise instead of returning NaN/inf actions."""
+        bad = ~np.isfinite(actions)
+        if bad.any():
+            joints = np.flatnonzero(bad.reshape(-1, actions.shape[-1]).any(0)).tolist()
+            names = self.info.get("action_names") or [f"action[{j}]" for j in range(actions.shape[-1])]
+            raise NonFiniteActionError(
+                f"predict_action produced {int(bad.sum())} NaN/inf value(s) of {bad.size} (joints "
+                f"{[names[j] for j in joints[:6]]}); refusing to return them: the observation is far outside "
+                "the training data, or the policy's weights/normalizer are damaged"
+            )
+        return actions
+
+    def _warn_state_out_of_range(self, obs: dict[str, Any]) -> None:
+        """Warn (once per process) when a live state lies far outside the training range: the
+        model never saw such inputs and its actions there are guesses."""
+        global _warned_state_range
+        if _warned_state_range or not self.io.state_dim:
+            return
+        joints = state_out_of_range(self.io.stats["state"], np.asarray(obs["state"], dtype=np.float64))
+        if joints:
+            _warned_state_range = True
+            names = self.info.get("state_names") or [f"state[{j}]" for j in range(self.io.state_dim)]
+            log.warning(
+                "state far outside the training range (min-max normalized |x| > %g) in %s; actions "
+                "there are extrapolation. Check the robot's units and joint order (warned once per process)",
+                STATE_RANGE_WARNING, [names[j] for j in joints],
+            )
 
     @torch.inference_mode()
     def predict_video(self, obs: dict[str, Any], steps: int = 2, seed: int | None = None) -> np.ndarray:

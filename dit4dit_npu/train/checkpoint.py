@@ -1,4 +1,4 @@
-"""Full-state checkpoints, written atomically, and exact resume.
+"""Full-state checkpoints: the on-disk layout, written atomically, committed and pruned safely.
 
 Layout of a run folder::
 
@@ -6,18 +6,26 @@ Layout of a run folder::
     <run_dir>/metrics.jsonl
     <run_dir>/checkpoints/step_000100/  complete checkpoint (renamed into place when done)
         state/                          accelerate/DeepSpeed state: model, optimizer, RNG of every rank
-        trainer_state.pt                step, LR scheduler, data cursor
-        fingerprint.json                config keys a resume must agree with
         policy/                         exported policy folder (inference only needs this)
-    <run_dir>/checkpoints/.tmp-step_000100/  a save in progress; never read
+        fingerprint.json                config and data a resume must agree with
+        trainer_state.pt                step, LR scheduler, data cursor, world size
+        manifest.json                   every file above with its size (written last)
+    <run_dir>/checkpoints/.tmp-step_000100/       a save in progress; never read
+    <run_dir>/checkpoints/.old-step_000100/       the copy a commit is replacing
+    <run_dir>/checkpoints/.deleting-step_000100/  a checkpoint being pruned
+    <run_dir>/checkpoints/damaged-step_000100/    set aside by a resume that found it damaged
 
-A crash during a save leaves only a `.tmp-*` folder behind, so the previous checkpoint stays the
-latest valid one.
+Every change of a ``step_*`` folder is one rename, so a kill at any moment leaves each step
+either complete or absent: a crash during a save leaves only ``.tmp-*``, during pruning only
+``.deleting-*``, and between the two renames of a replacing commit the ``.old-*`` copy, which
+the next start puts back (``clean_stale``). Which checkpoint a resume may use is ``resume.py``.
 """
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import re
 import shutil
 from pathlib import Path
@@ -25,104 +33,193 @@ from typing import Any
 
 import torch
 
-from dit4dit_npu.config import Config, ConfigError, to_dict
+from dit4dit_npu.config import Config, to_dict
 
 STEP_DIR = re.compile(r"^step_(\d+)$")
-COMPLETE_MARKER = "trainer_state.pt"
+TRAINER_STATE, FINGERPRINT, MANIFEST = "trainer_state.pt", "fingerprint.json", "manifest.json"
+COMPLETE_MARKER = TRAINER_STATE  # a step folder without it is not a checkpoint at all
+TMP, OLD, DELETING, DAMAGED = ".tmp-", ".old-", ".deleting-", "damaged-"
+
+
+# --------------------------------------------------------------------------------------------
+# Fingerprints: what must not change between a checkpoint and the run resuming it
+# --------------------------------------------------------------------------------------------
 
 
 def fingerprint(cfg: Config) -> dict[str, Any]:
-    """What must not change between a checkpoint and the run resuming it."""
-    d = cfg.datasets.vla_data
+    """The config keys a resume must agree with (the seed and the split settings included: they
+    decide which episodes are held out and the data order)."""
+    d = to_dict(cfg.datasets.vla_data)
     return {
         "framework": to_dict(cfg.framework),
         "datasets.vla_data": {
-            k: to_dict(d)[k]
+            k: d[k]
             for k in (
                 "data_mix", "video_delta_indices", "action_video_freq_ratio", "camera_keys", "image_size",
                 "max_state_dim", "max_action_dim", "action_norm", "state_norm", "per_device_batch_size",
+                "view_layout", "state_key", "action_key", "val_fraction", "val_episodes",
             )
         },
+        "seed": cfg.seed,
         "trainer.gradient_accumulation_steps": cfg.trainer.gradient_accumulation_steps,
         "trainer.learning_rate": cfg.trainer.learning_rate,
         "trainer.freeze_modules": cfg.trainer.freeze_modules,
     }
 
 
+def data_fingerprint(split: list[dict[str, list[int]]], io_dict: dict[str, Any]) -> dict[str, Any]:
+    """What the data made of the config: the episode split (per data_mix entry, in order) and the
+    PolicyIO with its statistics. New or edited episodes change one of them."""
+    return {"split": split, "policy_io": io_dict}
+
+
+def config_diffs(saved: dict[str, Any], now: dict[str, Any]) -> list[str]:
+    """Differences, ignoring keys a checkpoint of an older version did not record."""
+    return _diff(saved, json.loads(json.dumps(now)))
+
+
 def _diff(a: Any, b: Any, prefix: str = "") -> list[str]:
     if isinstance(a, dict) and isinstance(b, dict):
         out = []
-        for k in sorted(set(a) | set(b)):
-            out += _diff(a.get(k), b.get(k), f"{prefix}.{k}" if prefix else str(k))
+        for k in sorted(set(a) & set(b)):
+            out += _diff(a[k], b[k], f"{prefix}.{k}" if prefix else str(k))
         return out
     return [] if a == b else [f"{prefix}: checkpoint {a!r} vs config {b!r}"]
+
+
+def read_fingerprint(ckpt: Path) -> dict[str, Any]:
+    return json.loads((ckpt / FINGERPRINT).read_text())
+
+
+# --------------------------------------------------------------------------------------------
+# Writing one checkpoint
+# --------------------------------------------------------------------------------------------
 
 
 def checkpoints_dir(run_dir: Path) -> Path:
     return run_dir / "checkpoints"
 
 
-def list_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
-    root = checkpoints_dir(run_dir)
-    if not root.is_dir():
-        return []
-    found = []
-    for p in root.iterdir():
-        m = STEP_DIR.match(p.name)
-        if m and (p / COMPLETE_MARKER).is_file():
-            found.append((int(m.group(1)), p))
-    return sorted(found)
-
-
-def find_resume(cfg: Config) -> Path | None:
-    """trainer.resume: null -> None, "auto" -> latest complete checkpoint (or None), else a path."""
-    r = cfg.trainer.resume
-    if r is None:
-        return None
-    if r == "auto":
-        ckpts = list_checkpoints(cfg.run_dir)
-        return ckpts[-1][1] if ckpts else None
-    p = Path(r)
-    if not (p / COMPLETE_MARKER).is_file():
-        raise ConfigError(f"trainer.resume: {p} is not a complete checkpoint (no {COMPLETE_MARKER})")
-    return p
-
-
-def check_fingerprint(ckpt: Path, cfg: Config) -> None:
-    saved = json.loads((ckpt / "fingerprint.json").read_text())
-    diffs = _diff(saved, json.loads(json.dumps(fingerprint(cfg))))
-    if diffs:
-        raise ConfigError(f"checkpoint {ckpt} was made with another config: " + "; ".join(diffs[:5]))
-
-
 def tmp_dir_for(run_dir: Path, step: int) -> Path:
-    return checkpoints_dir(run_dir) / f".tmp-step_{step:06d}"
+    return checkpoints_dir(run_dir) / f"{TMP}step_{step:06d}"
 
 
 def final_dir_for(run_dir: Path, step: int) -> Path:
     return checkpoints_dir(run_dir) / f"step_{step:06d}"
 
 
-def write_trainer_state(tmp: Path, cfg: Config, step: int, scheduler, sampler_state: dict) -> None:
-    (tmp / "fingerprint.json").write_text(json.dumps(fingerprint(cfg), indent=1))
-    # Written last: its presence marks the checkpoint complete.
-    torch.save({"step": step, "scheduler": scheduler.state_dict(), "sampler": sampler_state}, tmp / COMPLETE_MARKER)
+def write_trainer_state(
+    tmp: Path, cfg: Config, data_fp: dict[str, Any], step: int, scheduler, sampler_state: dict, world_size: int
+) -> None:
+    (tmp / FINGERPRINT).write_text(json.dumps({**fingerprint(cfg), "data": data_fp}, indent=1))
+    state = {"step": step, "scheduler": scheduler.state_dict(), "sampler": sampler_state, "world_size": world_size}
+    torch.save(state, tmp / TRAINER_STATE)
 
 
 def read_trainer_state(ckpt: Path) -> dict:
-    return torch.load(ckpt / COMPLETE_MARKER, weights_only=False)
+    return torch.load(ckpt / TRAINER_STATE, weights_only=False)
+
+
+def write_manifest(folder: Path) -> None:
+    """Every file of the finished checkpoint with its size: a truncated or missing file is found
+    at resume without reading tens of GB."""
+    files = {
+        p.relative_to(folder).as_posix(): p.stat().st_size
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and p.name != MANIFEST
+    }
+    (folder / MANIFEST).write_text(json.dumps({"files": files}, indent=1))
 
 
 def commit(tmp: Path, final: Path) -> None:
-    """Rename a finished save into place (replacing a same-step checkpoint from an older run)."""
-    if final.exists():
-        shutil.rmtree(final)
-    tmp.rename(final)
+    """Rename a finished save into place. Replacing a same-step checkpoint (from a run resumed
+    at an earlier step) moves the old copy aside first, so one complete copy always exists."""
+    if not final.exists():
+        os.replace(tmp, final)
+        return
+    old = final.with_name(OLD + final.name)
+    shutil.rmtree(old, ignore_errors=True)
+    os.replace(final, old)
+    os.replace(tmp, final)  # a kill between the renames: clean_stale() puts `old` back
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def prune(run_dir: Path, keep: int) -> None:
-    ckpts = list_checkpoints(run_dir)
-    for _, path in ckpts[:-keep]:
-        shutil.rmtree(path, ignore_errors=True)
-    for stale in checkpoints_dir(run_dir).glob(".tmp-step_*"):
-        shutil.rmtree(stale, ignore_errors=True)
+    """Keep the newest ``keep`` checkpoints. Each doomed folder is renamed before it is deleted,
+    so a kill half-way through a deletion never leaves a half-deleted ``step_*``."""
+    for _, path in list_checkpoints(run_dir)[:-keep]:
+        doomed = path.with_name(DELETING + path.name)
+        shutil.rmtree(doomed, ignore_errors=True)  # a leftover of the same name would block the rename
+        os.replace(path, doomed)
+        shutil.rmtree(doomed, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------------------------
+# Reading the folder
+# --------------------------------------------------------------------------------------------
+
+
+def step_folders(run_dir: Path) -> list[tuple[int, Path]]:
+    """Every ``step_*`` folder, complete or damaged, oldest first."""
+    root = checkpoints_dir(run_dir)
+    if not root.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := STEP_DIR.match(p.name)) and p.is_dir()]
+    return sorted(found)
+
+
+def list_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
+    """Step folders that were committed (have their trainer state), oldest first."""
+    return [(s, p) for s, p in step_folders(run_dir) if (p / COMPLETE_MARKER).is_file()]
+
+
+def clean_stale(run_dir: Path) -> list[str]:
+    """At start (rank 0): finish what a killed run left half-done. Returns what was done.
+
+    ``.old-step_N`` without ``step_N`` is the only copy left by a kill inside ``commit``: it is put
+    back. Everything else hidden (``.tmp-*``, ``.deleting-*``, an ``.old-*`` whose replacement
+    landed) is a partial folder that would only hold the disk: it is removed.
+    """
+    root = checkpoints_dir(run_dir)
+    if not root.is_dir():
+        return []
+    done = []
+    for p in sorted(root.iterdir()):
+        if p.name.startswith(OLD):
+            final = p.with_name(p.name[len(OLD) :])
+            if not final.exists():
+                os.replace(p, final)
+                done.append(f"restored {final} from {p.name} (a run was killed while replacing it)")
+                continue
+        if p.name.startswith((TMP, OLD, DELETING)):
+            shutil.rmtree(p, ignore_errors=True)
+            done.append(f"removed stale partial folder {p}")
+    return done
+
+
+# --------------------------------------------------------------------------------------------
+# Save failures
+# --------------------------------------------------------------------------------------------
+
+_NO_SPACE_ERRNOS = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT}
+# torch's zip writer and safetensors' Rust writer drop the errno; these are their short-write texts.
+_NO_SPACE_TEXTS = ("no space left", "file too large", "disk quota", "file write failed", "unexpected pos",
+                   "os error 28", "os error 27", "storagefull", "filetoolarge")
+
+
+def is_out_of_space(e: BaseException) -> bool:
+    """Whether a save failed because the disk (or a file-size/quota limit) ran out."""
+    seen: set[int] = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in _NO_SPACE_ERRNOS:
+            return True
+        if any(t in str(e).lower() for t in _NO_SPACE_TEXTS):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
+def one_line(e: BaseException, limit: int = 200) -> str:
+    text = " ".join(str(e).split()) or type(e).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -115,4 +115,11 @@ def main(argv: list[str] | None = None) -> int:
     except user_errors() as e:  # bad input: one line, no traceback; anything else is a bug
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:  # a full disk outside a checkpoint save (metrics, logs): still one line
+        from dit4dit_npu.train.checkpoint import is_out_of_space
+
+        if not is_out_of_space(e):
+            raise
+        print(f"error: no space left: {e}", file=sys.stderr)
+        return 2
     return 0

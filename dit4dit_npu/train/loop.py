@@ -1,7 +1,8 @@
 """``train(cfg)``: the training algorithm, top to bottom.
 
-Open the run folder (refusing before anything is written), build the data and the model (the
-prompt cache is filled once, here, never per step), hand them to a ``Trainer`` (optimizer,
+Open the run folder (refusing before anything is written, choosing a whole checkpoint), build
+the data (a resume refuses data that changed since its checkpoint) and the model (the prompt
+cache is filled once, here, never per step), hand them to a ``Trainer`` (optimizer,
 schedule, accelerate + DeepSpeed), resume if asked, then step until ``max_train_steps``, logging,
 evaluating and saving on their intervals. The verbs are in ``trainer.py``.
 """
@@ -16,8 +17,9 @@ from dit4dit_npu.train.distributed import build_accelerator, building_outside_de
 from dit4dit_npu.train.errors import TrainingError, user_errors
 from dit4dit_npu.train.optim import freeze_modules
 from dit4dit_npu.train.prompt_cache import prepare_prompt_cache
-from dit4dit_npu.train.run_folder import open_run
-from dit4dit_npu.train.trainer import Trainer
+from dit4dit_npu.train.resume import check_data
+from dit4dit_npu.train.run_folder import open_run, record_config
+from dit4dit_npu.train.trainer import Trainer, data_fingerprint
 
 __all__ = ["TrainingError", "train", "user_errors"]
 
@@ -34,17 +36,24 @@ def train(cfg: Config) -> Path:
 
 
 def _train(cfg: Config, accelerator) -> Path:
-    run = open_run(cfg, accelerator.is_main_process)
+    run = open_run(cfg, accelerator.is_main_process, accelerator.wait_for_everyone)
     accelerator.print(
         f"run folder: {run.path.resolve()} | {device.describe()} | processes: {accelerator.num_processes}"
         f" | mixed precision: {accelerator.mixed_precision}"
     )
     device.seed_everything(cfg.seed + accelerator.process_index)
     data = build_data(cfg, accelerator)
+    if run.resume_from is not None:  # changed data is refused before the model is built
+        note = check_data(run.resume_from, data_fingerprint(data))
+        if note:
+            accelerator.print(note)
+    record_config(cfg, run, accelerator.is_main_process)
     model, prompt_cache = build_model(cfg, accelerator, data, run.path)
     trainer = Trainer(cfg, accelerator, model, data, prompt_cache, run.path)
     if run.resume_from is not None:
         trainer.resume(run.resume_from)
+    else:
+        trainer.start_fresh()
 
     t = cfg.trainer
     with trainer.session():

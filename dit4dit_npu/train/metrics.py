@@ -137,17 +137,39 @@ class Window:
             self.start += time.perf_counter() - t0
 
 
-def truncate_metrics(path: Path, step: int) -> None:
-    """On resume, drop rows the interrupted run logged after its last checkpoint."""
-    if path.is_file():
-        rows = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= step]
-        path.write_text("".join(r + "\n" for r in rows))
+def _parse_rows(path: Path) -> tuple[list[dict], int]:
+    """The rows of metrics.jsonl, and how many lines were unreadable. A kill (or a full disk)
+    in the middle of an append leaves a torn last line; it carries nothing worth a traceback."""
+    if not path.is_file():
+        return [], 0
+    rows, bad = [], 0
+    for line in path.read_text(errors="replace").splitlines():
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            int(row["step"])
+        except (ValueError, KeyError, TypeError):
+            bad += 1
+            continue
+        rows.append(row)
+    return rows, bad
+
+
+def truncate_metrics(path: Path, step: int) -> int:
+    """On resume, drop rows the interrupted run logged after its last checkpoint, and torn
+    lines; returns the number of torn lines dropped. Rewritten atomically (temp + rename)."""
+    if not path.is_file():
+        return 0
+    rows, bad = _parse_rows(path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows if r["step"] <= step))
+    tmp.replace(path)
+    return bad
 
 
 def read_metrics(path: Path) -> list[dict]:
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return _parse_rows(path)[0]
 
 
 def plot_losses(metrics_path: Path, out_png: Path) -> None:

@@ -24,7 +24,7 @@ def prepare_prompt_cache(cfg: Config, accelerator, instructions: list[str], run_
     """
     path = Path(cfg.framework.cosmos25.prompt_cache or run_dir / "prompt_cache.safetensors")
     if accelerator.is_main_process:
-        cache = _load(path) if path.is_file() else _empty()
+        cache = _load_or_empty(path, accelerator.print)
         _encode_missing(cfg, cache, instructions)
         _save(cache, path)
     accelerator.wait_for_everyone()
@@ -42,6 +42,20 @@ def _encode_missing(cfg: Config, cache, instructions: list[str]) -> None:
         encoder = build_prompt_encoder(cfg)
         cache.build(missing, encoder)
         del encoder  # the 7B text model never stays resident during training
+
+
+def _load_or_empty(path: Path, say):
+    """The cache file, or an empty cache when there is none or it is damaged: it only holds what
+    the text encoder recomputes, so a torn file costs one encode, not the run."""
+    from dit4dit_npu.models import PromptCacheError
+
+    if not path.is_file():
+        return _empty()
+    try:
+        return _load(path)
+    except PromptCacheError as e:
+        say(f"{e}; rebuilding the prompt cache")
+        return _empty()
 
 
 def _empty():

@@ -1,18 +1,25 @@
 """Opening a run folder: check everything that can refuse the run before anything is written.
 
 A refused run overwrites nothing: the folder must be writable, a fresh run must not land on
-another run's checkpoints, and a resumed run's checkpoint must have been made with a compatible
-config. Only then does rank 0 write ``config.yaml``.
+another run's checkpoints, and a resumed run's checkpoint must be whole (``resume.py``: a damaged
+newest one is named and the run falls back to the newest whole one) and made with a compatible
+config. Then rank 0 finishes what a killed run left half-done (partial ``.tmp-*`` saves,
+half-pruned folders, a half-replaced checkpoint) and sets damaged checkpoints aside. Every rank
+waits for that before it reads the folder again. ``config.yaml`` is written by ``record_config``
+once the data has been checked too (a resume on changed data is refused after ``open_run``).
 """
 
 from __future__ import annotations
 
 import os
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from dit4dit_npu.config import Config, ConfigError, save_config
 from dit4dit_npu.train import checkpoint as ckpt_io
+from dit4dit_npu.train import resume
 
 
 @dataclass(frozen=True)
@@ -21,20 +28,39 @@ class RunFolder:
     resume_from: Path | None  # the checkpoint to continue from; None for a fresh run
 
 
-def open_run(cfg: Config, is_main: bool) -> RunFolder:
+def open_run(cfg: Config, is_main: bool, barrier: Callable[[], None] = lambda: None) -> RunFolder:
     path = cfg.run_dir
     _check_writable(path)
-    if cfg.trainer.resume is None and ckpt_io.list_checkpoints(path):
+    if is_main:  # before choosing: a kill inside a commit may have left the only copy aside
+        for line in ckpt_io.clean_stale(path):
+            _say(line)
+    barrier()
+    if cfg.trainer.resume is None and ckpt_io.step_folders(path):
         raise ConfigError(
             f"{path} already has checkpoints: continue it with trainer.resume=auto, "
             "or choose another run_id (nothing was overwritten)"
         )
-    resume_from = ckpt_io.find_resume(cfg)
-    if resume_from is not None:
-        ckpt_io.check_fingerprint(resume_from, cfg)
-    if is_main:  # only once the run is known to be valid
-        save_config(cfg, path / "config.yaml")
-    return RunFolder(path, resume_from)
+    point = resume.find_resume(cfg)
+    if point.path is not None:
+        resume.check_config(point.path, cfg)
+    barrier()  # every rank has chosen before rank 0 renames anything
+    if is_main:
+        for line in resume.set_aside(point.damaged):
+            _say(line)
+        if point.damaged:
+            _say(f"resume: falling back to {point.path}")
+    barrier()
+    return RunFolder(path, point.path)
+
+
+def record_config(cfg: Config, run: RunFolder, is_main: bool) -> None:
+    """``config.yaml``, only once the run is known to be valid (config and data checked)."""
+    if is_main:
+        save_config(cfg, run.path / "config.yaml")
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 def _check_writable(path: Path) -> None:

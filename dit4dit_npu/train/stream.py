@@ -1,5 +1,8 @@
 """An endless stream of micro-batches, and the data cursor a checkpoint saves.
 
+A user error (bad data) raised in a DataLoader worker comes back as its own one-line message,
+not torch's "Caught ... in DataLoader worker process" with the worker's traceback.
+
 The cursor is what makes resume exact with prefetching workers: a DataLoader with workers has
 already drawn indices past the batches the trainer consumed, so the sampler's own count is
 ahead. We count the samples actually handed out since the current pass over the sampler began
@@ -13,6 +16,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+
+from dit4dit_npu.train.errors import user_errors
 
 
 class BatchStream:
@@ -35,6 +40,12 @@ class BatchStream:
         self._consumed = 0  # samples handed out since the current iterator began
 
     def next(self) -> Any:
+        try:
+            return self._next()
+        except user_errors() as e:
+            raise unwrap_worker_error(e) from None
+
+    def _next(self) -> Any:
         if self._iter is None:
             self._iter, self._consumed = iter(self.loader), 0
         try:
@@ -53,3 +64,24 @@ class BatchStream:
         if self._iter is not None:
             raise RuntimeError("BatchStream.load_state_dict after batches were drawn")
         self.sampler.load_state_dict(state)
+
+
+def unwrap_worker_error(e: Exception) -> Exception:
+    """A user error raised in a DataLoader worker, with its one-line message back.
+
+    torch re-raises it in the main process as the same type whose message is "Caught X in
+    DataLoader worker process N." plus the worker's whole traceback; the original message is
+    the traceback's last line, after the exception's qualified name.
+    """
+    text = str(e)
+    if not text.startswith("Caught ") or "Original Traceback" not in text:
+        return e
+    last = text.rstrip().splitlines()[-1]
+    for name in (f"{type(e).__module__}.{type(e).__qualname__}: ", f"{type(e).__name__}: "):
+        if last.startswith(name):
+            last = last[len(name) :]
+            break
+    try:
+        return type(e)(last)
+    except Exception:  # an exception type that takes other arguments: keep torch's
+        return e

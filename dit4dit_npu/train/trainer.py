@@ -31,6 +31,12 @@ from dit4dit_npu.train.stream import BatchStream
 LOSS_KEYS = ("action_loss", "video_loss", "total_loss")
 
 
+def data_fingerprint(data) -> dict:
+    """The split (per data_mix entry, in order) and the PolicyIO a checkpoint was trained with."""
+    split = [data.split[str(p)] for p in data.dataset_paths]
+    return ckpt_io.data_fingerprint(split, data.io.to_dict())
+
+
 class Trainer:
     def __init__(self, cfg: Config, accelerator, model, data, prompt_cache, run_dir: Path):
         """Build the optimizer and LR schedule and hand the model to accelerate/DeepSpeed."""
@@ -60,15 +66,32 @@ class Trainer:
 
     def resume(self, ckpt: Path) -> None:
         """Continue exactly where ``ckpt`` left off: weights, optimizer, every rank's RNG, the LR
-        schedule, the data cursor. Metrics rows logged after that checkpoint are dropped."""
+        schedule, the data cursor. Metrics rows logged after that checkpoint (and a line torn
+        by a kill) are dropped. ``ckpt`` was checked whole by ``resume.py``."""
         distributed.load_state(self.accelerator, ckpt / "state")
         state = ckpt_io.read_trainer_state(ckpt)
         self.global_step = state["step"]
         self.scheduler.load_state_dict(state["scheduler"])
         self.stream.load_state_dict(state["sampler"])
-        if self.is_main:
-            truncate_metrics(self.run_dir / "metrics.jsonl", self.global_step)
+        saved_world = int(state.get("world_size", self.accelerator.num_processes))
+        if saved_world != self.accelerator.num_processes:
+            self.accelerator.print(
+                f"warning: {ckpt} was saved by {saved_world} rank(s), resuming with "
+                f"{self.accelerator.num_processes}: the data order does not continue exactly"
+            )
+        self._truncate_metrics(self.global_step)
         self.accelerator.print(f"resumed from {ckpt} at step {self.global_step}")
+
+    def start_fresh(self) -> None:
+        """A fresh run in a folder without checkpoints: rows of an earlier attempt that died
+        before its first checkpoint would otherwise mix into this run's metrics."""
+        self._truncate_metrics(0)
+
+    def _truncate_metrics(self, step: int) -> None:
+        if self.is_main:
+            dropped = truncate_metrics(self.run_dir / "metrics.jsonl", step)
+            if dropped:
+                self.accelerator.print(f"dropped {dropped} unreadable (torn) line(s) of {self.run_dir / 'metrics.jsonl'}")
 
     def step(self) -> None:
         """One optimizer update: gradient_accumulation_steps micro-batches, then the LR schedule."""
@@ -136,26 +159,71 @@ class Trainer:
 
     def save(self) -> None:
         """A full checkpoint, written into ``.tmp-step_N`` and renamed into place only when
-        complete: accelerate/DeepSpeed state of every rank, the exported policy, and last the
-        trainer state (its presence marks the checkpoint complete). Never saves a diverged model."""
+        complete: accelerate/DeepSpeed state of every rank, the exported policy, the trainer state
+        and last the manifest. Never saves a diverged model. A failed save (a full disk above
+        all) removes its partial folder and stops every rank with one line; the previous
+        checkpoint stays the latest."""
         self._stop_if_nonfinite()
         with self._window.paused():
             acc, step = self.accelerator, self.global_step
             tmp = ckpt_io.tmp_dir_for(self.run_dir, step)
-            if self.is_main:
-                shutil.rmtree(tmp, ignore_errors=True)
-                tmp.mkdir(parents=True)
-            acc.wait_for_everyone()
-            distributed.save_state(acc, tmp / "state")  # collective: every rank writes its shards
-            acc.wait_for_everyone()
-            with distributed.gathered_parameters(acc, distributed.unwrap(self.model)):  # collective
+            error = self._on_every_rank(lambda: self._make_folder(tmp))
+            if error is None:
+                # Collective: every rank writes its shards (a DeepSpeed rank that fails before
+                # DeepSpeed's own barrier still leaves the others waiting there).
+                error = self._on_every_rank(lambda: distributed.save_state(acc, tmp / "state"))
+            if error is None:
+                # Collective (ZeRO-3 gathers for the export), so entered by every rank.
+                with distributed.gathered_parameters(acc, distributed.unwrap(self.model)):
+                    error = self._on_every_rank(lambda: self._write_rest(tmp, step))
+            if error is not None:
                 if self.is_main:
-                    self._export_policy(tmp / "policy")
+                    shutil.rmtree(tmp, ignore_errors=True)
+                raise self._save_error(error, tmp)
             if self.is_main:
-                ckpt_io.write_trainer_state(tmp, self.cfg, step, self.scheduler, self.stream.state_dict())
-                ckpt_io.commit(tmp, ckpt_io.final_dir_for(self.run_dir, step))
                 ckpt_io.prune(self.run_dir, self.cfg.trainer.keep_last_checkpoints)
             acc.wait_for_everyone()
+
+    def _make_folder(self, tmp: Path) -> None:
+        if self.is_main:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+
+    def _write_rest(self, tmp: Path, step: int) -> None:
+        if not self.is_main:
+            return
+        self._export_policy(tmp / "policy")
+        world = self.accelerator.num_processes
+        ckpt_io.write_trainer_state(
+            tmp, self.cfg, data_fingerprint(self.data), step, self.scheduler, self.stream.state_dict(), world
+        )
+        ckpt_io.write_manifest(tmp)
+        ckpt_io.commit(tmp, ckpt_io.final_dir_for(self.run_dir, step))
+
+    def _on_every_rank(self, fn) -> BaseException | None:
+        """Run ``fn`` on every rank and agree on the outcome (collective): a rank that failed
+        alone would otherwise leave the others waiting at the next barrier forever. Returns this
+        rank's error, or a stand-in when only another rank failed."""
+        error: BaseException | None = None
+        try:
+            fn()
+        except Exception as e:
+            error = e
+        flag = torch.tensor(0.0 if error is None else 1.0, device=self.accelerator.device)
+        if float(self.accelerator.reduce(flag, "sum")) > 0 and error is None:
+            error = TrainingError("another rank failed to write its part of the checkpoint")
+        return error
+
+    def _save_error(self, error: BaseException, tmp: Path) -> BaseException:
+        """One line for a full disk; any other failure is re-raised as it is (a bug)."""
+        if not ckpt_io.is_out_of_space(error):
+            return error
+        done = ckpt_io.list_checkpoints(self.run_dir)
+        latest = f"the latest checkpoint is still {done[-1][1]}" if done else "no checkpoint was saved yet"
+        return TrainingError(
+            f"checkpoint step {self.global_step} not saved: no space left writing {tmp} "
+            f"({ckpt_io.one_line(error)}); removed the partial folder, {latest}"
+        )
 
     @contextlib.contextmanager
     def session(self) -> Iterator[None]:
@@ -179,7 +247,7 @@ class Trainer:
         """loss.png next to metrics.jsonl, and where the policy is."""
         if self.is_main:
             plot_losses(self.run_dir / "metrics.jsonl", self.run_dir / "loss.png")
-            latest = ckpt_io.list_checkpoints(self.run_dir)[-1][1]
+            latest = ckpt_io.final_dir_for(self.run_dir, self.global_step)
             self.accelerator.print(f"done: {self.global_step} steps; policy at {latest / 'policy'}")
         self.accelerator.wait_for_everyone()
 

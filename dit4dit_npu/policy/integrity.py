@@ -1,0 +1,93 @@
+"""What the files of one policy folder must agree on, checked before a policy may act.
+
+A policy folder is several files written together (``folder.py``). Copied, hand-edited or
+mixed with files of another run, each can still parse while the whole is wrong; these checks
+say which file disagrees with which, so the policy (not the dataset or the robot) is blamed:
+
+- ``config.yaml`` vs ``policy_io.json``: cameras, image size and tiling, clip offsets, chunk
+  length, state/action encodings and padded widths;
+- ``policy.json`` vs ``model.safetensors``: the step (weights of another checkpoint);
+- statistics and weights must be finite: a single NaN makes every action NaN.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dit4dit_npu.config import Config
+from dit4dit_npu.transforms.policy_io import PolicyIO
+from dit4dit_npu.transforms.stats import STAT_FIELDS
+from dit4dit_npu.transforms.vector import Normalize, SinCos
+
+
+def _state_mode(io: PolicyIO) -> str:
+    step = io.state.find(Normalize)
+    if step is not None:
+        return step.mode
+    return "sincos" if io.state.find(SinCos) is not None else "none"
+
+
+def config_io_problems(cfg: Config, io: PolicyIO) -> list[str]:
+    """Settings where the training config and the PolicyIO saved with it disagree."""
+    d = cfg.datasets.vla_data
+    norm = io.action.find(Normalize)
+    pairs = [
+        ("datasets.vla_data.camera_keys", list(d.camera_keys), "camera_keys", list(io.camera_keys)),
+        ("datasets.vla_data.image_size", list(d.image_size), "image_size", list(io.image_size)),
+        ("datasets.vla_data.view_layout", d.view_layout, "view_layout", io.view_layout),
+        (
+            "datasets.vla_data.video_delta_indices[::action_video_freq_ratio]",
+            list(d.video_delta_indices[:: d.action_video_freq_ratio]), "clip_offsets", list(io.clip_offsets),
+        ),
+        ("framework.action_model chunk (future_action_window_size + 1)", cfg.framework.action_model.chunk_length,
+         "chunk_length", io.chunk_length),
+        ("datasets.vla_data.state_norm", d.state_norm, "state encoding", _state_mode(io)),
+        ("datasets.vla_data.action_norm", d.action_norm, "action normalization", norm.mode if norm else None),
+    ]
+    if d.max_state_dim is not None:
+        pairs.append(("datasets.vla_data.max_state_dim", d.max_state_dim, "state width", io.state.out_dim))
+    if d.max_action_dim is not None:
+        pairs.append(("datasets.vla_data.max_action_dim", d.max_action_dim, "action width", io.action.out_dim))
+    return [
+        f"config.yaml {ck} is {cv!r} but policy_io.json {ik} is {iv!r}" for ck, cv, ik, iv in pairs if cv != iv
+    ]
+
+
+def nonfinite_stats(io: PolicyIO) -> str | None:
+    for feature, stats in sorted(io.stats.items()):
+        for name in STAT_FIELDS:
+            bad = np.flatnonzero(~np.isfinite(getattr(stats, name)))
+            if len(bad):
+                return f"{feature} statistic {name!r} is NaN/inf in dims {bad[:5].tolist()}"
+    return None
+
+
+def nonfinite_weights(weights: dict[str, Any]) -> str | None:
+    """The first tensor holding NaN/inf (checked tensor by tensor: no second copy of the model)."""
+    import torch
+
+    for name, t in weights.items():
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            n = int((~torch.isfinite(t)).sum())
+            return f"tensor {name!r} has {n} NaN/inf value(s)"
+    return None
+
+
+def feature_names(dataset_paths: Sequence[str | Path], key: str, dim: int) -> list[str] | None:
+    """Names of a vector feature's dims from the first dataset's info.json (None when absent);
+    warnings about live states name joints with them."""
+    for root in dataset_paths:
+        try:
+            names = json.loads((Path(root) / "meta" / "info.json").read_text())["features"][key].get("names")
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            continue
+        if isinstance(names, dict):  # lerobot's {"motors": [...]} form
+            names = next(iter(names.values()), None)
+        if isinstance(names, list) and len(names) == dim and all(isinstance(n, str) for n in names):
+            return names
+    return None

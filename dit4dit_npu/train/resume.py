@@ -1,0 +1,174 @@
+"""Which checkpoint a run continues from, and whether it is whole.
+
+``trainer.resume=auto`` takes the newest checkpoint that passes ``checkpoint_problem``; a damaged
+newer one is named, set aside as ``damaged-step_N`` (nothing is deleted) and the run falls back,
+saying so. A checkpoint is whole when every file its manifest lists is there at its size, its
+trainer state and fingerprint read back, and it has the RNG state of every rank that saved it
+(accelerate would otherwise skip a missing RNG file silently and the run would continue
+inexactly). Then ``check_config`` and ``check_data`` refuse a resume whose config or training
+data differ from the checkpoint's, before anything is built or written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dit4dit_npu.config import Config, ConfigError
+from dit4dit_npu.train import checkpoint as ckpt_io
+from dit4dit_npu.train.errors import TrainingError
+
+RNG_FILE = "state/random_states_{rank}.pkl"  # accelerate's name for each rank's RNG state
+RNG_MISSING = "is missing (the RNG state: the run would not continue exactly)"
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    path: Path | None  # the checkpoint to continue from; None = fresh run
+    damaged: list[tuple[Path, str]] = field(default_factory=list)  # newer ones skipped, with why
+
+
+def checkpoint_problem(ckpt: Path) -> str | None:
+    """None if ``ckpt`` can be resumed from, else one line naming the bad file and what is wrong."""
+    manifest = ckpt / ckpt_io.MANIFEST
+    if manifest.is_file():
+        try:
+            files = json.loads(manifest.read_text())["files"]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            return f"{manifest} is unreadable ({type(e).__name__})"
+        for rel, size in files.items():
+            p = ckpt / rel
+            if not p.is_file():
+                return f"{p} {RNG_MISSING if rel.startswith('state/random_states_') else 'is missing'}"
+            if p.stat().st_size != size:
+                return f"{p} is truncated or damaged ({p.stat().st_size} bytes, {size} when saved)"
+    # Checked also when a manifest exists: a manifest-less checkpoint (older versions) has only these.
+    state_path = ckpt / ckpt_io.TRAINER_STATE
+    if not state_path.is_file():
+        return f"{state_path} is missing"
+    try:
+        state = ckpt_io.read_trainer_state(ckpt)
+        int(state["step"]), state["scheduler"], state["sampler"]
+    except Exception as e:  # torch.load raises many types for a torn file; all mean "unreadable"
+        return f"{state_path} is unreadable ({type(e).__name__}: {ckpt_io.one_line(e, 120)})"
+    try:
+        fp = ckpt_io.read_fingerprint(ckpt)
+        if not isinstance(fp, dict):
+            raise ValueError("not a JSON object")
+    except FileNotFoundError:
+        return f"{ckpt / ckpt_io.FINGERPRINT} is missing"
+    except (OSError, ValueError) as e:
+        return f"{ckpt / ckpt_io.FINGERPRINT} is unreadable ({type(e).__name__})"
+    for rank in range(int(state.get("world_size", 1))):
+        rng = ckpt / RNG_FILE.format(rank=rank)
+        if not rng.is_file():
+            return f"{rng} {RNG_MISSING}"
+    return None
+
+
+def choose(run_dir: Path) -> ResumePoint:
+    """The newest whole checkpoint of ``run_dir`` (and the damaged newer ones), or an error when
+    there are checkpoints but none is whole (a fresh start would prune them)."""
+    damaged = []
+    for _, path in reversed(ckpt_io.step_folders(run_dir)):
+        problem = checkpoint_problem(path)
+        if problem is None:
+            return ResumePoint(path, damaged)
+        damaged.append((path, problem))
+    if damaged:
+        raise TrainingError(
+            f"no complete checkpoint to resume in {ckpt_io.checkpoints_dir(run_dir)}: "
+            + "; ".join(f"{p.name}: {why}" for p, why in damaged)
+            + " (move them away to start the run fresh)"
+        )
+    return ResumePoint(None)
+
+
+def find_resume(cfg: Config) -> ResumePoint:
+    """trainer.resume: null -> fresh, "auto" -> newest whole checkpoint (or fresh), else that path."""
+    r = cfg.trainer.resume
+    if r is None:
+        return ResumePoint(None)
+    if r == "auto":
+        return choose(cfg.run_dir)
+    p = Path(r)
+    if not p.is_dir():
+        raise ConfigError(f"trainer.resume: checkpoint folder not found: {p}")
+    problem = checkpoint_problem(p)
+    if problem is not None:
+        raise ConfigError(f"trainer.resume: {p} cannot be resumed from: {problem}")
+    return ResumePoint(p)
+
+
+def set_aside(damaged: list[tuple[Path, str]]) -> list[str]:
+    """Rename damaged checkpoints out of the ``step_*`` namespace (rank 0): nothing later reads
+    them as the latest policy, a later save of that step does not collide, and no byte is lost."""
+    done = []
+    for path, problem in damaged:
+        target = path.with_name(ckpt_io.DAMAGED + path.name)
+        n = 1
+        while target.exists():
+            n += 1
+            target = path.with_name(f"{ckpt_io.DAMAGED}{n}-{path.name}")
+        os.replace(path, target)
+        done.append(f"resume: {problem}; moved {path.name} to {target.name}")
+    return done
+
+
+# --------------------------------------------------------------------------------------------
+# Agreement checks
+# --------------------------------------------------------------------------------------------
+
+
+def check_config(ckpt: Path, cfg: Config) -> None:
+    diffs = ckpt_io.config_diffs(ckpt_io.read_fingerprint(ckpt), ckpt_io.fingerprint(cfg))
+    if diffs:
+        raise ConfigError(f"checkpoint {ckpt} was made with another config: " + "; ".join(diffs[:5]))
+
+
+def check_data(ckpt: Path, data_fp: dict[str, Any]) -> str | None:
+    """Refuse a resume whose training data changed since ``ckpt``: new or edited episodes move
+    the normalization statistics or the split under a model trained on the old ones. Returns a
+    note when the checkpoint predates data fingerprints (nothing could be compared)."""
+    saved = ckpt_io.read_fingerprint(ckpt).get("data")
+    if saved is None:
+        return f"note: {ckpt} records no data fingerprint (older version): data changes cannot be detected"
+    now = json.loads(json.dumps(data_fp))
+    what = _data_change(saved, now)
+    if what:
+        raise TrainingError(
+            f"the training data changed since checkpoint {ckpt}: {what}; resume with the data it was "
+            "trained on, or start a new run (another run_id)"
+        )
+    return None
+
+
+def _data_change(saved: dict[str, Any], now: dict[str, Any]) -> str | None:
+    for i, (a, b) in enumerate(zip(saved.get("split", []), now["split"])):
+        for part in ("train", "val"):
+            if a.get(part) != b.get(part):
+                added = sorted(set(b.get(part, [])) - set(a.get(part, [])))
+                gone = sorted(set(a.get(part, [])) - set(b.get(part, [])))
+                return f"data_mix[{i}] {part} episodes differ (new: {added[:5]}, gone: {gone[:5]})"
+    io_a, io_b = saved.get("policy_io", {}), now["policy_io"]
+    for feature in sorted(set(io_a.get("stats", {})) | set(io_b.get("stats", {}))):
+        sa, sb = io_a.get("stats", {}).get(feature, {}), io_b.get("stats", {}).get(feature, {})
+        for stat in sorted(set(sa) | set(sb)):
+            if sa.get(stat) != sb.get(stat):
+                return f"{feature} statistics differ ({stat}: {_first_difference(sa.get(stat), sb.get(stat))})"
+    for key in sorted(set(io_a) | set(io_b)):
+        if key != "stats" and io_a.get(key) != io_b.get(key):
+            return f"PolicyIO {key} differs (checkpoint {io_a.get(key)!r}, now {io_b.get(key)!r})"
+    return None
+
+
+def _first_difference(a: Any, b: Any) -> str:
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        i = int(np.flatnonzero(np.asarray(a) != np.asarray(b))[0])
+        return f"dim {i} was {a[i]:.6g}, now {b[i]:.6g}"
+    return f"was {a!r}, now {b!r}"

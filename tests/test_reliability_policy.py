@@ -1,0 +1,212 @@
+"""Issue 10 for policies and eval: nothing non-finite reaches a robot, damaged or mixed policy
+folders are refused naming the file, eval's bad arguments and failures are one line.
+
+Every case damages a copy of a real exported policy folder (tests/policy_fixtures.py) on disk."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from policy_fixtures import observation_from_sample, shared_tiny_setup
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from dit4dit_npu.eval import offline as ev
+from dit4dit_npu.policy import DiT4DiTPolicy, NonFiniteActionError, PolicyLoadError
+from dit4dit_npu.policy import policy as policy_module
+
+
+@pytest.fixture(scope="module")
+def setup():
+    return shared_tiny_setup()
+
+
+def copy_policy(setup, tmp_path: Path) -> Path:
+    dst = tmp_path / "policy"
+    shutil.copytree(setup.policy_dir, dst)
+    return dst
+
+
+def rewrite_weights(folder: Path, change) -> str:
+    """Apply ``change(weights)`` to model.safetensors, keeping its metadata; returns a changed key."""
+    with safe_open(str(folder / "model.safetensors"), "pt") as f:
+        meta = f.metadata()
+        weights = {k: f.get_tensor(k) for k in f.keys()}
+    key = change(weights)
+    save_file(weights, str(folder / "model.safetensors"), metadata=meta)
+    return key
+
+
+def edit_json(path: Path, change) -> None:
+    d = json.loads(path.read_text())
+    change(d)
+    path.write_text(json.dumps(d))
+
+
+def refused(folder: Path, message: str) -> None:
+    with pytest.raises(PolicyLoadError) as e:
+        DiT4DiTPolicy.from_pretrained(folder)
+    assert str(e.value) == message
+
+
+def error_lines(capsys) -> list[str]:
+    """stderr without the tqdm progress bar ("eval: ..."): what is left must be the one error line."""
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return [ln for ln in err.strip().splitlines() if not ln.startswith("eval:")]
+
+
+def obs(setup, i: int = 0) -> dict:
+    return observation_from_sample(setup.data.io.camera_keys, setup.data.val_dataset.raw_sample(i))
+
+
+def test_nan_weight_is_refused_at_load(setup, tmp_path):
+    folder = copy_policy(setup, tmp_path)
+
+    def poison(w):
+        key = sorted(k for k in w if k.startswith("action_model."))[0]
+        w[key].view(-1)[0] = float("nan")
+        return key
+
+    key = rewrite_weights(folder, poison)
+    refused(
+        folder,
+        f"{folder}/model.safetensors: tensor {key!r} has 1 NaN/inf value(s); refusing a policy whose actions would be non-finite",
+    )
+
+
+def test_nan_normalizer_stats_are_refused_at_load(setup, tmp_path):
+    folder = copy_policy(setup, tmp_path)
+    edit_json(folder / "policy_io.json", lambda d: d["stats"]["action"]["max"].__setitem__(3, float("nan")))
+    refused(
+        folder,
+        f"{folder}/policy_io.json: action statistic 'max' is NaN/inf in dims [3]; refusing a policy whose actions "
+        "would be non-finite",
+    )
+
+
+def test_non_finite_actions_never_leave_predict_action(setup, caplog, monkeypatch):
+    policy = DiT4DiTPolicy.from_pretrained(setup.policy_dir)
+    monkeypatch.setattr(policy_module, "_warned_state_range", False)
+    o = obs(setup)
+    assert np.isfinite(policy.predict_action(o, seed=0)).all()
+    with caplog.at_level(logging.WARNING, logger="dit4dit_npu.policy.policy"):
+        far = {**o, "state": np.full(policy.state_dim, 1e30)}  # the issue's absurd state
+        with pytest.raises(NonFiniteActionError) as e:
+            policy.predict_action(far, seed=0)
+        n = policy.chunk_length * policy.action_dim
+        assert str(e.value) == (
+            f"predict_action produced {n} NaN/inf value(s) of {n} (joints ['left_waist', 'left_shoulder', 'left_elbow', "
+            "'left_forearm_roll', 'left_wrist_angle', 'left_wrist_rotate']); refusing to return them: the observation "
+            "is far outside the training data, or the policy's weights/normalizer are damaged"
+        )
+        with pytest.raises(NonFiniteActionError):
+            policy.predict_action(far, seed=0)
+    warnings = [r.getMessage() for r in caplog.records if "training range" in r.getMessage()]
+    assert len(warnings) == 1, warnings  # once per process, naming the joints
+    assert "'left_waist'" in warnings[0] and "'right_gripper'" in warnings[0]
+
+
+def test_out_of_range_state_is_found_per_joint(setup):
+    stats = setup.data.io.stats["state"]
+    state = (stats.min + stats.max) / 2
+    assert policy_module.state_out_of_range(stats, state) == []
+    state = state.copy()
+    state[[2, 9]] = stats.max[[2, 9]] + 1.5 * (stats.max - stats.min)[[2, 9]]  # 4 half-ranges out
+    assert policy_module.state_out_of_range(stats, state) == [2, 9]
+
+
+def test_damaged_safetensors_are_refused_naming_the_file(setup, tmp_path):
+    for name in ("model.safetensors", "prompt_cache.safetensors"):
+        folder = copy_policy(setup, tmp_path / name)
+        data = (folder / name).read_bytes()
+        (folder / name).write_bytes(data[: len(data) // 2])
+        with pytest.raises(PolicyLoadError) as e:
+            DiT4DiTPolicy.from_pretrained(folder)
+        assert str(e.value).startswith(f"{folder / name}: not a readable safetensors file (")
+
+
+def test_files_of_another_run_are_refused(setup, tmp_path):
+    cams = setup.cfg.datasets.vla_data.camera_keys
+    folder = copy_policy(setup, tmp_path / "cams")  # a tampered camera list: the policy is at fault
+    edit_json(folder / "policy_io.json", lambda d: d.__setitem__("camera_keys", cams[:2]))
+    refused(
+        folder,
+        f"{folder}: config.yaml datasets.vla_data.camera_keys is {cams!r} but policy_io.json camera_keys is "
+        f"{cams[:2]!r} (files of different runs mixed, or edited after export?)",
+    )
+    folder = copy_policy(setup, tmp_path / "chunk")  # config.yaml of a run with another chunk length
+    text = (folder / "config.yaml").read_text().replace("future_action_window_size: 7", "future_action_window_size: 3")
+    (folder / "config.yaml").write_text(text)
+    refused(
+        folder,
+        f"{folder}: config.yaml framework.action_model chunk (future_action_window_size + 1) is 4 but policy_io.json "
+        "chunk_length is 8 (files of different runs mixed, or edited after export?)",
+    )
+    folder = copy_policy(setup, tmp_path / "step")  # weights of another checkpoint
+    edit_json(folder / "policy.json", lambda d: d.__setitem__("step", 7))
+    refused(
+        folder,
+        f"{folder}/model.safetensors holds the weights of step 0 but {folder}/policy.json records step 7 "
+        "(files of different checkpoints mixed?)",
+    )
+
+
+# -- eval ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "flag, value, least",
+    [("--max-frames", "0", 1), ("--batch-size", "0", 1), ("--stride", "-1", 1), ("--video-steps", "0", 1)],
+)
+def test_eval_arguments_are_validated_first(setup, tmp_path, capsys, flag, value, least):
+    out = tmp_path / "out"
+    assert ev.main(["--checkpoint", str(setup.policy_dir), "--output", str(out), flag, value]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [f"error: {flag}: got {value}, expected an integer >= {least}"]
+    assert not out.exists()
+
+
+def test_eval_checks_its_output_folder_before_predicting(setup, tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    assert ev.main(["--checkpoint", str(setup.policy_dir), "--output", str(blocker / "out")]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [f"error: --output: cannot write to {blocker}/out (Not a directory)"]
+
+
+def test_eval_dataset_errors_are_one_line(setup, tmp_path, capsys):
+    data = tmp_path / "data"
+    shutil.copytree(setup.data.dataset_paths[0], data)
+    episodes = setup.data.split[str(setup.data.dataset_paths[0])]["val"]
+    video = sorted(data.rglob(f"episode_{episodes[0]:06d}.mp4"))[0]
+    video.write_bytes(video.read_bytes()[:300])  # truncated: opening it fails during prediction
+    out = tmp_path / "out"
+    args = ["--checkpoint", str(setup.policy_dir), "--data", str(data), "--episodes", str(episodes[0]), "--output", str(out)]
+    assert ev.main(args) == 2
+    err = error_lines(capsys)
+    assert len(err) == 1 and err[0].startswith(f"error: cannot open video {video} (truncated or corrupt mp4?)"), err
+    assert not (out / "metrics.json").exists()
+
+
+def test_eval_exits_non_zero_on_non_finite_actions_or_metrics(setup, tmp_path, capsys):
+    folder = copy_policy(setup, tmp_path)
+
+    def blow_up(w):  # finite weights whose actions overflow to inf: passes load, fails at predict
+        key = sorted(k for k in w if k.startswith("action_model.action_decoder") and k.endswith("weight"))[-1]
+        w[key] = w[key] * 1e38
+        return key
+
+    rewrite_weights(folder, blow_up)
+    out = tmp_path / "out"
+    assert ev.main(["--checkpoint", str(folder), "--output", str(out), "--max-frames", "4"]) == 2
+    err = error_lines(capsys)
+    assert len(err) == 1 and err[0].startswith("error: predict_action produced "), err
+    assert not (out / "metrics.json").exists()
+    with pytest.raises(ev.EvalError, match=r"^metric model.mse is not finite \(nan\)$"):
+        ev.check_finite({"model": {"mse": float("nan"), "mae": 1.0}})
+    with pytest.raises(ev.EvalError, match="metric model.mse_per_joint is not finite"):
+        ev.check_finite({"model": {"mse": 1.0, "mse_per_joint": [1.0, float("inf")]}})

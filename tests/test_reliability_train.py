@@ -1,0 +1,333 @@
+"""Issue 10 for training: resume always finds a whole checkpoint, a full disk or a kill -9 never
+costs a complete checkpoint, changed data is refused, each fault is one clear line.
+
+Real training processes on the shared demo data (tests/policy_fixtures.py), without DeepSpeed
+(it is not what these tests are about) and one step at a time; damage is done to real files.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from policy_fixtures import shared_tiny_setup
+
+from dit4dit_npu.config import ConfigError, load_config
+from dit4dit_npu.train import checkpoint as ckpt_io
+from dit4dit_npu.train import resume
+from dit4dit_npu.train.errors import TrainingError
+from dit4dit_npu.train.metrics import read_metrics
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ROOT / "configs/robotwin/dit4dit_robotwin_tiny.yaml"
+RUN = "dit4dit_robotwin_tiny"
+ENV = {**os.environ, "DIT4DIT_DEVICE": "cpu", "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+
+
+@pytest.fixture(scope="module")
+def data_root() -> Path:
+    return Path(shared_tiny_setup().cfg.datasets.vla_data.data_root_dir)
+
+
+def overrides(runs: Path, data_root: Path, **extra) -> list[str]:
+    base = {
+        "run_root_dir": runs, "datasets.vla_data.data_root_dir": data_root,
+        "datasets.vla_data.generate_demo_if_missing": "false", "datasets.vla_data.per_device_batch_size": 2,
+        "trainer.deepspeed_config": "null", "trainer.max_train_steps": 3, "trainer.save_interval": 1,
+        "trainer.logging_frequency": 1, "trainer.eval_interval": 100, "trainer.num_warmup_steps": 1,
+        "trainer.keep_last_checkpoints": 10,
+    }
+    return [f"{k}={v}" for k, v in {**base, **extra}.items()]
+
+
+def train(args: list[str], **popen) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "dit4dit_npu.train", "--config", str(TINY), *args],
+        env=ENV, capture_output=True, text=True, cwd=ROOT, timeout=300, **popen,
+    )
+
+
+@pytest.fixture(scope="module")
+def base_runs(tmp_path_factory, data_root) -> Path:
+    """A 3-step run with a checkpoint at every step; tests damage copies of it."""
+    runs = tmp_path_factory.mktemp("base") / "runs"
+    r = train(overrides(runs, data_root))
+    assert r.returncode == 0, r.stderr[-3000:]
+    return runs
+
+
+def copy_runs(base_runs: Path, tmp_path: Path) -> tuple[Path, Path]:
+    runs = tmp_path / "runs"
+    shutil.copytree(base_runs, runs)
+    return runs, runs / RUN / "checkpoints"
+
+
+def files(root: Path) -> dict[str, int]:
+    return {p.relative_to(root).as_posix(): p.stat().st_size for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def one_line_error(r: subprocess.CompletedProcess) -> str:
+    assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-3000:]
+    assert "Traceback" not in r.stderr
+    return r.stderr.strip().splitlines()[-1]
+
+
+def all_whole(ckpts: Path) -> list[int]:
+    """Steps of the step_* folders, each of which must be a whole checkpoint."""
+    folders = ckpt_io.step_folders(ckpts.parent)
+    assert [(p.name, resume.checkpoint_problem(p)) for _, p in folders] == [(p.name, None) for _, p in folders]
+    return [s for s, _ in folders]
+
+
+def losses(run_dir: Path) -> dict[int, float]:
+    return {r["step"]: r["total_loss"] for r in read_metrics(run_dir / "metrics.jsonl") if "total_loss" in r}
+
+
+# -- resume from damaged files --------------------------------------------------------------------
+
+
+def test_resume_falls_back_past_damaged_checkpoints_exactly(base_runs, tmp_path, data_root):
+    runs, ck = copy_runs(base_runs, tmp_path)
+    run = runs / RUN
+    state = ck / "step_000003/trainer_state.pt"
+    size = state.stat().st_size
+    os.truncate(state, size // 2)
+    (ck / "step_000002/state/random_states_0.pkl").unlink()
+    with (run / "metrics.jsonl").open("a") as f:
+        f.write('{"step": 4, "action_lo')  # a kill in the middle of an append
+    os.truncate(run / "prompt_cache.safetensors", 100)
+    damaged = {name: files(ck / name) for name in ("step_000002", "step_000003")}
+
+    r = train(overrides(runs, data_root, **{"trainer.max_train_steps": 4, "trainer.resume": "auto"}))
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = (r.stdout + r.stderr).splitlines()
+    for line in (
+        f"resume: {state} is truncated or damaged ({size // 2} bytes, {size} when saved); moved step_000003 to "
+        "damaged-step_000003",
+        f"resume: {ck}/step_000002/state/random_states_0.pkl is missing (the RNG state: the run would not continue "
+        "exactly); moved step_000002 to damaged-step_000002",
+        f"resume: falling back to {ck}/step_000001",
+        f"dropped 1 unreadable (torn) line(s) of {run}/metrics.jsonl",
+        f"resumed from {ck}/step_000001 at step 1",
+    ):
+        assert line in out, line
+    assert any(re.fullmatch(rf"{run}/prompt_cache.safetensors: not a readable safetensors file \(.*\); rebuilding "
+                            "the prompt cache", ln) for ln in out), out
+    for name, before in damaged.items():  # set aside, not a byte lost
+        after = files(ck / f"damaged-{name}")
+        assert after == {k: v for k, v in before.items() if k in after} and len(before) - len(after) <= 1
+    assert all_whole(ck) == [1, 2, 3, 4]
+    resumed, original = losses(run), losses(base_runs / RUN)
+    assert sorted(resumed) == [1, 2, 3, 4] and all(resumed[s] == original[s] for s in (1, 2, 3))  # exact
+    from dit4dit_npu.policy.prompts import load_prompt_cache
+
+    assert len(load_prompt_cache(run / "prompt_cache.safetensors")) > 0  # rebuilt
+
+
+@pytest.mark.parametrize(
+    "damage, expected",
+    [
+        ("truncate trainer_state.pt", r"{c}/trainer_state.pt is truncated or damaged \(\d+ bytes, \d+ when saved\)"),
+        ("truncate state/model.safetensors", r"{c}/state/model.safetensors is truncated or damaged \(\d+ bytes, \d+ when saved\)"),
+        ("truncate state/optimizer.bin", r"{c}/state/optimizer.bin is truncated or damaged \(\d+ bytes, \d+ when saved\)"),
+        ("delete fingerprint.json", r"{c}/fingerprint.json is missing"),
+        ("delete state/random_states_0.pkl",
+         r"{c}/state/random_states_0.pkl is missing \(the RNG state: the run would not continue exactly\)"),
+        ("legacy scramble trainer_state.pt", r"{c}/trainer_state.pt is unreadable \(.+\)"),
+        ("legacy delete fingerprint.json", r"{c}/fingerprint.json is missing"),
+        ("legacy delete state/random_states_0.pkl",
+         r"{c}/state/random_states_0.pkl is missing \(the RNG state: the run would not continue exactly\)"),
+    ],
+)
+def test_each_damaged_file_is_named_and_skipped(base_runs, tmp_path, damage, expected):
+    """One damaged file in the newest checkpoint: named, and the one before is chosen. "legacy":
+    a checkpoint without a manifest (older versions), checked by reading its files."""
+    ck = tmp_path / RUN / "checkpoints"
+    for name in ("step_000002", "step_000003"):
+        shutil.copytree(base_runs / RUN / "checkpoints" / name, ck / name)
+    c = ck / "step_000003"
+    *legacy, verb, rel = damage.split()
+    if legacy:
+        (c / ckpt_io.MANIFEST).unlink()
+    if verb == "truncate":
+        os.truncate(c / rel, (c / rel).stat().st_size - 1)
+    elif verb == "delete":
+        (c / rel).unlink()
+    else:  # same size, other bytes
+        (c / rel).write_bytes(bytes(reversed((c / rel).read_bytes())))
+    point = resume.choose(tmp_path / RUN)
+    assert point.path == ck / "step_000002"
+    [(path, problem)] = point.damaged
+    assert path == c and re.fullmatch(expected.format(c=re.escape(str(c))), problem), problem
+
+
+def test_no_whole_checkpoint_or_a_damaged_explicit_one_is_one_line(base_runs, tmp_path):
+    ck = tmp_path / RUN / "checkpoints"
+    shutil.copytree(base_runs / RUN / "checkpoints" / "step_000001", ck / "step_000001")
+    (ck / "step_000001/fingerprint.json").unlink()
+    with pytest.raises(TrainingError) as e:
+        resume.choose(tmp_path / RUN)
+    assert str(e.value) == (
+        f"no complete checkpoint to resume in {ck}: step_000001: {ck}/step_000001/fingerprint.json is missing "
+        "(move them away to start the run fresh)"
+    )
+    cfg = load_config(TINY, [f"trainer.resume={ck / 'step_000001'}"])
+    with pytest.raises(ConfigError) as e:
+        resume.find_resume(cfg)
+    assert str(e.value) == (
+        f"trainer.resume: {ck}/step_000001 cannot be resumed from: {ck}/step_000001/fingerprint.json is missing"
+    )
+
+
+# -- saving: full disk, kill -9 during save / prune / commit ---------------------------------------
+
+
+def test_disk_full_during_save_is_one_line_and_loses_nothing(base_runs, tmp_path, data_root):
+    """A real write failure from the real writers: the training process runs under a file-size
+    rlimit (RLIMIT_FSIZE, 8 MB) that its 9.5 MB optimizer shard exceeds, so torch.save fails
+    exactly as on a full disk ("unexpected pos"; Python ignores SIGXFSZ, the write gets EFBIG)."""
+    runs, ck = copy_runs(base_runs, tmp_path)
+    before = files(ck)
+    limit = 8 * 2**20
+
+    def small_disk():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    r = train(overrides(runs, data_root, **{"trainer.max_train_steps": 4, "trainer.resume": "auto"}),
+              preexec_fn=small_disk)
+    tmp = ck / ".tmp-step_000004"
+    assert re.fullmatch(
+        rf"error: checkpoint step 4 not saved: no space left writing {re.escape(str(tmp))} \(.+\); removed the "
+        rf"partial folder, the latest checkpoint is still {re.escape(str(ck / 'step_000003'))}",
+        one_line_error(r),
+    ), r.stderr[-2000:]
+    assert not tmp.exists() and files(ck) == before  # nothing lost, nothing half-written left
+    assert all_whole(ck) == [1, 2, 3]
+
+
+def wait_then_kill(p: subprocess.Popen, appeared, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while p.poll() is None and time.monotonic() < deadline:
+        if appeared():
+            os.kill(p.pid, signal.SIGKILL)
+            break
+        time.sleep(0.001)
+    p.wait(timeout=30)
+    assert p.returncode == -signal.SIGKILL, "the process ended before it could be killed at the right moment"
+
+
+def test_kill_during_save_keeps_every_checkpoint_whole(base_runs, tmp_path, data_root):
+    runs, ck = copy_runs(base_runs, tmp_path)
+    before = files(ck)
+    args = overrides(runs, data_root, **{"trainer.max_train_steps": 5, "trainer.resume": "auto"})
+    cmd = [sys.executable, "-m", "dit4dit_npu.train", "--config", str(TINY), *args]
+    with open(tmp_path / "log", "w") as log:
+        p = subprocess.Popen(cmd, env=ENV, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+        wait_then_kill(p, lambda: any(ck.glob(".tmp-step_*")))  # killed in the middle of a save
+    steps = all_whole(ck)
+    assert {k: v for k, v in files(ck).items() if k in before} == before  # the old ones are untouched
+    stale = sorted(ck.glob(".tmp-step_*"))
+    r = train(args)  # restart: the partial folder is cleaned, the run continues from the newest whole one
+    assert r.returncode == 0, r.stderr[-3000:]
+    for s in stale:
+        assert f"removed stale partial folder {s}" in r.stderr
+    assert f"resumed from {ck}/step_{steps[-1]:06d} at step {steps[-1]}" in r.stdout + r.stderr
+    assert all_whole(ck) == list(range(1, 6)) and not list(ck.glob(".*"))
+
+
+def test_kill_during_prune_leaves_no_half_deleted_checkpoint(base_runs, tmp_path):
+    runs, ck = copy_runs(base_runs, tmp_path)
+    pad = ck / "step_000001/state/pad"  # a checkpoint slow to delete, like a real tens-of-GB one
+    pad.mkdir()
+    for i in range(20_000):
+        (pad / str(i)).touch()
+    newest = files(ck / "step_000003")
+    code = "import sys, pathlib; from dit4dit_npu.train.checkpoint import prune; prune(pathlib.Path(sys.argv[1]), 1)"
+    p = subprocess.Popen([sys.executable, "-c", code, str(runs / RUN)], env=ENV, cwd=ROOT)
+    wait_then_kill(p, lambda: (ck / ".deleting-step_000001").exists())
+    assert (ck / ".deleting-step_000001").exists()  # killed half-way through deleting it ...
+    remaining = all_whole(ck)  # ... yet every step_* left is whole
+    assert 3 in remaining and files(ck / "step_000003") == newest
+    assert ckpt_io.clean_stale(runs / RUN) == [f"removed stale partial folder {ck}/.deleting-step_000001"]
+    assert not (ck / ".deleting-step_000001").exists()
+
+
+def test_a_kill_inside_a_replacing_commit_keeps_one_copy(base_runs, tmp_path):
+    """``commit`` replacing step_3: the state a kill between its two renames leaves (the old copy
+    moved aside, the new one not yet in place) is repaired at the next start."""
+    runs, ck = copy_runs(base_runs, tmp_path)
+    whole = files(ck / "step_000003")
+    shutil.copytree(ck / "step_000002", ck / ".tmp-step_000003")  # a new save of step 3 ...
+    os.replace(ck / "step_000003", ck / ".old-step_000003")  # ... killed right after the first rename
+    assert [s for s, _ in ckpt_io.step_folders(runs / RUN)] == [1, 2]
+    assert ckpt_io.clean_stale(runs / RUN) == [
+        f"restored {ck}/step_000003 from .old-step_000003 (a run was killed while replacing it)",
+        f"removed stale partial folder {ck}/.tmp-step_000003",
+    ]
+    assert files(ck / "step_000003") == whole and all_whole(ck) == [1, 2, 3]
+    shutil.copytree(ck / "step_000002", ck / ".tmp-step_000003")
+    ckpt_io.commit(ck / ".tmp-step_000003", ck / "step_000003")  # an uninterrupted replace
+    assert files(ck / "step_000003") == files(ck / "step_000002") and not list(ck.glob(".*"))
+
+
+# -- changed data, worker errors --------------------------------------------------------------
+
+
+def test_resume_on_changed_data_is_refused(base_runs, tmp_path, data_root):
+    runs, ck = copy_runs(base_runs, tmp_path)
+    before = files(runs)
+    changed = tmp_path / "data" / "robotwin_demo"
+    shutil.copytree(data_root / "robotwin_demo", changed)
+    saved = ckpt_io.read_fingerprint(ck / "step_000003")["data"]
+    episode = saved["split"][0]["train"][0]
+    path = changed / f"data/chunk-000/episode_{episode:06d}.parquet"
+    table = pq.read_table(path)
+    actions = np.array(table.column("action").to_pylist(), dtype=np.float32)
+    actions[5, 3] = 5.0  # one edited value: a new maximum of joint 3
+    col = table.column_names.index("action")
+    pq.write_table(table.set_column(col, "action", pa.array(list(actions), pa.list_(pa.float32()))), path)
+
+    r = train(overrides(runs, tmp_path / "data", **{"trainer.max_train_steps": 4, "trainer.resume": "auto"}))
+    old = saved["policy_io"]["stats"]["action"]["max"][3]
+    assert one_line_error(r) == (
+        f"error: the training data changed since checkpoint {ck}/step_000003: action statistics differ (max: dim 3 "
+        f"was {old:.6g}, now 5); resume with the data it was trained on, or start a new run (another run_id)"
+    )
+    assert files(runs) == before  # refused before anything was written (config.yaml included)
+
+    cfg = load_config(TINY, overrides(runs, data_root, seed=7, **{"datasets.vla_data.val_fraction": 0.25}))
+    with pytest.raises(ConfigError, match=r"another config: datasets.vla_data.val_fraction: checkpoint 0.2 vs "
+                                          r"config 0.25; seed: checkpoint 42 vs config 7"):
+        resume.check_config(ck / "step_000003", cfg)
+    split = [{"train": saved["split"][0]["train"][1:], "val": saved["split"][0]["val"] + [episode]}]
+    with pytest.raises(TrainingError, match=rf"data_mix\[0\] train episodes differ \(new: \[\], gone: \[{episode}\]\)"):
+        resume.check_data(ck / "step_000003", {**saved, "split": split})
+
+
+def test_dataloader_worker_errors_come_back_as_one_line(tmp_path):
+    """A real forked DataLoader worker decodes a video truncated after the dataset was opened."""
+    from policy_fixtures import tiny_config
+
+    from dit4dit_npu.batch import Batch
+    from dit4dit_npu.data import DatasetError, build_training_data
+    from dit4dit_npu.train.stream import BatchStream
+
+    data = build_training_data(tiny_config(tmp_path))
+    for video in (tmp_path / "data").rglob("*.mp4"):
+        video.write_bytes(video.read_bytes()[:200])
+    stream = BatchStream(data.train_dataset, data.sampler, 2, 1, 0, Batch.collate)
+    with pytest.raises(DatasetError) as e:
+        stream.next()
+    msg = str(e.value)
+    assert re.fullmatch(r"cannot open video .+\.mp4 \(truncated or corrupt mp4\?\): .+", msg) and "\n" not in msg
