@@ -100,6 +100,9 @@ def test_training_prints_run_folder_and_device_and_sends_config_to_trackers(tmp_
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     from tensorboard.plugins.hparams import plugin_data_pb2
 
+    from dit4dit_npu.data.demo import write_demo_dataset
+
+    write_demo_dataset(tmp_path / "data" / "robotwin_demo", num_episodes=4, episode_length=24)
     overrides = [
         f"run_root_dir={tmp_path}/runs", f"datasets.vla_data.data_root_dir={tmp_path}/data", "run_id=cli",
         "trackers=[jsonl,tensorboard,wandb]", "trainer.max_train_steps=2", "trainer.save_interval=2",
