@@ -22,20 +22,30 @@ import numpy as np
 from dit4dit_npu.config import Config
 from dit4dit_npu.transforms.policy_io import PolicyIO
 from dit4dit_npu.transforms.stats import STAT_FIELDS
-from dit4dit_npu.transforms.vector import Normalize, SinCos
+from dit4dit_npu.transforms.vector import Normalize, Pad, SinCos, VectorPipeline
 
 
-def _state_mode(io: PolicyIO) -> str:
-    step = io.state.find(Normalize)
-    if step is not None:
+def _config_mode(pipe: VectorPipeline) -> str | None:
+    """The ``state_norm`` / ``action_norm`` value a standard pipeline was built from, or None when
+    the pipeline holds steps the run config cannot express (the conventions of a policy imported
+    from DiT4DiT: grouped sin/cos, masked or clipped min-max, binarized grippers, reordering): then
+    policy_io.json alone defines the transform and there is nothing in config.yaml to compare."""
+    steps = [s for s in pipe.steps if not isinstance(s, Pad)]
+    if not steps:
+        return "none"
+    if len(steps) > 1:
+        return None
+    step = steps[0]
+    if isinstance(step, SinCos) and step.groups is None:
+        return "sincos"
+    if isinstance(step, Normalize) and step.dims is None and not step.clip:
         return step.mode
-    return "sincos" if io.state.find(SinCos) is not None else "none"
+    return None
 
 
 def config_io_problems(cfg: Config, io: PolicyIO) -> list[str]:
     """Settings where the training config and the PolicyIO saved with it disagree."""
     d = cfg.datasets.vla_data
-    norm = io.action.find(Normalize)
     pairs = [
         ("datasets.vla_data.camera_keys", list(d.camera_keys), "camera_keys", list(io.camera_keys)),
         ("datasets.vla_data.image_size", list(d.image_size), "image_size", list(io.image_size)),
@@ -46,9 +56,14 @@ def config_io_problems(cfg: Config, io: PolicyIO) -> list[str]:
         ),
         ("framework.action_model chunk (future_action_window_size + 1)", cfg.framework.action_model.chunk_length,
          "chunk_length", io.chunk_length),
-        ("datasets.vla_data.state_norm", d.state_norm, "state encoding", _state_mode(io)),
-        ("datasets.vla_data.action_norm", d.action_norm, "action normalization", norm.mode if norm else None),
     ]
+    for key, value, pipe, what in (
+        ("state_norm", d.state_norm, io.state, "state encoding"),
+        ("action_norm", d.action_norm, io.action, "action normalization"),
+    ):
+        mode = _config_mode(pipe)
+        if mode is not None:
+            pairs.append((f"datasets.vla_data.{key}", value, what, mode))
     if d.max_state_dim is not None:
         pairs.append(("datasets.vla_data.max_state_dim", d.max_state_dim, "state width", io.state.out_dim))
     if d.max_action_dim is not None:
