@@ -50,6 +50,9 @@ DEFAULT_MAX_MESSAGE_BYTES = 32 * 1024 * 1024
 # Messages above the limit but below this multiple are read and answered with an error; bigger
 # ones are refused by the websocket layer (close code 1009) so they are never buffered.
 _HARD_CAP_FACTOR = 4
+# Requests smaller than this (e.g. three 224x224 views) are decoded and validated on the event
+# loop; bigger ones (camera-size images to resize) on a helper thread.
+_INLINE_BYTES = 512 * 1024
 DEFAULT_MAX_BATCH = 8
 DEFAULT_BATCH_WINDOW_MS = 5.0
 # Instructions no training episode used are encoded on first use and kept, least recently used
@@ -198,9 +201,11 @@ class PolicyServer:
                 f"message of {len(message)} bytes exceeds the server limit of {self._max_bytes} bytes "
                 "(send smaller images or start the server with a larger --max-message-mb)"
             )
-        loop = asyncio.get_running_loop()
-        try:  # decoding and validation of big images must not stall the event loop
-            prepared = await loop.run_in_executor(self._prep_pool, self._prepare, message)
+        try:
+            if len(message) < _INLINE_BYTES:  # cheap: a thread hop would cost more than it saves
+                prepared = self._prepare(message)
+            else:  # decoding and resizing big images must not stall the event loop
+                prepared = await asyncio.get_running_loop().run_in_executor(self._prep_pool, self._prepare, message)
         except self._input_errors as e:
             return _one_line(e)
         except Exception as e:
