@@ -12,8 +12,9 @@
 Batched input (images (B, H, W, 3), state (B, state_dim), instruction list or one str) returns
 (B, chunk_length, action_dim). The checkpoint's own PolicyIO turns the observation into the
 model's batch and the predicted chunk back into robot units, exactly as the training data was
-transformed: no normalized action leaves this module (the original returned normalized actions
-and left unnormalization to each client, SPEC 5.1, A19).
+transformed: ``predict_action`` never returns normalized actions (the original returned normalized
+actions and left unnormalization to each client, SPEC 5.1, A19). Only ``predict_normalized``
+does, for the server's DiT4DiT protocol, whose clients un-normalize themselves.
 
 The folder format is defined by ``export_policy`` in ``folder.py``.
 """
