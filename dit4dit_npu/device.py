@@ -298,7 +298,8 @@ def describe() -> str:
 USAGE = """usage: python -m dit4dit_npu.device [env [--ranks N]]
   (no argument)   one line describing the detected device
   env             `export NAME=value` lines for a launcher on this host (eval them in bash)
-  --ranks N       first check N ranks per node against the visible cards (one line, exit 2)"""
+  --ranks N       first check N ranks per node against the visible cards (one line, exit 2)
+  -h, --help      this text"""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -306,6 +307,9 @@ def main(argv: list[str] | None = None) -> int:
     import sys
 
     args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] in (["-h"], ["--help"]):
+        print(USAGE)
+        return 0
     try:
         if not args:
             print(describe())

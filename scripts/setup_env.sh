@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Create/refresh the project virtualenv at .venv/ (idempotent: a second run only checks).
 # Order matters: torch first, then wheel, then DeepSpeed with --no-build-isolation (its sdist
-# imports torch at build time), then this package in editable mode with dev extras.
+# imports torch at build time), then this package in editable mode with the dev and sim extras.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="$ROOT/.venv"
@@ -21,7 +21,12 @@ echo "[setup] installing torch ($TORCH_SPEC) into $VENV ..."
 quiet "${PIP[@]}" $TORCH_SPEC wheel setuptools
 echo "[setup] installing deepspeed (--no-build-isolation) ..."
 quiet "${PIP[@]}" --no-build-isolation deepspeed
-echo "[setup] installing dit4dit-npu[dev] ..."
-quiet "${PIP[@]}" --no-build-isolation -e "$ROOT[dev]"
+echo "[setup] installing dit4dit-npu[dev,sim] ..."
+quiet "${PIP[@]}" --no-build-isolation -e "$ROOT[dev,sim]"
+# The simulation renders offscreen; say so now (not halfway through the tests) if it cannot here.
+if ! "$VENV/bin/python" -c "from dit4dit_npu.sim.backend import require_simulator; require_simulator()" 2>/dev/null; then
+  echo "[setup] warning: MuJoCo cannot render offscreen here (dit4dit_npu.sim needs it): install" \
+       "libegl1 libegl-mesa0 (MUJOCO_GL=egl, the default) or libosmesa6 and set MUJOCO_GL=osmesa"
+fi
 echo "$want" > "$STAMP"
 echo "[setup] done: $VENV"

@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import logging
 import types
 import typing
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 
+from dit4dit_npu.config import migrate
 from dit4dit_npu.config.schema import Config
 
 
@@ -25,29 +28,25 @@ class ConfigError(ValueError):
     """A config problem with a one-line, user-facing message (no traceback needed)."""
 
 
-_REFERENCE = "the reference-faithful paths are built in bench/reference.py, not switched on in the model"
-# Keys earlier versions had: an old config fails on them with where the concept went.
-REMOVED_KEYS = {
-    "framework.name": "the framework is always DiT4DiT; delete the key",
-    "framework.cosmos25.future_loss_type": "the video loss is always flow matching; delete the key",
-    "framework.cosmos25.view_layout": "moved to datasets.vla_data.view_layout",
-    "framework.action_model.action_dim": "the head predicts the actions' width, padded to datasets.vla_data.max_action_dim",
-    "framework.action_model.state_dim": "the head takes the encoded state, padded to datasets.vla_data.max_state_dim",
-    "framework.cosmos25.reference_text_encoder_per_step": _REFERENCE,
-    "framework.cosmos25.reference_full_depth_feature_pass": _REFERENCE,
-    "framework.cosmos25.reference_separate_condition_encode": _REFERENCE,
-    "trainer.optimizer.name": "AdamW is the only optimizer; delete the key",
-    "datasets.vla_data.video_backend": "videos are always decoded with PyAV; delete the key",
-}
+# Keys earlier versions had: an old config fails on them with where the concept went (the table
+# is part of the DiT4DiT migration table, dit4dit_keys.TABLE).
+REMOVED_KEYS = {k: r.where for k, r in migrate.TABLE.items() if isinstance(r, migrate.Removed)}
+log = logging.getLogger(__name__)
 
 
-def load_config(path: str | Path | None, overrides: list[str] | None = None) -> Config:
-    """YAML file (or defaults when None) + overrides -> validated Config."""
+def load_config(
+    path: str | Path | None,
+    overrides: list[str] | None = None,
+    on_notices: Callable[[list[str]], None] | None = None,
+) -> Config:
+    """YAML file (or defaults when None) + overrides -> validated Config.
+
+    An original DiT4DiT config (and its launch-script flags) is migrated on the way
+    (``migrate.py``); ``on_notices`` gets the list of what changed (default: one log warning)."""
     raw: dict[str, Any] = {}
     if path is not None:
         raw = read_yaml(path)
-    for key, value in parse_overrides(overrides or []):
-        _set_dotted(raw, key, value)
+    raw = migrated(raw, parse_overrides(overrides or []), on_notices)
     cfg = from_dict(Config, raw)
     validate(cfg)
     return cfg
@@ -98,15 +97,21 @@ def parse_overrides(args: list[str]) -> list[tuple[str, Any]]:
     return out
 
 
-def _set_dotted(d: dict[str, Any], key: str, value: Any) -> None:
-    parts = key.split(".")
-    for part in parts[:-1]:
-        nxt = d.get(part)
-        if not isinstance(nxt, dict):
-            nxt = {}
-            d[part] = nxt
-        d = nxt
-    d[parts[-1]] = value
+def migrated(
+    raw: dict[str, Any], overrides: list[tuple[str, Any]], on_notices: Callable[[list[str]], None] | None = None
+) -> dict[str, Any]:
+    """The migration hook: overrides applied, DiT4DiT keys mapped to ours, unknown keys refused."""
+    try:
+        migrate.apply_overrides(raw, overrides)
+        raw, notices = migrate.migrate(raw)
+    except migrate.MigrationError as e:
+        raise ConfigError(str(e)) from None
+    if notices:
+        if on_notices is None:
+            log.warning("DiT4DiT config migrated:\n  %s", "\n  ".join(notices))
+        else:
+            on_notices(notices)
+    return raw
 
 
 def from_dict(cls: type, data: Any, prefix: str = "") -> Any:

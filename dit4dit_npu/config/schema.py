@@ -62,6 +62,12 @@ class Cosmos25Config:
     attention_backend: str = "auto"
     # Persisted prompt-embedding cache (safetensors); null = <run dir>/prompt_cache.safetensors.
     prompt_cache: str | None = None
+    # Conditioning latent of frame 0: posterior "mean", or a posterior "sample" as DiT4DiT drew it
+    # (set by the DiT4DiT checkpoint import, dit4dit_npu/convert).
+    condition_latent: Literal["mean", "sample"] = "mean"
+    # Round the feature-pass sigma and the video-loss t to the transformer's compute dtype before
+    # the time embedding, as DiT4DiT did (bf16: 0.99502486 -> 0.99609375; no effect in fp32).
+    round_timesteps: bool = False
 
 
 @dataclass

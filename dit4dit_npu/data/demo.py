@@ -24,8 +24,9 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+from tqdm.auto import tqdm
 
-from dit4dit_npu.data.writer import DatasetSpec, Episode, write_lerobot_dataset
+from dit4dit_npu.data.writer import DatasetSpec, Episode, LeRobotWriter
 
 ARM_JOINTS = ("waist", "shoulder", "elbow", "forearm_roll", "wrist_angle", "wrist_rotate")
 MOTORS = (
@@ -200,6 +201,20 @@ def _modality() -> dict:
     }
 
 
+def demo_frames(ep: Episode, first: int, size_hw: tuple[int, int], seed: int = 0) -> dict[str, np.ndarray]:
+    """Every camera's uint8 (T, H, W, 3) frames of an episode whose first frame has ``index`` ``first``."""
+    goals = [task_goal(ep.task_index, seed, phase) for phase in (0, 1)]
+    return {
+        f"observation.images.{c}": np.stack(
+            [
+                render(c, s, goals[demo_phase(s, ep.task_index)], ep.task_index, first + t, size_hw)
+                for t, s in enumerate(ep.states)
+            ]
+        )
+        for c in CAMERAS
+    }
+
+
 def write_demo_dataset(
     out: str | Path,
     version: str = "v2.1",
@@ -223,21 +238,10 @@ def write_demo_dataset(
     if not 1 <= num_tasks <= len(TASKS):
         raise ValueError(f"num_tasks must be in 1..{len(TASKS)}")
     size_hw = (int(image_size[0]), int(image_size[1]))
-    episodes = [demo_episode(e, episode_length, num_tasks, seed) for e in range(num_episodes)]
-    frames: dict[str, list[np.ndarray]] = {f"observation.images.{c}": [] for c in CAMERAS}
-    for e, ep in enumerate(episodes):
-        goals = [task_goal(ep.task_index, seed, phase) for phase in (0, 1)]
-        first = e * episode_length  # the dataset-global `index` of the episode's first frame
-        for c in CAMERAS:
-            images = [
-                render(c, s, goals[demo_phase(s, ep.task_index)], ep.task_index, first + t, size_hw)
-                for t, s in enumerate(ep.states)
-            ]
-            frames[f"observation.images.{c}"].append(np.stack(images))
     spec = DatasetSpec(
         fps=fps,
         tasks=TASKS[:num_tasks],
-        video_keys=list(frames),
+        video_keys=[f"observation.images.{c}" for c in CAMERAS],
         motors=MOTORS,
         codec=codec,
         gop=gop,
@@ -247,7 +251,11 @@ def write_demo_dataset(
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     try:
-        write_lerobot_dataset(tmp, version, spec, episodes, frames)
+        # One episode rendered and encoded at a time: memory stays that of one episode.
+        with LeRobotWriter(tmp, version, spec) as writer:
+            for e in tqdm(range(num_episodes), desc=f"demo {version}", unit="episode", disable=None):
+                ep = demo_episode(e, episode_length, num_tasks, seed)
+                writer.add_episode(ep, demo_frames(ep, e * episode_length, size_hw, seed))
         if out.exists():
             out.rmdir()
         os.replace(tmp, out)  # readers (other ranks) never see a half-written dataset
@@ -258,17 +266,21 @@ def write_demo_dataset(
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", required=True, type=Path)
-    p.add_argument("--version", default="v2.1", choices=["v2.1", "v3.0"])
-    p.add_argument("--episodes", type=int, default=16)
-    p.add_argument("--length", type=int, default=48)
-    p.add_argument("--fps", type=int, default=15)
-    p.add_argument("--height", type=int, default=32)
-    p.add_argument("--width", type=int, default=32)
-    p.add_argument("--tasks", type=int, default=4)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", required=True, type=Path, help="new (or empty) folder to write the dataset into")
+    p.add_argument(
+        "--version", default="v2.1", choices=["v2.1", "v3.0"], help="LeRobot format version (default: %(default)s)"
+    )
+    p.add_argument("--episodes", type=int, default=16, help="number of episodes (default: %(default)s)")
+    p.add_argument("--length", type=int, default=48, help="frames per episode (default: %(default)s)")
+    p.add_argument("--fps", type=int, default=15, help="frames per second (default: %(default)s)")
+    p.add_argument("--height", type=int, default=32, help="frame height in pixels, even, >= 16 (default: %(default)s)")
+    p.add_argument("--width", type=int, default=32, help="frame width in pixels, even, >= 16 (default: %(default)s)")
+    p.add_argument(
+        "--tasks", type=int, default=4, help=f"number of distinct tasks, 1..{len(TASKS)} (default: %(default)s)"
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of the trajectories (default: %(default)s)")
     p.add_argument("--codec", default="libx264", help="libx264 (default) or libsvtav1 (lerobot's default)")
-    p.add_argument("--gop", type=int, default=8, help="keyframe interval")
+    p.add_argument("--gop", type=int, default=8, help="keyframe interval in frames (default: %(default)s)")
     a = p.parse_args(argv)
     out = write_demo_dataset(
         a.out, a.version, a.episodes, a.length, a.fps, (a.height, a.width), a.seed, a.tasks, a.gop, a.codec

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+from tqdm.auto import tqdm
 
 from dit4dit_npu.data.errors import DatasetError
 from dit4dit_npu.data.lerobot import STANDARD_COLUMNS, _column_to_numpy
@@ -45,7 +46,8 @@ def _episode_groups(meta: LeRobotDatasetMetadata, kind: str, key: str = "") -> d
 def _check_data(meta: LeRobotDatasetMetadata, tol: float) -> list[str]:
     problems: list[str] = []
     keys = _numeric_keys(meta)
-    for path, eps in _episode_groups(meta, "data").items():
+    groups = _episode_groups(meta, "data")
+    for path, eps in tqdm(groups.items(), desc="check data", total=len(groups), unit="file", disable=None):
         try:
             table = read_parquet(path)
         except DatasetError as e:
@@ -68,7 +70,9 @@ def _check_videos(meta: LeRobotDatasetMetadata, tol: float) -> list[str]:
     problems: list[str] = []
     for key in meta.video_keys:
         want_hw = meta.video_size(key)
-        for path, eps in _episode_groups(meta, "video", key).items():
+        groups = _episode_groups(meta, "video", key)
+        bar = tqdm(groups.items(), desc=f"check {key}", total=len(groups), unit="file", disable=None)
+        for path, eps in bar:
             try:
                 info = probe_video(path)
             except DatasetError as e:
@@ -157,9 +161,14 @@ def summarize(root: str | Path) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="Inspect (and with --check validate) a LeRobot dataset folder.")
-    p.add_argument("root", type=Path)
-    p.add_argument("--check", action="store_true", help="validate; exit 1 listing every problem")
-    p.add_argument("--tolerance-s", type=float, default=1e-4)
+    p.add_argument("root", type=Path, help="the dataset folder (the one holding meta/info.json)")
+    p.add_argument("--check", action="store_true", help="validate every file; exit 1 listing every problem")
+    p.add_argument(
+        "--tolerance-s",
+        type=float,
+        default=1e-4,
+        help="how far timestamps may be off the 1/fps grid, in seconds (default: %(default)g, lerobot's)",
+    )
     a = p.parse_args(argv)
     if a.check:
         problems = check_dataset(a.root, a.tolerance_s)

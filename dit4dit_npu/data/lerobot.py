@@ -28,11 +28,9 @@ import pyarrow as pa
 import torch
 
 from dit4dit_npu.data.errors import DatasetError
-from dit4dit_npu.data.meta import LeRobotDatasetMetadata, read_parquet
+from dit4dit_npu.data.meta import STANDARD_COLUMNS, LeRobotDatasetMetadata, read_parquet
 from dit4dit_npu.data.validate import raise_first, table_problems
 from dit4dit_npu.data.video import VideoDecoder
-
-STANDARD_COLUMNS = ("timestamp", "frame_index", "episode_index", "index", "task_index")
 
 
 def check_delta_timestamps(

@@ -31,6 +31,8 @@ from dit4dit_npu.data.errors import DatasetError
 from dit4dit_npu.transforms.stats import pool_moments
 
 SUPPORTED_VERSIONS = ("v2.0", "v2.1", "v3.0")
+# The bookkeeping columns every LeRobot frame has (after its features), in lerobot's order.
+STANDARD_COLUMNS = ("timestamp", "frame_index", "episode_index", "index", "task_index")
 STAT_NAMES = ("min", "max", "mean", "std", "count", "q01", "q10", "q50", "q90", "q99")
 
 

@@ -163,6 +163,63 @@ class VideoDecoder:
         return found
 
 
+class Mp4Writer:
+    """Streaming yuv420p mp4 encoder: frames are appended in any number of calls, so a long
+    recording (or several episodes sharing one file) never has to be held in memory at once."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        size_hw: Sequence[int],
+        fps: int,
+        codec: str = "libx264",
+        gop: int = 8,
+        crf: int = 12,
+    ) -> None:
+        h, w = int(size_hw[0]), int(size_hw[1])
+        if h % 2 or w % 2:
+            raise ValueError(f"yuv420p needs even frame sizes, got {h}x{w}")
+        self.size_hw = (h, w)
+        self.frames = 0
+        self._container = av.open(str(path), "w")
+        self._stream = self._container.add_stream(codec, rate=fps)
+        self._stream.width, self._stream.height = w, h
+        self._stream.pix_fmt = "yuv420p"
+        # libsvtav1 (lerobot's default encoder, g=2) takes a numeric preset; x264 a named one.
+        preset = {"libx264": "veryfast", "libsvtav1": "10"}.get(codec)
+        self._stream.options = {"crf": str(crf), "g": str(gop)} | ({"preset": preset} if preset else {})
+
+    def write(self, frames: np.ndarray) -> None:
+        """Append uint8 RGB frames, (N, H, W, 3) or one (H, W, 3)."""
+        frames = np.asarray(frames)
+        if frames.ndim == 3:
+            frames = frames[None]
+        if frames.dtype != np.uint8 or frames.shape[1:] != (*self.size_hw, 3):
+            raise ValueError(
+                f"expected uint8 frames of shape (N, {self.size_hw[0]}, {self.size_hw[1]}, 3), "
+                f"got {frames.dtype} {frames.shape}"
+            )
+        for f in frames:
+            frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(f), format="rgb24")
+            for packet in self._stream.encode(frame):
+                self._container.mux(packet)
+        self.frames += len(frames)
+
+    def close(self) -> None:
+        if self._container is None:
+            return
+        for packet in self._stream.encode():  # flush the encoder's delayed frames
+            self._container.mux(packet)
+        self._container.close()
+        self._container = None
+
+    def __enter__(self) -> Mp4Writer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 def write_mp4(
     path: str | Path,
     frames: np.ndarray,
@@ -172,21 +229,8 @@ def write_mp4(
     crf: int = 12,
 ) -> None:
     """Encode uint8 (N, H, W, 3) RGB frames as a yuv420p mp4 (H, W even), h264 by default."""
-    n, h, w, _ = frames.shape
-    if h % 2 or w % 2:
-        raise ValueError(f"yuv420p needs even frame sizes, got {h}x{w}")
-    with av.open(str(path), "w") as container:
-        stream = container.add_stream(codec, rate=fps)
-        stream.width, stream.height = w, h
-        stream.pix_fmt = "yuv420p"
-        # libsvtav1 (lerobot's default encoder, g=2) takes a numeric preset; x264 a named one.
-        preset = {"libx264": "veryfast", "libsvtav1": "10"}.get(codec)
-        stream.options = {"crf": str(crf), "g": str(gop)} | ({"preset": preset} if preset else {})
-        for f in frames:
-            for packet in stream.encode(av.VideoFrame.from_ndarray(np.ascontiguousarray(f), format="rgb24")):
-                container.mux(packet)
-        for packet in stream.encode():
-            container.mux(packet)
+    with Mp4Writer(path, frames.shape[1:3], fps, codec=codec, gop=gop, crf=crf) as writer:
+        writer.write(frames)
 
 
 def probe_video(path: str | Path) -> dict:

@@ -1,11 +1,17 @@
 """Write a LeRobot dataset (v2.1 or v3.0) from arrays and RGB frames: the demo's back end.
 
-Files and metadata follow lerobot's layouts (reference/robotwin_lerobot_npu.md §1.4, §2) closely
-enough that lerobot itself and starVLA read them: v2.1 with one parquet and one mp4 per camera per
-episode; v3.0 with several episodes per file, data and video files sharded *differently* (so a
-reader that uses the data file indices for videos, like starVLA, fails), small chunks (so
-``chunk-001`` exists), per-episode ``from_timestamp`` in shared mp4s, ``tasks.parquet`` with the
-task text as the pandas index, and aggregated ``stats.json`` with quantiles.
+Files and metadata follow lerobot's layouts (reference/robotwin_lerobot_npu.md §1.4, §2): lerobot
+0.4.4's LeRobotDataset, v2.1->v3.0 converter, visualizer and trainer accept them unchanged
+(``scripts/interop_check.sh`` checks with the real library), and starVLA reads them. v2.1: one
+parquet and one mp4 per camera per episode, ``episodes_stats.jsonl``; v3.0: several episodes per
+file, data and video files sharded *differently* (so a reader that uses the data file indices for
+videos, like starVLA, fails), small chunks (so ``chunk-001`` exists), per-episode
+``from_timestamp`` in shared mp4s, ``tasks.parquet`` with the task text as its pandas index, and
+``stats.json``. Statistics (``lerobot_stats``) cover every feature, cameras included, per episode
+and for the dataset, as lerobot's ``compute_episode_stats`` lays them out.
+
+``LeRobotWriter`` appends one episode at a time (bounded memory: simulation demos);
+``write_lerobot_dataset`` writes arrays already in memory through it.
 """
 
 from __future__ import annotations
@@ -20,7 +26,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from dit4dit_npu.data.video import write_mp4
+from dit4dit_npu.data.lerobot_stats import PixelHistogram, to_json, vector_stats
+from dit4dit_npu.data.meta import STANDARD_COLUMNS
+from dit4dit_npu.data.video import Mp4Writer, write_mp4
 
 CODEC_NAMES = {"libx264": "h264", "libsvtav1": "av1", "libaom-av1": "av1", "mpeg4": "mpeg4"}
 
@@ -76,44 +84,65 @@ def _features(spec: DatasetSpec, size_hw: tuple[int, int], version: str, sd: int
     return feats
 
 
-def _frame_table(ep: Episode, episode_index: int, start: int, fps: int) -> pa.Table:
+def _frame_columns(ep: Episode, episode_index: int, start: int, fps: int) -> dict[str, np.ndarray]:
+    """The parquet columns of one episode, in lerobot's order and dtypes."""
     n = len(ep.states)
+    return {
+        "observation.state": np.asarray(ep.states, np.float32),
+        "action": np.asarray(ep.actions, np.float32),
+        "timestamp": (np.arange(n) / fps).astype(np.float32),
+        "frame_index": np.arange(n, dtype=np.int64),
+        "episode_index": np.full(n, episode_index, np.int64),
+        "index": np.arange(start, start + n, dtype=np.int64),
+        "task_index": np.full(n, ep.task_index, np.int64),
+    }
+
+
+def _frame_table(cols: dict[str, np.ndarray]) -> pa.Table:
     vec = pa.list_(pa.float32())
     return pa.table(
-        {
-            "observation.state": pa.array(list(ep.states.astype(np.float32)), type=vec),
-            "action": pa.array(list(ep.actions.astype(np.float32)), type=vec),
-            "timestamp": pa.array((np.arange(n) / fps).astype(np.float32)),
-            "frame_index": pa.array(np.arange(n, dtype=np.int64)),
-            "episode_index": pa.array(np.full(n, episode_index, np.int64)),
-            "index": pa.array(np.arange(start, start + n, dtype=np.int64)),
-            "task_index": pa.array(np.full(n, ep.task_index, np.int64)),
-        }
+        {k: pa.array(list(v), type=vec) if v.ndim == 2 else pa.array(v) for k, v in cols.items()}
     )
 
 
-def _stats(x: np.ndarray, quantiles: bool) -> dict:
-    x = np.asarray(x, np.float64).reshape(len(x), -1)
-    out = {"min": x.min(0), "max": x.max(0), "mean": x.mean(0), "std": x.std(0), "count": [len(x)]}
-    if quantiles:
-        for q in (1, 10, 50, 90, 99):
-            out[f"q{q:02d}"] = np.quantile(x, q / 100, axis=0)
-    return {k: np.asarray(v).tolist() for k, v in out.items()}
+def _tasks_table(tasks: Sequence[str]) -> pa.Table:
+    """``meta/tasks.parquet`` as ``pd.DataFrame({"task_index": ...}, index=tasks).to_parquet()`` writes it.
+
+    lerobot reads it with ``pd.read_parquet`` and looks tasks up by the DataFrame's index, so the
+    pandas metadata must describe every column: pyarrow rebuilds the index from it, and a column it
+    does not list fails with ``KeyError: '__index_level_0__'``. The layout is pandas 2.2's (plain
+    ``string`` values), which pandas 2 and 3 both read; pandas itself is not needed to write it.
+    """
+    index = "__index_level_0__"
+    table = pa.table({"task_index": pa.array(range(len(tasks)), pa.int64()), index: pa.array(list(tasks), pa.string())})
+    text = {"pandas_type": "unicode", "numpy_type": "object"}
+    pandas_meta = {
+        "index_columns": [index],
+        "column_indexes": [{"name": None, "field_name": None, **text, "metadata": {"encoding": "UTF-8"}}],
+        "columns": [
+            {"name": "task_index", "field_name": "task_index", "pandas_type": "int64", "numpy_type": "int64", "metadata": None},
+            {"name": None, "field_name": index, **text, "metadata": None},
+        ],
+        "attributes": {},
+        "creator": {"library": "pyarrow", "version": pa.__version__},
+        "pandas_version": "2.2.3",
+    }
+    return table.replace_schema_metadata({b"pandas": json.dumps(pandas_meta).encode()})
 
 
-def _info(spec: DatasetSpec, version: str, episodes: Sequence[Episode], size_hw, chunks_size: int) -> dict:
+def _info(
+    spec: DatasetSpec, version: str, lengths: Sequence[int], dims: tuple[int, int], size_hw, chunks_size: int
+) -> dict:
     info = {
         "codebase_version": version,
         "robot_type": spec.robot_type,
-        "total_episodes": len(episodes),
-        "total_frames": sum(len(e.states) for e in episodes),
+        "total_episodes": len(lengths),
+        "total_frames": int(sum(lengths)),
         "total_tasks": len(spec.tasks),
         "chunks_size": chunks_size,
         "fps": spec.fps,
-        "splits": {"train": f"0:{len(episodes)}"},
-        "features": _features(
-            spec, size_hw, version, episodes[0].states.shape[1], episodes[0].actions.shape[1]
-        ),
+        "splits": {"train": f"0:{len(lengths)}"},
+        "features": _features(spec, size_hw, version, *dims),
     }
     if version == "v3.0":
         return info | {
@@ -124,10 +153,240 @@ def _info(spec: DatasetSpec, version: str, episodes: Sequence[Episode], size_hw,
         }
     return info | {
         "total_chunks": 1,
-        "total_videos": len(episodes) * len(spec.video_keys),
+        "total_videos": len(lengths) * len(spec.video_keys),
         "data_path": "data/chunk-{episode_chunk:03d}/episode_{episode_index:06d}.parquet",
         "video_path": "videos/chunk-{episode_chunk:03d}/{video_key}/episode_{episode_index:06d}.mp4",
     }
+
+
+class LeRobotWriter:
+    """Writes a dataset one episode at a time, so memory stays bounded by one episode's frames
+    (50 episodes x 400 frames x 3 cameras at 240x320 would need 13.8 GB held at once).
+
+    ``add_episode`` writes an episode's parquet rows and encodes its frames right away (v3.0: into
+    the data/video files it shares with its neighbours, which stay open until full); ``finish``
+    writes the metadata. Use as a context manager or call ``finish()`` yourself; a writer that
+    never finishes leaves a folder without ``meta/info.json``, which no reader accepts.
+    """
+
+    def __init__(
+        self,
+        root: str | Path,
+        version: str,
+        spec: DatasetSpec,
+        eps_per_data_file: int = 5,
+        eps_per_video_file: int = 3,
+        files_per_chunk: int = 2,
+    ) -> None:
+        if version not in ("v2.1", "v3.0"):
+            raise ValueError(f"version must be 'v2.1' or 'v3.0', got {version!r}")
+        self.root, self.version, self.spec = Path(root), version, spec
+        self.per_data, self.per_video, self.chunk = eps_per_data_file, eps_per_video_file, files_per_chunk
+        (self.root / "meta").mkdir(parents=True)
+        self.lengths: list[int] = []
+        self.size_hw: tuple[int, int] | None = None
+        self.dims: tuple[int, int] | None = None
+        # For the dataset's stats.json, exact (lerobot_stats): the numeric columns are small
+        # (T x ~30 numbers per episode) and kept; camera pixels are kept as 256-bin histograms.
+        self._columns: dict[str, list[np.ndarray]] = {}
+        self._pixels: dict[str, PixelHistogram] = {}
+        self._rows: list[dict] = []  # v2.1: episodes.jsonl lines; v3.0: meta/episodes rows
+        self._stat_lines: list[dict] = []  # v2.1 episodes_stats.jsonl
+        self._data_tables: list[pa.Table] = []  # v3.0: rows of the data file being filled
+        self._videos: dict[str, Mp4Writer] = {}  # v3.0: the open shared mp4 of each camera
+        self._video_t = 0.0
+        self._finished = False
+
+    @property
+    def num_episodes(self) -> int:
+        return len(self.lengths)
+
+    def add_episode(self, episode: Episode, frames: Mapping[str, np.ndarray]) -> int:
+        """Append one episode (``frames[video_key]``: uint8 (T, H, W, 3)); returns its index."""
+        if self._finished:
+            raise RuntimeError("add_episode after finish()")
+        self._check(episode, frames)
+        e, n = len(self.lengths), len(episode.states)
+        start = int(sum(self.lengths))
+        self.lengths.append(n)
+        cols = _frame_columns(episode, e, start, self.spec.fps)
+        stats = self._episode_stats(cols, frames)
+        if self.version == "v3.0":
+            self._add_v3(e, episode, frames, cols, stats)
+        else:
+            self._add_v21(e, episode, frames, cols, stats)
+        return e
+
+    def _episode_stats(self, cols: dict[str, np.ndarray], frames: Mapping[str, np.ndarray]) -> dict:
+        """lerobot's per-episode stats of every feature (lerobot_stats), in info.json's feature order;
+        the episode's columns and pixel histograms are kept for the dataset's stats.json."""
+        stats: dict[str, dict[str, np.ndarray]] = {}
+        for key in ("observation.state", "action"):
+            stats[key] = vector_stats(cols[key])
+            self._columns.setdefault(key, []).append(cols[key])
+        for key in self.spec.video_keys:
+            hist = PixelHistogram.of_episode(frames[key])
+            stats[key] = hist.stats()
+            self._pixels[key] = self._pixels[key] + hist if key in self._pixels else hist
+        for key in STANDARD_COLUMNS:
+            stats[key] = vector_stats(cols[key])
+            self._columns.setdefault(key, []).append(cols[key])
+        return stats
+
+    def _dataset_stats(self) -> dict:
+        """stats.json: the stats of all frames (numeric columns pooled whole, pixel histograms summed)."""
+        out = {key: vector_stats(np.concatenate(self._columns[key])) for key in ("observation.state", "action")}
+        out |= {key: self._pixels[key].stats() for key in self.spec.video_keys}
+        return out | {key: vector_stats(np.concatenate(self._columns[key])) for key in STANDARD_COLUMNS}
+
+    def _check(self, episode: Episode, frames: Mapping[str, np.ndarray]) -> None:
+        n = len(episode.states)
+        if n == 0 or len(episode.actions) != n:
+            raise ValueError(
+                f"episode {len(self.lengths)}: {n} states and {len(episode.actions)} actions"
+            )
+        if not 0 <= episode.task_index < len(self.spec.tasks):
+            raise ValueError(
+                f"episode {len(self.lengths)}: task_index {episode.task_index}, expected 0..{len(self.spec.tasks) - 1}"
+            )
+        dims = (episode.states.shape[1], episode.actions.shape[1])
+        if self.dims is None:
+            self.dims = dims
+        elif dims != self.dims:
+            raise ValueError(
+                f"episode {len(self.lengths)}: state/action dims {dims}, earlier episodes {self.dims}"
+            )
+        for key in self.spec.video_keys:
+            clip = frames.get(key)
+            if clip is None:
+                raise ValueError(f"episode {len(self.lengths)}: no frames for video key {key!r}")
+            if self.size_hw is None:
+                self.size_hw = tuple(clip.shape[1:3])
+            if clip.dtype != np.uint8 or clip.shape != (n, *self.size_hw, 3):
+                raise ValueError(
+                    f"episode {len(self.lengths)}, {key}: expected uint8 ({n}, {self.size_hw[0]}, "
+                    f"{self.size_hw[1]}, 3) frames, got {clip.dtype} {clip.shape}"
+                )
+
+    def _add_v21(self, e: int, ep: Episode, frames: Mapping[str, np.ndarray], cols: dict, stats: dict) -> None:
+        path = self.root / f"data/chunk-000/episode_{e:06d}.parquet"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(_frame_table(cols), path)
+        for key in self.spec.video_keys:
+            vpath = self.root / f"videos/chunk-000/{key}/episode_{e:06d}.mp4"
+            vpath.parent.mkdir(parents=True, exist_ok=True)
+            write_mp4(vpath, frames[key], self.spec.fps, codec=self.spec.codec, gop=self.spec.gop)
+        task = self.spec.tasks[ep.task_index]
+        self._rows.append({"episode_index": e, "tasks": [task], "length": len(ep.states)})
+        self._stat_lines.append({"episode_index": e, "stats": to_json(stats)})
+
+    def _file_of(self, e: int, per_file: int) -> tuple[int, int]:
+        """(chunk, file) index of episode ``e`` when files hold ``per_file`` episodes each."""
+        n = e // per_file
+        return n // self.chunk, n % self.chunk
+
+    def _add_v3(self, e: int, ep: Episode, frames: Mapping[str, np.ndarray], cols: dict, stats: dict) -> None:
+        n, fps, start = len(ep.states), self.spec.fps, int(cols["index"][0])
+        c, f = self._file_of(e, self.per_data)
+        self._data_tables.append(_frame_table(cols))
+        row: dict = {"data/chunk_index": c, "data/file_index": f}
+        if (e + 1) % self.per_data == 0:
+            self._flush_data(c, f)
+        vc, vf = self._file_of(e, self.per_video)
+        if e % self.per_video == 0:  # first episode of a new shared video file
+            self._close_videos()
+            for key in self.spec.video_keys:
+                path = self.root / f"videos/{key}/chunk-{vc:03d}/file-{vf:03d}.mp4"
+                path.parent.mkdir(parents=True, exist_ok=True)
+                self._videos[key] = Mp4Writer(
+                    path, self.size_hw, fps, codec=self.spec.codec, gop=self.spec.gop
+                )
+            self._video_t = 0.0
+        for key in self.spec.video_keys:
+            self._videos[key].write(frames[key])
+            row |= {
+                f"videos/{key}/chunk_index": vc,
+                f"videos/{key}/file_index": vf,
+                f"videos/{key}/from_timestamp": self._video_t,
+                f"videos/{key}/to_timestamp": self._video_t + n / fps,
+            }
+        self._video_t += n / fps
+        if (e + 1) % self.per_video == 0:
+            self._close_videos()
+        row |= {
+            "episode_index": e,
+            "tasks": [self.spec.tasks[ep.task_index]],
+            "length": n,
+            "dataset_from_index": start,
+            "dataset_to_index": start + n,
+            "meta/episodes/chunk_index": 0,
+            "meta/episodes/file_index": 0,
+        }
+        for feat, per in to_json(stats).items():
+            row |= {f"stats/{feat}/{name}": v for name, v in per.items()}
+        self._rows.append(row)
+
+    def _flush_data(self, c: int, f: int) -> None:
+        if not self._data_tables:
+            return
+        path = self.root / f"data/chunk-{c:03d}/file-{f:03d}.parquet"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(pa.concat_tables(self._data_tables), path)
+        self._data_tables = []
+
+    def _close_videos(self) -> None:
+        for writer in self._videos.values():
+            writer.close()
+        self._videos = {}
+
+    def finish(self) -> None:
+        """Close the open files and write the metadata (info, episodes, tasks, stats)."""
+        if self._finished:
+            return
+        if not self.lengths:
+            raise ValueError("no episodes to write")
+        if self.version == "v3.0":
+            self._flush_data(*self._file_of(len(self.lengths) - 1, self.per_data))
+            self._close_videos()
+            self._finish_v3()
+        else:
+            self._finish_v21()
+        for name, content in self.spec.extra_meta.items():
+            (self.root / "meta" / name).write_text(json.dumps(content, indent=2))
+        self._finished = True
+
+    def close(self) -> None:
+        """Release open files without writing metadata (an aborted dataset stays unreadable)."""
+        self._close_videos()
+        self._data_tables = []
+
+    def __enter__(self) -> LeRobotWriter:
+        return self
+
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        if exc_type is None:
+            self.finish()
+        else:
+            self.close()
+
+    def _finish_v21(self) -> None:
+        meta = self.root / "meta"
+        info = _info(self.spec, "v2.1", self.lengths, self.dims, self.size_hw, 1000)
+        (meta / "info.json").write_text(json.dumps(info, indent=2))
+        (meta / "episodes.jsonl").write_text("".join(json.dumps(x) + "\n" for x in self._rows))
+        (meta / "episodes_stats.jsonl").write_text("".join(json.dumps(x) + "\n" for x in self._stat_lines))
+        (meta / "tasks.jsonl").write_text(
+            "".join(json.dumps({"task_index": i, "task": t}) + "\n" for i, t in enumerate(self.spec.tasks))
+        )
+
+    def _finish_v3(self) -> None:
+        meta = self.root / "meta"
+        (meta / "episodes/chunk-000").mkdir(parents=True)
+        pq.write_table(pa.Table.from_pylist(self._rows), meta / "episodes/chunk-000/file-000.parquet")
+        pq.write_table(_tasks_table(self.spec.tasks), meta / "tasks.parquet")
+        (meta / "stats.json").write_text(json.dumps(to_json(self._dataset_stats()), indent=2))
+        info = _info(self.spec, "v3.0", self.lengths, self.dims, self.size_hw, self.chunk)
+        (meta / "info.json").write_text(json.dumps(info, indent=2))
 
 
 def write_lerobot_dataset(
@@ -141,107 +400,10 @@ def write_lerobot_dataset(
     files_per_chunk: int = 2,
 ) -> None:
     """Write ``episodes`` and ``frames[video_key][episode]`` (uint8 (T, H, W, 3)) to a new ``root``."""
-    root = Path(root)
     if version not in ("v2.1", "v3.0"):
         raise ValueError(f"version must be 'v2.1' or 'v3.0', got {version!r}")
     if not episodes:
         raise ValueError("no episodes to write")
-    size_hw = tuple(frames[spec.video_keys[0]][0].shape[1:3])
-    (root / "meta").mkdir(parents=True)
-    if version == "v3.0":
-        _write_v3(
-            root, spec, episodes, frames, size_hw, eps_per_data_file, eps_per_video_file, files_per_chunk
-        )
-    else:
-        _write_v21(root, spec, episodes, frames, size_hw)
-    for name, content in spec.extra_meta.items():
-        (root / "meta" / name).write_text(json.dumps(content, indent=2))
-
-
-def _write_v21(root: Path, spec: DatasetSpec, episodes, frames, size_hw) -> None:
-    start = 0
-    ep_lines, stat_lines = [], []
-    for e, ep in enumerate(episodes):
-        path = root / f"data/chunk-000/episode_{e:06d}.parquet"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        pq.write_table(_frame_table(ep, e, start, spec.fps), path)
-        start += len(ep.states)
-        for key in spec.video_keys:
-            vpath = root / f"videos/chunk-000/{key}/episode_{e:06d}.mp4"
-            vpath.parent.mkdir(parents=True, exist_ok=True)
-            write_mp4(vpath, frames[key][e], spec.fps, codec=spec.codec, gop=spec.gop)
-        ep_lines.append({"episode_index": e, "tasks": [spec.tasks[ep.task_index]], "length": len(ep.states)})
-        stats = {"observation.state": _stats(ep.states, False), "action": _stats(ep.actions, False)}
-        stat_lines.append({"episode_index": e, "stats": stats})
-    meta = root / "meta"
-    (meta / "info.json").write_text(json.dumps(_info(spec, "v2.1", episodes, size_hw, 1000), indent=2))
-    (meta / "episodes.jsonl").write_text("".join(json.dumps(x) + "\n" for x in ep_lines))
-    (meta / "episodes_stats.jsonl").write_text("".join(json.dumps(x) + "\n" for x in stat_lines))
-    (meta / "tasks.jsonl").write_text(
-        "".join(json.dumps({"task_index": i, "task": t}) + "\n" for i, t in enumerate(spec.tasks))
-    )
-
-
-def _write_v3(root: Path, spec, episodes, frames, size_hw, per_data: int, per_video: int, chunk: int) -> None:
-    lengths = [len(e.states) for e in episodes]
-    starts = [int(s) for s in np.cumsum([0] + lengths[:-1])]
-    rows: list[dict] = [{} for _ in episodes]
-
-    def groups(per_file: int):
-        for n, f0 in enumerate(range(0, len(episodes), per_file)):
-            yield n // chunk, n % chunk, range(f0, min(f0 + per_file, len(episodes)))
-
-    for c, f, group in groups(per_data):
-        path = root / f"data/chunk-{c:03d}/file-{f:03d}.parquet"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        pq.write_table(
-            pa.concat_tables([_frame_table(episodes[e], e, starts[e], spec.fps) for e in group]), path
-        )
-        for e in group:
-            rows[e] |= {"data/chunk_index": c, "data/file_index": f}
-    for key in spec.video_keys:
-        for c, f, group in groups(per_video):
-            path = root / f"videos/{key}/chunk-{c:03d}/file-{f:03d}.mp4"
-            path.parent.mkdir(parents=True, exist_ok=True)
-            clip = np.concatenate([frames[key][e] for e in group])
-            write_mp4(path, clip, spec.fps, codec=spec.codec, gop=spec.gop)
-            t = 0.0
-            for e in group:
-                rows[e] |= {
-                    f"videos/{key}/chunk_index": c,
-                    f"videos/{key}/file_index": f,
-                    f"videos/{key}/from_timestamp": t,
-                    f"videos/{key}/to_timestamp": t + lengths[e] / spec.fps,
-                }
-                t += lengths[e] / spec.fps
-    for e, ep in enumerate(episodes):
-        rows[e] |= {
-            "episode_index": e,
-            "tasks": [spec.tasks[ep.task_index]],
-            "length": lengths[e],
-            "dataset_from_index": starts[e],
-            "dataset_to_index": starts[e] + lengths[e],
-            "meta/episodes/chunk_index": 0,
-            "meta/episodes/file_index": 0,
-        }
-        for feat, x in (("observation.state", ep.states), ("action", ep.actions)):
-            for name, v in _stats(x, False).items():
-                rows[e][f"stats/{feat}/{name}"] = v
-    (root / "meta/episodes/chunk-000").mkdir(parents=True)
-    pq.write_table(pa.Table.from_pylist(rows), root / "meta/episodes/chunk-000/file-000.parquet")
-    # pandas' layout: the task text is the (unnamed) DataFrame index.
-    tasks = pa.table(
-        {"task_index": pa.array(range(len(spec.tasks)), pa.int64()), "__index_level_0__": list(spec.tasks)}
-    )
-    pandas_meta = {"index_columns": ["__index_level_0__"], "columns": [], "pandas_version": "2.2.0"}
-    pq.write_table(
-        tasks.replace_schema_metadata({b"pandas": json.dumps(pandas_meta).encode()}),
-        root / "meta/tasks.parquet",
-    )
-    stats = {
-        "observation.state": _stats(np.concatenate([e.states for e in episodes]), True),
-        "action": _stats(np.concatenate([e.actions for e in episodes]), True),
-    }
-    meta = root / "meta"
-    (meta / "stats.json").write_text(json.dumps(stats, indent=2))
-    (meta / "info.json").write_text(json.dumps(_info(spec, "v3.0", episodes, size_hw, chunk), indent=2))
+    with LeRobotWriter(root, version, spec, eps_per_data_file, eps_per_video_file, files_per_chunk) as writer:
+        for e, ep in enumerate(episodes):
+            writer.add_episode(ep, {key: frames[key][e] for key in spec.video_keys})

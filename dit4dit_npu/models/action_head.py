@@ -26,6 +26,7 @@ from torch import nn
 from dit4dit_npu import device as dev
 from dit4dit_npu.models.dit import KV, CrossAttentionDiT
 from dit4dit_npu.models.errors import ModelConfigError
+from dit4dit_npu.models.noise import checked
 
 # action_model_type -> (input embedding dim, attention heads, attention head dim)
 PRESETS: dict[str, tuple[int, int, int]] = {
@@ -179,12 +180,16 @@ class FlowMatchingActionHead(nn.Module):
         state: torch.Tensor | None,
         actions: torch.Tensor,
         action_mask: torch.Tensor | None = None,
+        noise: torch.Tensor | None = None,
+        t: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Masked flow-matching MSE averaged over R noise draws per sample (float32 scalar).
 
         features (B, S, cross_dim); state (B, state_width) or None; actions and the bool mask
-        (B, chunk_length, action_width), as the batch brings them (PolicyIO padded them)."""
-        return self.loss_with_context(self.context_kv(features), self.repeats, state, actions, action_mask)
+        (B, chunk_length, action_width), as the batch brings them (PolicyIO padded them).
+        Explicit draws (noise.py): ``noise`` (B, R, chunk_length, action_width), ``t`` (B, R)."""
+        kv = self.context_kv(features)
+        return self.loss_with_context(kv, self.repeats, state, actions, action_mask, noise, t)
 
     def loss_with_context(
         self,
@@ -193,18 +198,23 @@ class FlowMatchingActionHead(nn.Module):
         state: torch.Tensor | None,
         actions: torch.Tensor,
         action_mask: torch.Tensor | None = None,
+        noise: torch.Tensor | None = None,
+        t: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """``loss`` from precomputed K/V: ``kv`` rows serve ``kv_repeats`` consecutive noisy
         samples each (R for per-sample K/V; 1 for K/V of R materialised feature copies, what the
         original computed, SPEC B5; bench/reference.py)."""
         r = self.repeats
+        b, n, c = actions.shape
+        noise = checked(noise, "action", (b, r, n, c), actions.device)
+        t = checked(t, "action_time", (b, r), actions.device)
         with torch.autocast(dev.device_type(), enabled=False):
             state_tok = self._state_token(state)
             if state_tok is not None:
                 state_tok = state_tok.repeat_interleave(r, dim=0)
-            a = actions.float().repeat_interleave(r, dim=0)
-            noise = torch.randn_like(a)
-            t = self.sample_time(a.shape[0], a.device)
+            a = actions.float().repeat_interleave(r, dim=0)  # row b * R + r: repeat r of sample b
+            noise = torch.randn_like(a) if noise is None else noise.reshape(b * r, n, c)
+            t = self.sample_time(a.shape[0], a.device) if t is None else t.reshape(b * r)
             tv = t.view(-1, 1, 1)
             x_t = (1 - tv) * a + tv * noise
             t_int = (t * self.cfg.num_timestep_buckets).floor().long()
@@ -218,22 +228,27 @@ class FlowMatchingActionHead(nn.Module):
 
     @torch.no_grad()
     def sample(
-        self, features: torch.Tensor, state: torch.Tensor | None, generator: torch.Generator | None = None
+        self,
+        features: torch.Tensor,
+        state: torch.Tensor | None,
+        generator: torch.Generator | None = None,
+        noise: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Euler from t = 1 to 0 -> normalised chunk (B, chunk_length, action_width), float32.
 
         With a generator (a seeded call): one (CPU) draw of (1, H_a, A) shared by every row, so a
         row's chunk depends on its own observation and the seed only — not on the device, nor on
         the batch it came in (row i of a batch == the same observation alone). Without one:
-        independent global-RNG noise per row."""
+        independent global-RNG noise per row. ``noise`` (B, H_a, A): the start x_1, given."""
         b, n, c = features.shape[0], self.cfg.num_inference_timesteps, self.cfg
+        x = checked(noise, "action", (b, c.chunk_length, c.action_width), features.device)
         kv = self.context_kv(features)  # once for all Euler steps
         with torch.autocast(dev.device_type(), enabled=False):
             state_tok = self._state_token(state)
-            if generator is not None:
+            if x is None and generator is not None:
                 x = torch.randn(1, c.chunk_length, c.action_width, generator=generator)
                 x = x.to(features.device).expand(b, -1, -1)
-            else:
+            elif x is None:
                 x = torch.randn(b, c.chunk_length, c.action_width, device=features.device)
             for i in range(n):
                 t_int = torch.full(

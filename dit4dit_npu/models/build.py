@@ -94,6 +94,8 @@ def backbone_config(cfg: Config) -> BackboneConfig:
         feature_noise_seed=c.feature_noise_seed,
         attention_backend=c.attention_backend,
         gradient_checkpointing=cfg.trainer.enable_gradient_checkpointing,
+        condition_latent=c.condition_latent,
+        round_timesteps=c.round_timesteps,
     )
 
 
@@ -177,6 +179,41 @@ def build_dit4dit(cfg: Config, spec: BatchSpec) -> DiT4DiT:
         head = build_action_head(cfg, spec, backbone.hidden_size)
     with _as_config_error():
         return DiT4DiT(backbone, head, dit4dit_config(cfg), spec)
+
+
+def build_skeleton(cfg: Config, spec: BatchSpec) -> DiT4DiT:
+    """The model's module tree on the meta device: built from the base folder's configs (or the
+    tiny sizes) without reading or allocating a weight, so ``--dry-run`` runs every check the
+    real build runs (base folder, extract_layer, frame size, head sizes) and the module paths of
+    learning rates and freeze_modules resolve against the real tree, in a second."""
+    from diffusers import AutoencoderKLWan, CosmosTransformer3DModel, UniPCMultistepScheduler
+
+    c = cfg.framework.cosmos25
+    with _as_config_error():
+        if c.base_model == TINY:
+            sizes = tiny_sizes(cfg)
+            with torch.device("meta"):
+                transformer, vae = tiny.build_transformer(sizes), tiny.build_vae(sizes)
+            scheduler = tiny.build_scheduler()
+        else:
+            p = check_base_model(c.base_model, BACKBONE_PARTS)
+            with torch.device("meta"):
+                transformer = _from_config(CosmosTransformer3DModel, p, "transformer")
+                vae = _from_config(AutoencoderKLWan, p, "vae")
+            scheduler = _load(UniPCMultistepScheduler, p, "scheduler")
+        backbone = CosmosBackbone(transformer, vae, scheduler, backbone_config(cfg))  # reads sigma: not on meta
+        head = None
+        if c.training != "video":
+            with torch.device("meta"):
+                head = FlowMatchingActionHead(action_head_config(cfg, spec), backbone.hidden_size)
+        return DiT4DiT(backbone, head, dit4dit_config(cfg), spec)
+
+
+def _from_config(cls: Any, path: Path, component: str) -> Any:
+    try:
+        return cls.from_config(cls.load_config(str(path / component), local_files_only=True))
+    except (OSError, ValueError, TypeError) as e:
+        raise ConfigError(f"framework.cosmos25.base_model: cannot read {path / component} config: {e}") from None
 
 
 def build_prompt_encoder(cfg: Config) -> PromptEncoder:

@@ -21,6 +21,7 @@ from torch import nn
 
 from dit4dit_npu import device as dev
 from dit4dit_npu.models.errors import ModelConfigError
+from dit4dit_npu.models.noise import NoiseError, checked
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,13 @@ class BackboneConfig:
     # "auto" = the device layer's choice, or a diffusers attention backend name.
     attention_backend: str = "auto"
     gradient_checkpointing: bool = False
+    # Latent of the conditioning frame: the posterior "mean" (deterministic), or a posterior
+    # "sample" mean + std * eps, as DiT4DiT drew it (its video targets stay the mean either way).
+    condition_latent: Literal["mean", "sample"] = "mean"
+    # Round the noise-level timesteps (feature-pass sigma, video-loss t) to the transformer's
+    # compute dtype before the time embedding, as DiT4DiT cast them to the transformer dtype (bf16:
+    # sigma 0.99502486 -> 0.99609375). The conditioning frame's timestep stays fp32 there too.
+    round_timesteps: bool = False
 
 
 def fresh_schedule(scheduler: Any, num_steps: int, device: torch.device | None = None) -> Any:
@@ -193,6 +201,35 @@ class CosmosBackbone(nn.Module):
         return next(self.vae.parameters()).dtype
 
     @torch.no_grad()
+    def encode_clip(
+        self,
+        video: torch.Tensor,
+        condition_noise: torch.Tensor | None = None,
+        generator: torch.Generator | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, 3, T, H, W) in [-1, 1] -> (normalised posterior-mean latents, conditioning latent
+        (B, 16, 1, h, w)), from one encode. The conditioning latent is latent 0 of the mean, or
+        with ``condition_latent="sample"`` mean + std * eps (``condition_noise``, else one draw
+        from ``generator`` shared by the batch, else global-RNG draws per sample): the causal VAE
+        gives latent 0 the same posterior whatever follows frame 0, so this equals DiT4DiT's
+        separate encode of frame 0 zero-padded."""
+        dist = self.vae.encode(self.pad_clip(video).to(self.vae_dtype)).latent_dist
+        latents = self.normalize(dist.mode())
+        if self.cfg.condition_latent == "mean":
+            if condition_noise is not None:
+                raise NoiseError(
+                    "noise.condition: this model conditions on the posterior mean (condition_latent='mean') "
+                    "and draws no conditioning noise"
+                )
+            return latents, latents[:, :, :1]
+        mean0, std0 = dist.mean[:, :, :1], dist.std[:, :, :1]
+        eps = checked(condition_noise, "condition", tuple(mean0.shape), mean0.device)
+        if eps is None and generator is not None:
+            eps = torch.randn((1, *mean0.shape[1:]), generator=generator).to(mean0.device).expand_as(mean0)
+        eps = torch.randn_like(mean0) if eps is None else eps.to(mean0.dtype)
+        return latents, self.normalize(mean0 + std0 * eps)
+
+    @torch.no_grad()
     def encode_video(self, video: torch.Tensor) -> torch.Tensor:
         """(B, 3, T, H, W) in [-1, 1] -> normalised latents (B, 16, T_lat, H/8, W/8), float32.
 
@@ -216,6 +253,8 @@ class CosmosBackbone(nn.Module):
         ind[:, :, 0] = 1.0
         mask = ind.expand(b, 1, t, h, w)
         lat = mask * cond.float() + (1 - mask) * x.float()
+        if self.cfg.round_timesteps:
+            sigma = sigma.to(self.compute_dtype).float()
         tau = ind * self.cfg.conditional_frame_timestep + (1 - ind) * sigma.float().view(b, 1, 1, 1, 1)
         dtype = self.dtype
         if not torch.is_autocast_enabled(dev.device_type()):
@@ -229,6 +268,12 @@ class CosmosBackbone(nn.Module):
             condition_mask=mask.to(dtype),
             padding_mask=x.new_zeros(1, 1, h, w, dtype=dtype),  # batch must be 1 (diffusers repeats it)
         )
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """What the transformer computes in: the autocast dtype under autocast, else its weights'."""
+        kind = dev.device_type()
+        return torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else self.dtype
 
     def feature_noise(self, cond: torch.Tensor, num_latent_frames: int, seed: int | None) -> torch.Tensor:
         """Future-frame noise of the feature pass. Seeded: one CPU generator draw of (1, ...) shared
@@ -248,11 +293,19 @@ class CosmosBackbone(nn.Module):
         return s if s is not None else call_seed
 
     def feature_inputs(
-        self, cond: torch.Tensor, prompt_embeds: torch.Tensor, num_latent_frames: int, call_seed: int | None = None
+        self,
+        cond: torch.Tensor,
+        prompt_embeds: torch.Tensor,
+        num_latent_frames: int,
+        call_seed: int | None = None,
+        noise: torch.Tensor | None = None,
     ) -> dict[str, torch.Tensor]:
         """Transformer inputs of the feature pass: the first denoising step, future latents = noise
-        at ``feature_sigma``."""
-        noise = self.feature_noise(cond, num_latent_frames, self.feature_seed(call_seed))
+        at ``feature_sigma`` (``noise``: explicit latents (B, 16, T_lat, h, w), see noise.py)."""
+        b, c, _, h, w = cond.shape
+        noise = checked(noise, "feature", (b, c, num_latent_frames, h, w), cond.device)
+        if noise is None:
+            noise = self.feature_noise(cond, num_latent_frames, self.feature_seed(call_seed))
         sigma = torch.full((cond.shape[0],), self.feature_sigma, device=cond.device)
         return self.transformer_inputs(cond, noise, sigma, prompt_embeds)
 
@@ -265,28 +318,39 @@ class CosmosBackbone(nn.Module):
         num_latent_frames: int,
         call_seed: int | None = None,
         grad: bool = False,
+        noise: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """(B, 16, 1, h, w) conditioning latent -> block ``extract_layer`` output (B, S, hidden),
         S = num_latent_frames * h/2 * w/2. No autograd graph unless ``grad``
         (backprop_action_to_backbone)."""
         with torch.set_grad_enabled(grad), dev.attention_context(self.cfg.attention_backend):
-            inputs = self.feature_inputs(cond, prompt_embeds, num_latent_frames, call_seed)
+            inputs = self.feature_inputs(cond, prompt_embeds, num_latent_frames, call_seed, noise)
             return run_blocks(self.transformer, **inputs, last_block=self.cfg.extract_layer)
 
     # ------------------------------------------------------------------ video flow matching
 
     def video_flow_matching_loss(
-        self, latents: torch.Tensor, prompt_embeds: torch.Tensor, cond: torch.Tensor | None = None
+        self,
+        latents: torch.Tensor,
+        prompt_embeds: torch.Tensor,
+        cond: torch.Tensor | None = None,
+        t: torch.Tensor | None = None,
+        z: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Flow-matching MSE on the future latent frames (SPEC 1.6): x_t = (1-t) x0 + t z,
         target z - x0, one t per sample, frame 0 clean at conditional_frame_timestep. With one
-        latent frame there is nothing to predict: returns 0 without running the transformer."""
+        latent frame there is nothing to predict: returns 0 without running the transformer.
+        ``t`` (B,) and ``z`` (B, 16, T_lat - 1, h, w): explicit noise (noise.py)."""
         if latents.shape[2] < 2:
             return latents.new_zeros(())
         cond = latents[:, :, :1] if cond is None else cond
         x0 = latents.float()
-        t = sample_video_time(self.cfg, x0.shape[0], x0.device)
-        z = torch.randn_like(x0)
+        b, c, n, h, w = x0.shape
+        t = checked(t, "video_time", (b,), x0.device)
+        t = sample_video_time(self.cfg, b, x0.device) if t is None else t
+        z = checked(z, "video", (b, c, n - 1, h, w), x0.device)
+        # frame 0 of z only reaches x_t's frame 0, which the conditioning latent replaces
+        z = torch.randn_like(x0) if z is None else torch.cat([torch.zeros_like(x0[:, :, :1]), z], dim=2)
         tv = t.view(-1, 1, 1, 1, 1)
         x_t = (1 - tv) * x0 + tv * z
         with dev.attention_context(self.cfg.attention_backend):

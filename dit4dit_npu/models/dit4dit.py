@@ -31,6 +31,7 @@ from dit4dit_npu.models.action_head import FlowMatchingActionHead
 from dit4dit_npu.models.cosmos import CosmosBackbone
 from dit4dit_npu.models.errors import ModelConfigError
 from dit4dit_npu.models.imagine import imagine
+from dit4dit_npu.models.noise import InferenceNoise, TrainingNoise, noise_from
 from dit4dit_npu.models.pixels import to_vae_range
 from dit4dit_npu.models.text import PromptCache, PromptCacheError
 
@@ -116,52 +117,68 @@ class DiT4DiT(nn.Module):
         batch.validate(self.spec, training=training)
         return batch.to(self.device)
 
-    def _observation(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+    def _observation(
+        self, batch: Batch, condition_noise: torch.Tensor | None = None, seed: int | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Conditioning latent (frame 0 only: later frames are never 'future' input, SPEC A5; the
         causal VAE gives the same latent as the whole clip's encode) and prompt embeddings."""
-        cond = self.backbone.encode_video(self.video_input(batch.frames[:, :1]))
+        # a posterior-sample conditioning latent is drawn from its own stream of the call's seed
+        g = torch.Generator().manual_seed(seed + 1) if seed is not None else None
+        _, cond = self.backbone.encode_clip(self.video_input(batch.frames[:, :1]), condition_noise, g)
         return cond, self.prompt_embeddings(batch.instruction)
 
     # ------------------------------------------------------------------ training
 
-    def forward(self, batch: Batch) -> dict[str, torch.Tensor]:
-        """-> {"action_loss", "video_loss"}, float32 scalars (a loss the mode lacks is 0)."""
+    def forward(self, batch: Batch, noise: TrainingNoise | dict | None = None) -> dict[str, torch.Tensor]:
+        """-> {"action_loss", "video_loss"}, float32 scalars (a loss the mode lacks is 0).
+        ``noise``: explicit draws for an exact replay (``noise.py``); unset fields are drawn."""
+        n = noise_from(noise, TrainingNoise) or TrainingNoise()
         batch = self._checked(batch, training=True)
         video = self.video_input(batch.frames)
         prompts = self.prompt_embeddings(batch.instruction)
         # one batched encode gives conditioning + targets; "action" mode needs only frame 0
-        latents = self.backbone.encode_video(video if self.cfg.training != "action" else video[:, :, :1])
-        cond = latents[:, :, :1]
+        latents, cond = self.backbone.encode_clip(
+            video if self.cfg.training != "action" else video[:, :, :1], n.condition
+        )
         action_loss = video_loss = latents.new_zeros(())
         with dev.autocast(enabled=self.cfg.autocast):
             if self.action_model is not None:
                 grad = self.cfg.backprop_action_to_backbone and self.cfg.training == "joint" and torch.is_grad_enabled()
-                feats = self.backbone.features(cond, prompts, self.feature_latent_frames, grad=grad)
-                action_loss = self.action_model.loss(feats, batch.state, batch.action, batch.action_mask)
+                feats = self.backbone.features(cond, prompts, self.feature_latent_frames, grad=grad, noise=n.feature)
+                action_loss = self.action_model.loss(
+                    feats, batch.state, batch.action, batch.action_mask, n.action, n.action_time
+                )
             if self.cfg.training != "action":
-                video_loss = self.backbone.video_flow_matching_loss(latents, prompts, cond)
+                video_loss = self.backbone.video_flow_matching_loss(latents, prompts, cond, n.video_time, n.video)
         return {"action_loss": action_loss, "video_loss": video_loss}
 
     # ------------------------------------------------------------------ inference
 
     @torch.no_grad()
-    def predict_action(self, batch: Batch, seed: int | None = None) -> torch.Tensor:
+    def predict_action(
+        self, batch: Batch, seed: int | None = None, noise: InferenceNoise | dict | None = None
+    ) -> torch.Tensor:
         """Observation batch (frame 0 is used) -> normalised chunk (B, chunk_length, action_width),
         float32, padded dims included (PolicyIO drops them).
 
         Deterministic under ``seed`` (feature and action noise from CPU generators), dropout off
-        whatever mode the module is in (the original evaluated in train mode, SPEC A6)."""
+        whatever mode the module is in (the original evaluated in train mode, SPEC A6).
+        ``noise``: the action start, feature-pass latents and (condition_latent="sample") the
+        conditioning eps, given explicitly (``noise.py``); given fields override ``seed``."""
         if self.action_model is None:
             raise ModelConfigError("training", "predict_action needs an action head; training is 'video'")
+        n = noise_from(noise, InferenceNoise) or InferenceNoise()
         batch = self._checked(batch, training=False)
         was_training = self.training
         self.train(False)
         try:
-            cond, prompts = self._observation(batch)
+            cond, prompts = self._observation(batch, n.condition, seed)
             with dev.autocast(enabled=self.cfg.autocast):
-                feats = self.backbone.features(cond, prompts, self.feature_latent_frames, call_seed=seed)
+                feats = self.backbone.features(
+                    cond, prompts, self.feature_latent_frames, call_seed=seed, noise=n.feature
+                )
             g = torch.Generator().manual_seed(seed) if seed is not None else None
-            return self.action_model.sample(feats, batch.state, g)
+            return self.action_model.sample(feats, batch.state, g, n.action)
         finally:
             self.train(was_training)
 
@@ -172,7 +189,7 @@ class DiT4DiT(nn.Module):
         was_training = self.training
         self.train(False)
         try:
-            cond, prompts = self._observation(batch)
+            cond, prompts = self._observation(batch, seed=seed)
             with dev.autocast(enabled=self.cfg.autocast):
                 return imagine(self.backbone, cond, prompts, self.feature_latent_frames, num_steps, seed)
         finally:

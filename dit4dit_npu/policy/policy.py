@@ -195,13 +195,20 @@ class DiT4DiTPolicy:
     # ------------------------------------------------------------------ inference
 
     @torch.inference_mode()
-    def predict_action(self, obs: dict[str, Any], seed: int | None = None) -> np.ndarray:
+    def predict_action(self, obs: dict[str, Any], seed: int | None = None, noise: Any = None) -> np.ndarray:
         """Observation -> action chunk in robot units: (chunk, action_dim), or (B, chunk, action_dim)
-        for batched input. Same ``seed`` and input -> same output."""
+        for batched input. Same ``seed`` and input -> same output.
+
+        ``noise``: the call's random draws given explicitly, for an exact replay or a comparison
+        with another implementation: a dict (or ``InferenceNoise``) with ``action`` (B,
+        chunk, action width) the Euler start in the model's normalized, padded action space,
+        ``feature`` (B, 16, T_lat, h, w) the feature-pass latents, and ``condition`` (B, 16, 1,
+        h, w) the conditioning latent's posterior eps (policies imported from DiT4DiT); B = 1 for
+        unbatched input. See dit4dit_npu/models/noise.py."""
         batch, batched = self.io.encode_observation(obs)
         self.add_instructions(batch.instruction)
         with self._lock:
-            normalized = self.model.predict_action(batch, seed=seed)
+            normalized = self.model.predict_action(batch, seed=seed, noise=noise)
         actions = self.io.decode_actions(normalized)
         return actions if batched else actions[0]
 

@@ -359,16 +359,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--base-model", default=None, help="override the base model path recorded at export")
     p.add_argument("--bf16", action="store_true", help="cast the video backbone to bf16 (accelerators)")
     p.add_argument("--max-message-mb", type=float, default=DEFAULT_MAX_MESSAGE_BYTES / 2**20,
-                   help="largest request answered (bigger ones get an error)")
+                   help="largest request answered, in MiB (default: %(default)g); bigger ones get an error")
     p.add_argument("--max-batch", type=int, default=DEFAULT_MAX_BATCH,
-                   help="most observation rows answered by one model call (1 = one request at a time)")
+                   help="most observation rows answered by one model call (default: %(default)d; "
+                   "1 = one request at a time)")
     p.add_argument("--batch-window-ms", type=float, default=DEFAULT_BATCH_WINDOW_MS,
-                   help="how long the first request of a batch waits for others to join")
+                   help="how long the first request of a batch waits for others to join (default: %(default)g)")
     p.add_argument("--max-new-instructions", type=int, default=DEFAULT_MAX_NEW_INSTRUCTIONS,
-                   help="instructions outside the training set kept encoded (least recently used dropped)")
+                   help="instructions outside the training set kept encoded, least recently used dropped "
+                   "(default: %(default)d; each is ~100 MB at full size)")
     p.add_argument("--refuse-new-instructions", action="store_true",
                    help="answer only the instructions the policy was trained with")
-    p.add_argument("--log-level", default="INFO")
+    p.add_argument("--log-level", default="INFO", help="DEBUG, INFO (default), WARNING or ERROR")
     args = p.parse_args(argv)
     for name, low in (("max_batch", 1), ("max_new_instructions", 0)):
         if getattr(args, name) < low:

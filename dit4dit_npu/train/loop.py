@@ -35,6 +35,10 @@ def train(cfg: Config) -> Path:
 
 def _train(cfg: Config, accelerator) -> Path:
     run = open_run(cfg, accelerator.is_main_process)
+    accelerator.print(
+        f"run folder: {run.path.resolve()} | {device.describe()} | processes: {accelerator.num_processes}"
+        f" | mixed precision: {accelerator.mixed_precision}"
+    )
     device.seed_everything(cfg.seed + accelerator.process_index)
     data = build_data(cfg, accelerator)
     model, prompt_cache = build_model(cfg, accelerator, data, run.path)

@@ -1,7 +1,10 @@
 """Run logging: metrics.jsonl (always), optional tensorboard / wandb, and a loss plot at the end.
 
 Only rank 0 writes; values arrive already averaged across ranks. ``Window`` measures the
-throughput between two log rows.
+throughput between two log rows. The trackers are checked when the config loads
+(``check_trackers``: one line, before the seconds of imports and data loading), and each gets
+the resolved config: wandb as the run config, TensorBoard as a text panel (the YAML) and as
+hyper-parameters (the HPARAMS tab, one flattened key per config leaf).
 """
 
 from __future__ import annotations
@@ -13,7 +16,41 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from dit4dit_npu.config import Config, ConfigError
+from dit4dit_npu.config import Config, ConfigError, dump_yaml, to_dict
+
+# The module each optional tracker needs (tensorboard: torch.utils.tensorboard imports it).
+TRACKER_MODULES = {"tensorboard": "tensorboard", "wandb": "wandb"}
+# Metrics shown next to the hyper-parameters in TensorBoard's HPARAMS tab (logged as scalars).
+HPARAM_METRICS = ("total_loss", "action_loss", "video_loss", "val/action_mse")
+
+
+def check_trackers(trackers: list[str]) -> None:
+    """One clear line for a tracker that is not installed, without importing it (fast)."""
+    import importlib.util
+
+    missing = [t for t in trackers if t in TRACKER_MODULES and importlib.util.find_spec(TRACKER_MODULES[t]) is None]
+    if missing:
+        raise ConfigError(
+            f"trackers: {', '.join(missing)} not installed (pip install {' '.join(TRACKER_MODULES[t] for t in missing)}, "
+            "or `pip install -e .[trackers]`; or remove it from trackers)"
+        )
+
+
+def flat_hparams(cfg: Config) -> dict[str, bool | int | float | str]:
+    """The config as dotted keys -> scalars (what TensorBoard's hparams accept; lists as text)."""
+    out: dict[str, bool | int | float | str] = {}
+
+    def walk(prefix: str, value: object) -> None:
+        if isinstance(value, dict) and value:
+            for k, v in value.items():
+                walk(f"{prefix}.{k}" if prefix else str(k), v)
+        elif isinstance(value, bool | int | float | str):
+            out[prefix] = value
+        else:  # None, lists, empty mappings
+            out[prefix] = json.dumps(value)
+
+    walk("", to_dict(cfg))
+    return out
 
 
 class MetricsLogger:
@@ -24,22 +61,29 @@ class MetricsLogger:
         self._wandb = None
         if not enabled:
             return
+        check_trackers(cfg.trackers)
         if "tensorboard" in cfg.trackers:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-            except ImportError:
-                raise ConfigError("trackers: tensorboard needs `pip install tensorboard`") from None
+            from torch.utils.tensorboard import SummaryWriter
+            from torch.utils.tensorboard.summary import hparams
+
             self._tb = SummaryWriter(str(run_dir / "tensorboard"))
+            self._tb.add_text("config", "```yaml\n" + dump_yaml(cfg) + "```", 0)
+            # In this run (add_hparams would start a separate one), so the HPARAMS tab links the
+            # hyper-parameters to this run's loss curves.
+            for summary in hparams(flat_hparams(cfg), dict.fromkeys(HPARAM_METRICS, 0.0)):
+                self._tb.file_writer.add_summary(summary)
         if "wandb" in cfg.trackers:
-            try:
-                import wandb
-            except ImportError:
-                raise ConfigError("trackers: wandb needs `pip install wandb`") from None
             import os
+
+            import wandb
 
             os.environ.setdefault("WANDB_MODE", "offline")  # offline unless the user opts in
             self._wandb = wandb.init(
-                project=cfg.wandb_project, entity=cfg.wandb_entity, name=cfg.run_id, dir=str(run_dir)
+                project=cfg.wandb_project,
+                entity=cfg.wandb_entity,
+                name=cfg.run_id,
+                dir=str(run_dir),
+                config=to_dict(cfg),
             )
 
     def log(self, step: int, values: dict[str, float]) -> None:

@@ -26,6 +26,9 @@ ViewLayout = Literal["width", "height", "grid"]
 VIEW_LAYOUTS = ("width", "height", "grid")
 
 INTERPOLATION = "BILINEAR"  # swscale filter for every resize (decode-time and live images)
+# How live images are resized: "swscale" (this project's training frames: the same path, so
+# inference matches training), or "torch_bilinear", DiT4DiT's training resize (imported policies).
+RESIZE_METHODS = ("swscale", "torch_bilinear")
 
 
 def swscale_rgb(frame: av.VideoFrame, size_hw: Sequence[int] | None, reformatter: VideoReformatter) -> np.ndarray:
@@ -45,16 +48,33 @@ def swscale_rgb(frame: av.VideoFrame, size_hw: Sequence[int] | None, reformatter
 _local = threading.local()  # one reformatter per thread: swscale contexts are not thread-safe
 
 
-def resize_rgb(image: np.ndarray, size_hw: Sequence[int]) -> np.ndarray:
-    """Resize a uint8 (H, W, 3) RGB image to ``size_hw`` exactly as decoded training frames are."""
+def resize_rgb(image: np.ndarray, size_hw: Sequence[int], method: str = "swscale") -> np.ndarray:
+    """Resize a uint8 (H, W, 3) RGB image to ``size_hw`` exactly as decoded training frames are
+    (``method``: see RESIZE_METHODS)."""
     if image.dtype != np.uint8 or image.ndim != 3 or image.shape[2] != 3:
         raise ValueError(f"resize_rgb expects a uint8 (H, W, 3) image, got {image.dtype} {image.shape}")
     if image.shape[:2] == tuple(int(s) for s in size_hw):
         return image
+    if method == "torch_bilinear":
+        return torch_bilinear_rgb(image, size_hw)
+    if method != "swscale":
+        raise ValueError(f"resize method {method!r}: expected one of {list(RESIZE_METHODS)}")
     if not hasattr(_local, "reformatter"):
         _local.reformatter = VideoReformatter()
     frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(image), format="rgb24")
     return swscale_rgb(frame, size_hw, _local.reformatter)
+
+
+def torch_bilinear_rgb(image: np.ndarray, size_hw: Sequence[int]) -> np.ndarray:
+    """DiT4DiT's training resize: ``F.interpolate(bilinear, align_corners=False)`` without
+    antialiasing on the [0, 1] float image, rounded back to uint8 (the original kept the floats:
+    at most half a grey level apart; images already at the size are not touched, as there)."""
+    import torch
+    import torch.nn.functional as F
+
+    x = torch.from_numpy(np.ascontiguousarray(image)).permute(2, 0, 1)[None].float() / 255.0
+    y = F.interpolate(x, size=(int(size_hw[0]), int(size_hw[1])), mode="bilinear", align_corners=False)
+    return (y[0].permute(1, 2, 0) * 255.0).round().clamp(0, 255).to(torch.uint8).numpy()
 
 
 def grid_shape(num_views: int, layout: str) -> tuple[int, int]:

@@ -28,8 +28,8 @@ import torch
 
 from dit4dit_npu.batch import Batch, BatchSpec
 from dit4dit_npu.config import Config
-from dit4dit_npu.transforms.images import VIEW_LAYOUTS, tile_views, tiled_size
-from dit4dit_npu.transforms.observation import parse_observation
+from dit4dit_npu.transforms.images import RESIZE_METHODS, VIEW_LAYOUTS, resize_rgb, tile_views, tiled_size
+from dit4dit_npu.transforms.observation import ASPECT_TOLERANCE, parse_observation
 from dit4dit_npu.transforms.stats import FeatureStats
 from dit4dit_npu.transforms.vector import NORM_MODES, Normalize, Pad, SinCos, Step, VectorPipeline
 
@@ -53,11 +53,16 @@ class PolicyIO:
     action: VectorPipeline
     # camera -> [[H, W], ...] of the training videos (the live-image aspect-ratio check)
     source_sizes: dict[str, list[list[int]]] = field(default_factory=dict)
+    # How live images of another size are resized (images.RESIZE_METHODS): "swscale" is this
+    # project's decode-time path; "torch_bilinear" is DiT4DiT's (set by its checkpoint import).
+    resize_method: str = "swscale"
 
     def __post_init__(self) -> None:
         self.image_size = (int(self.image_size[0]), int(self.image_size[1]))
         if self.view_layout not in VIEW_LAYOUTS:
             raise PolicyIOError(f"view_layout {self.view_layout!r}: expected one of {list(VIEW_LAYOUTS)}")
+        if self.resize_method not in RESIZE_METHODS:
+            raise PolicyIOError(f"resize_method {self.resize_method!r}: expected one of {list(RESIZE_METHODS)}")
         if not self.camera_keys:
             raise PolicyIOError("camera_keys: expected at least one camera")
         if not self.clip_offsets or self.clip_offsets[0] != 0:
@@ -212,8 +217,30 @@ class PolicyIO:
             "action_mask": torch.from_numpy(mask.copy()),
         }
 
+    def _resized(self, obs: Any) -> Any:
+        """With a resize method other than swscale, live images of another size are resized here,
+        before parsing (which resizes with swscale). Anything unexpected, and images of another
+        aspect ratio than the training videos, is left for parse_observation to report."""
+        if self.resize_method == "swscale" or not isinstance(obs, dict):
+            return obs
+        out = dict(obs)
+        for key in self.camera_keys:
+            img = out.get(key)
+            ok = isinstance(img, np.ndarray) and img.dtype == np.uint8 and img.ndim in (3, 4) and img.shape[-1] == 3
+            if not ok or tuple(img.shape[-3:-1]) == self.image_size or min(img.shape[-3:-1]) < 2:
+                continue
+            h, w = img.shape[-3:-1]
+            sources = self.source_sizes.get(key)
+            if sources and all(abs((w / h) / (sw / sh) - 1.0) > ASPECT_TOLERANCE for sh, sw in sources):
+                continue
+            imgs = img if img.ndim == 4 else img[None]
+            resized = np.stack([resize_rgb(x, self.image_size, self.resize_method) for x in imgs])
+            out[key] = resized if img.ndim == 4 else resized[0]
+        return out
+
     def encode_observation(self, obs: dict[str, Any]) -> tuple[Batch, bool]:
         """A robot observation (single or batched) -> (inference Batch with T = 1, batched?)."""
+        obs = self._resized(obs)
         o = parse_observation(obs, self.camera_keys, self.image_size, self.state_dim, self.source_sizes)
         batch = Batch(
             frames=self.frames(o.views)[:, None],
@@ -241,6 +268,7 @@ class PolicyIO:
             "clip_offsets": list(self.clip_offsets),
             "chunk_length": self.chunk_length,
             "source_sizes": self.source_sizes,
+            "resize_method": self.resize_method,
             "stats": {k: s.to_dict() for k, s in self.stats.items()},
             "state": self.state.to_config(),
             "action": self.action.to_config(),
@@ -263,6 +291,7 @@ class PolicyIO:
                 state=VectorPipeline.from_config(d["state"], stats["state"]),
                 action=VectorPipeline.from_config(d["action"], stats["action"]),
                 source_sizes=d.get("source_sizes") or {},
+                resize_method=d.get("resize_method", "swscale"),
             )
         except (KeyError, TypeError, ValueError) as e:
             raise PolicyIOError(f"malformed PolicyIO: {type(e).__name__}: {e}") from None

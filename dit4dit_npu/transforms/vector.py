@@ -51,22 +51,48 @@ class Step:
         return {"kind": self.kind}
 
 
+def _index_tuple(values: Sequence[int] | None, what: str) -> tuple[int, ...] | None:
+    if values is None:
+        return None
+    out = tuple(int(v) for v in values)
+    if len(set(out)) != len(out) or any(v < 0 for v in out):
+        raise ValueError(f"{what} {list(out)}: expected distinct dims >= 0")
+    return out
+
+
+def _check_dims(dims: Sequence[int] | None, in_dim: int, what: str) -> None:
+    if dims and max(dims) >= in_dim:
+        raise ValueError(f"{what}: dim {max(dims)} does not exist in a {in_dim}-dim vector")
+
+
 @dataclass(frozen=True, eq=False)
 class Normalize(Step):
     """(x - center) / half: ``min_max`` and ``q99`` map [lo, hi] to [-1, 1], ``mean_std`` is a z-score.
 
-    Not clipped, so the inverse is exact. Degenerate dims (see DEGENERATE_EPS) map to 0.
+    Degenerate dims (see DEGENERATE_EPS) map to 0. ``dims``: only these dims are normalized, the
+    others pass through in robot units (DiT4DiT's stats "mask": its gripper dims). ``clip``: clip
+    the normalized dims to [-1, 1] before unnormalizing (DiT4DiT's clients did, so an overshooting
+    prediction stays inside the training range); without it the inverse is exact.
     """
 
     kind: ClassVar[str] = "normalize"
     mode: str
     stats: FeatureStats = field(repr=False)
+    dims: tuple[int, ...] | None = None
+    clip: bool = False
+    selected: np.ndarray = field(init=False, repr=False)
     center: np.ndarray = field(init=False, repr=False)
     half: np.ndarray = field(init=False, repr=False)
     inv: np.ndarray = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         s = self.stats
+        object.__setattr__(self, "dims", _index_tuple(self.dims, "normalize dims"))
+        _check_dims(self.dims, s.dim, "normalize dims")
+        selected = np.ones(s.dim, dtype=bool)
+        if self.dims is not None:
+            selected[:] = False
+            selected[list(self.dims)] = True
         if self.mode == "min_max":
             center, half = (s.min + s.max) / 2, (s.max - s.min) / 2
         elif self.mode == "q99":
@@ -75,8 +101,11 @@ class Normalize(Step):
             center, half = s.mean, s.std
         else:
             raise ValueError(f"normalization mode {self.mode!r}: expected one of {list(NORM_MODES)}")
-        degenerate = half <= DEGENERATE_EPS / 2
-        half = np.where(degenerate, 0.0, half)
+        degenerate = (half <= DEGENERATE_EPS / 2) & selected
+        # unselected dims: center 0, scale 1 (the identity)
+        center = np.where(selected, center, 0.0)
+        half = np.where(degenerate, 0.0, np.where(selected, half, 1.0))
+        object.__setattr__(self, "selected", selected)
         object.__setattr__(self, "center", center)
         object.__setattr__(self, "half", half)
         object.__setattr__(self, "inv", np.divide(1.0, half, out=np.zeros_like(half), where=~degenerate))
@@ -89,34 +118,136 @@ class Normalize(Step):
         return (np.asarray(x, np.float64) - self.center) * self.inv
 
     def inverse(self, y: np.ndarray) -> np.ndarray:
-        return np.asarray(y, np.float64) * self.half + self.center
+        y = np.asarray(y, np.float64)
+        if self.clip:
+            y = np.where(self.selected, np.clip(y, -1.0, 1.0), y)
+        return y * self.half + self.center
 
     def to_config(self) -> dict[str, Any]:
-        return {"kind": self.kind, "mode": self.mode}
+        cfg: dict[str, Any] = {"kind": self.kind, "mode": self.mode}
+        if self.dims is not None:
+            cfg["dims"] = list(self.dims)
+        if self.clip:
+            cfg["clip"] = True
+        return cfg
 
 
 @dataclass(frozen=True, eq=False)
 class SinCos(Step):
     """[sin(x), cos(x)]: joint angles without the 2*pi wrap-around (the original's state input).
 
-    Layout: all sines, then all cosines. The inverse (atan2) returns angles in (-pi, pi].
+    Layout: all sines, then all cosines; or with ``groups`` (sizes of consecutive dim groups,
+    summing to the width) [sin(g1), cos(g1), sin(g2), cos(g2), ...], which is DiT4DiT's per-key
+    layout: groups of 1 interleave [sin x0, cos x0, sin x1, ...] (LIBERO), GR1 has [7, 7, 6, 6, 3].
+    The inverse (atan2) returns angles in (-pi, pi].
     """
 
     kind: ClassVar[str] = "sincos"
+    groups: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.groups is not None:
+            groups = tuple(int(g) for g in self.groups)
+            if not groups or min(groups) < 1:
+                raise ValueError(f"sincos groups {list(groups)}: expected sizes >= 1")
+            object.__setattr__(self, "groups", groups)
+
+    def _splits(self, width: int) -> list[int]:
+        return np.cumsum(self.groups or (width,))[:-1].tolist()
 
     def forward(self, x: np.ndarray) -> np.ndarray:
         x = np.asarray(x, np.float64)
-        return np.concatenate([np.sin(x), np.cos(x)], axis=-1)
+        parts = np.split(x, self._splits(x.shape[-1]), axis=-1)
+        return np.concatenate([f(p) for p in parts for f in (np.sin, np.cos)], axis=-1)
 
     def inverse(self, y: np.ndarray) -> np.ndarray:
-        d = y.shape[-1] // 2
-        return np.arctan2(y[..., :d], y[..., d:])
+        y = np.asarray(y, np.float64)
+        sizes = self.groups or (y.shape[-1] // 2,)
+        pairs = np.split(y, np.cumsum([2 * g for g in sizes])[:-1].tolist(), axis=-1)
+        return np.concatenate([np.arctan2(p[..., : g], p[..., g:]) for p, g in zip(pairs, sizes)], axis=-1)
 
     def out_dim(self, in_dim: int) -> int:
+        if self.groups is not None and sum(self.groups) != in_dim:
+            raise ValueError(f"sincos groups {list(self.groups)} sum to {sum(self.groups)}, the vector has {in_dim} dims")
         return 2 * in_dim
 
     def forward_mask(self, mask: np.ndarray) -> np.ndarray:
-        return np.concatenate([mask, mask])
+        parts = np.split(mask, self._splits(len(mask)))
+        return np.concatenate([p for p in parts for _ in range(2)])
+
+    def to_config(self) -> dict[str, Any]:
+        return {"kind": self.kind} | ({"groups": list(self.groups)} if self.groups is not None else {})
+
+
+@dataclass(frozen=True, eq=False)
+class Binarize(Step):
+    """On/off dims (grippers) -> 1.0 above ``threshold``, else 0.0 (exactly at it: 1.0 if
+    ``inclusive``). Model outputs are always binarized on the way back; robot values on the way in
+    only if ``encode`` (DiT4DiT: RoboTwin grippers both ways with x > 0.5; the LIBERO client only
+    its outputs, with a >= 0.5). Not invertible: the robot gets 0.0 / 1.0."""
+
+    kind: ClassVar[str] = "binarize"
+    dims: tuple[int, ...]
+    threshold: float = 0.5
+    inclusive: bool = False
+    encode: bool = True
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "dims", _index_tuple(self.dims, "binarize dims"))
+
+    def _apply(self, x: np.ndarray) -> np.ndarray:
+        x = np.array(x, np.float64)
+        d = list(self.dims)
+        on = x[..., d] >= self.threshold if self.inclusive else x[..., d] > self.threshold
+        x[..., d] = on.astype(np.float64)
+        return x
+
+    def forward(self, x: np.ndarray) -> np.ndarray:
+        return self._apply(x) if self.encode else np.asarray(x, np.float64)
+
+    def inverse(self, y: np.ndarray) -> np.ndarray:
+        return self._apply(y)
+
+    def out_dim(self, in_dim: int) -> int:
+        _check_dims(self.dims, in_dim, "binarize dims")
+        return in_dim
+
+    def to_config(self) -> dict[str, Any]:
+        return {"kind": self.kind, "dims": list(self.dims), "threshold": self.threshold,
+                "inclusive": self.inclusive, "encode": self.encode}
+
+
+@dataclass(frozen=True, eq=False)
+class Reorder(Step):
+    """y = x[..., perm]: the robot's dim order -> the model's (DiT4DiT's RoboTwin model order is
+    [left 6, right 6, left gripper, right gripper], the dataset's [left 6, left gripper, right 6,
+    right gripper]); the inverse puts model outputs back in the robot's order."""
+
+    kind: ClassVar[str] = "reorder"
+    perm: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        perm = tuple(int(i) for i in self.perm)
+        if sorted(perm) != list(range(len(perm))):
+            raise ValueError(f"reorder perm {list(perm)}: expected a permutation of 0..{len(perm) - 1}")
+        object.__setattr__(self, "perm", perm)
+
+    def forward(self, x: np.ndarray) -> np.ndarray:
+        return np.asarray(x, np.float64)[..., list(self.perm)]
+
+    def inverse(self, y: np.ndarray) -> np.ndarray:
+        return np.asarray(y, np.float64)[..., np.argsort(self.perm).tolist()]
+
+    def out_dim(self, in_dim: int) -> int:
+        if len(self.perm) != in_dim:
+            raise ValueError(f"reorder perm has {len(self.perm)} entries, the vector has {in_dim} dims")
+        return in_dim
+
+    def forward_mask(self, mask: np.ndarray) -> np.ndarray:
+        return mask[list(self.perm)]
+
+    def to_config(self) -> dict[str, Any]:
+        return {"kind": self.kind, "perm": list(self.perm)}
 
 
 @dataclass(frozen=True, eq=False)
@@ -151,7 +282,7 @@ class Pad(Step):
         return {"kind": self.kind, "real": self.real, "width": self.width}
 
 
-STEPS: dict[str, type[Step]] = {cls.kind: cls for cls in (Normalize, SinCos, Pad)}
+STEPS: dict[str, type[Step]] = {cls.kind: cls for cls in (Normalize, SinCos, Binarize, Reorder, Pad)}
 
 
 def step_from_config(config: dict[str, Any], stats: FeatureStats) -> Step:

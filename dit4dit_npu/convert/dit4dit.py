@@ -1,0 +1,186 @@
+"""An original DiT4DiT run -> a policy folder that ``DiT4DiTPolicy.from_pretrained``, ``eval`` and
+``serve`` use unchanged.
+
+    python -m dit4dit_npu.convert dit4dit --checkpoint RUN/checkpoints/steps_N_pytorch_model.pt \\
+        --config RUN/config.yaml [--stats RUN/dataset_statistics.json] --base-model COSMOS_DIR --out POLICY
+
+In order, every check before anything is built or written (one ``ConversionError`` line each):
+the config (DiT4DiT's ``config.yaml``, the keys its run read) is migrated to ours
+(``config/migrate.py``) with DiT4DiT's code defaults where it has no value; the statistics are
+those of the config's robot type; the checkpoint is a DiT4DiT state dict whose frozen text encoder
+and VAE equal the base model's. Then the model is built from the config and every trainable
+tensor must land on a parameter of the same shape (none left over, none missing), and the policy
+folder is written atomically with the original's conventions as options: the conditioning latent
+a posterior sample, timesteps rounded to the compute dtype, unseeded feature noise (model, in
+config.yaml); its state/action encodings and image resize (PolicyIO, in policy_io.json).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from dit4dit_npu.config import Config, ConfigError, from_dict, migrate, parse_overrides, read_yaml, validate
+from dit4dit_npu.convert.checkpoint import (
+    TRANSFORMER,
+    ConversionError,
+    OriginalCheckpoint,
+    check_frozen,
+    map_trainable,
+    read_checkpoint,
+    step_of,
+)
+from dit4dit_npu.convert.embodiment import build_policy_io, choose_robot, latent_clip, read_statistics
+
+log = logging.getLogger(__name__)
+
+_MISSING = object()
+
+# What DiT4DiT's code used when its config had no value (its config.yaml lists only keys it read,
+# and a key read with a default is not written when absent).
+ORIGINAL_DEFAULTS: dict[str, Any] = {
+    "framework.cosmos25.conditional_frame_timestep": 0.001,
+    "framework.cosmos25.extract_layer": 19,
+    "framework.cosmos25.torch_dtype": "bfloat16",
+    "framework.cosmos25.max_sequence_length": 512,
+    "framework.cosmos25.flow_matching.time_distribution": "logit_normal",
+    "framework.cosmos25.flow_matching.high_sigma_ratio": 0.05,
+    "framework.cosmos25.flow_matching.high_sigma_min": 0.98,
+    "trainer.repeated_diffusion_steps": 4,
+}
+# Keys of the original config that describe its training data, not the model: not carried over.
+DATA_ONLY = ("datasets.vla_data.data_mix", "datasets.vla_data.data_root_dir", "datasets.vla_data.image_size")
+
+
+def _get(raw: dict[str, Any], path: str) -> Any:
+    node: Any = raw
+    for part in path.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return _MISSING
+        node = node[part]
+    return node
+
+
+def _pop(raw: dict[str, Any], path: str) -> Any:
+    *parents, last = path.split(".")
+    node = _get(raw, ".".join(parents)) if parents else raw
+    return node.pop(last, _MISSING) if isinstance(node, dict) else _MISSING
+
+
+def import_config(
+    raw: dict[str, Any],
+    ckpt: OriginalCheckpoint,
+    base_model: str,
+    image_size: Sequence[int],
+    overrides: Sequence[str],
+    notices: list[str],
+) -> Config:
+    """DiT4DiT's config.yaml -> our Config with the original's conventions switched on."""
+    raw = copy.deepcopy(raw)
+    for path in DATA_ONLY:
+        _pop(raw, path)
+    for path, value in ORIGINAL_DEFAULTS.items():
+        if _get(raw, path) is _MISSING:
+            migrate.apply_overrides(raw, [(path, value)])
+            notices.append(f"{path}: {value} (DiT4DiT's code default; its config has no value)")
+    for path, shape_dim, tensor in (
+        ("framework.action_model.state_dim", 1, "action_model.state_encoder.layer1.weight"),
+        ("framework.action_model.action_dim", 1, "action_model.action_encoder.layer1.weight"),
+    ):
+        if _get(raw, path) is _MISSING and tensor in ckpt.trainable:
+            width = int(ckpt.trainable[tensor].shape[shape_dim])
+            migrate.apply_overrides(raw, [(path, width)])
+            notices.append(f"{path}: {width} (from the checkpoint's {tensor})")
+    migrate.apply_overrides(raw, parse_overrides(list(overrides)))
+    raw, changed = migrate.migrate(raw)
+    notices.extend(changed)
+    cfg = from_dict(Config, raw)
+    c, d = cfg.framework.cosmos25, cfg.datasets.vla_data
+    c.base_model = str(base_model)
+    # the original's model conventions (see DESIGN.md "Model"): options, off for our own runs
+    c.condition_latent = "sample"
+    c.round_timesteps = True
+    c.feature_noise_seed = None  # DiT4DiT drew the feature-pass noise from the global RNG
+    d.image_size = [int(image_size[0]), int(image_size[1])]
+    d.view_layout = "width"
+    ratio = d.action_video_freq_ratio
+    kept = latent_clip(d.video_delta_indices[::ratio])
+    if len(kept) < len(d.video_delta_indices[::ratio]):
+        notices.append(
+            f"datasets.vla_data.video_delta_indices: the last {len(d.video_delta_indices[::ratio]) - len(kept)} "
+            "subsampled frame(s) dropped (DiT4DiT's VAE ignored frames that do not fill a latent)"
+        )
+        d.video_delta_indices = d.video_delta_indices[: (len(kept) - 1) * ratio + 1]
+    cfg.trainer.enable_gradient_checkpointing = False
+    validate(cfg)
+    return cfg
+
+
+def _check_widths(raw: dict[str, Any], hidden: int, config_name: str) -> None:
+    for path in ("framework.cosmos25.vl_hidden_dim", "framework.action_model.diffusion_model_cfg.cross_attention_dim"):
+        value = _get(raw, path)
+        if value is not _MISSING and value is not None and int(value) != hidden:
+            raise ConversionError(
+                f"{config_name}: {path} is {value} but the base model's transformer is {hidden} wide "
+                "(a config for another base model?)"
+            )
+
+
+def convert_dit4dit(
+    checkpoint: str | Path,
+    config: str | Path,
+    base_model: str | Path,
+    out: str | Path,
+    stats: str | Path | None = None,
+    embodiment: str | None = None,
+    tag: str | None = None,
+    image_size: Sequence[int] = (224, 224),
+    overrides: Sequence[str] = (),
+    instructions: Sequence[str] = (),
+) -> tuple[Path, list[str]]:
+    """-> (the policy folder, notices of what changed). Raises ConversionError (nothing written)."""
+    from dit4dit_npu.models import build_dit4dit, build_prompt_encoder, text_identity
+    from dit4dit_npu.models.build import base_model_folder
+    from dit4dit_npu.models.text import PromptCache
+    from dit4dit_npu.policy.folder import POLICY_JSON, export_policy
+
+    checkpoint, config, out = Path(checkpoint), Path(config), Path(out)
+    stats_path = Path(stats) if stats is not None else checkpoint.parent.parent / "dataset_statistics.json"
+    if out.exists() and not (out / POLICY_JSON).is_file() and any(out.iterdir()):
+        raise ConversionError(f"--out {out} exists and is not a policy folder: choose a new folder")
+    notices: list[str] = []
+    try:
+        raw = read_yaml(config)
+    except ConfigError as e:
+        raise ConversionError(str(e)) from None
+    data_mix = _get(raw, "datasets.vla_data.data_mix")
+    stat_tag, entry = read_statistics(stats_path, tag)
+    robot = choose_robot(embodiment, data_mix if data_mix is not _MISSING else None, stat_tag, entry, stats_path)
+    ckpt = read_checkpoint(checkpoint)
+    try:
+        cfg = import_config(raw, ckpt, str(base_model), image_size, overrides, notices)
+        cfg.datasets.vla_data.camera_keys = list(robot.cameras)
+        io = build_policy_io(robot, stat_tag, entry, cfg, str(stats_path))
+        base = base_model_folder(cfg)
+    except (ConfigError, migrate.MigrationError) as e:
+        raise ConversionError(f"{config}: {e}") from None
+    if cfg.framework.cosmos25.training == "action":  # its transformer was frozen: a base-model part
+        ckpt.frozen["transformer"] = {
+            k[len(TRANSFORMER) :]: ckpt.trainable.pop(k) for k in [k for k in ckpt.trainable if k.startswith(TRANSFORMER)]
+        }
+    check_frozen(ckpt, base)
+    try:
+        model = build_dit4dit(cfg, io.spec)
+    except ConfigError as e:
+        raise ConversionError(f"{config}: {e}") from None
+    _check_widths(raw, model.backbone.hidden_size, config.name)
+    expected = {k: v.shape for k, v in model.trainable_state_dict().items()}
+    model.load_trainable_state_dict(map_trainable(ckpt, expected, config.name), strict=True)
+    cache = PromptCache(text_identity(cfg), cfg.framework.cosmos25.max_sequence_length)
+    if instructions:
+        cache.build(list(instructions), build_prompt_encoder(cfg))
+    folder = export_policy(out, model, cfg, io, cache, split={}, dataset_paths=[], step=step_of(checkpoint))
+    return folder, notices

@@ -1,0 +1,196 @@
+"""Scripted-expert demonstrations in simulation, written as a LeRobot dataset one episode at a time.
+
+    python -m dit4dit_npu.sim.demos --task transfer_cube --episodes 50 --size 240x320 --out DIR
+
+Each episode: reset the scene with the next training seed, run the task's scripted expert for
+``--horizon`` steps, record (three camera images, 14-d state, the expert's 14-d action) at every step, and keep
+the episode only if it succeeded (reward 4) - the seeds used are listed in ``meta/sim_demos.json``.
+Memory holds one episode (its frames are encoded before the next starts): 50 episodes at 240x320
+would need 13.8 GB held together. Training seeds start at 100000, disjoint from the evaluation
+seeds (0, 1, ... by default in ``dit4dit_npu.sim.eval``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from dit4dit_npu.sim.errors import EXIT_BAD_INPUT, SimError
+from dit4dit_npu.sim.tasks import CAMERAS, FPS, MOTORS, TRAIN_SEED0, get_task, parse_size
+
+# A failing seed is skipped; this many failures in a row means the expert is broken, not unlucky.
+MAX_CONSECUTIVE_FAILURES = 10
+
+
+def modality() -> dict:
+    """starVLA/GR00T's modality.json for the 14-d ALOHA layout (the RoboTwin demo writes the same)."""
+    parts = {
+        "left_joints": (0, 6),
+        "left_gripper": (6, 7),
+        "right_joints": (7, 13),
+        "right_gripper": (13, 14),
+    }
+    return {
+        "state": {k: {"start": s, "end": e} for k, (s, e) in parts.items()},
+        "action": {k: {"start": s, "end": e} for k, (s, e) in parts.items()},
+        "video": {k.split(".")[-1]: {"original_key": k} for k in CAMERAS},
+        "annotation": {"human.action.task_description": {"original_key": "task_index"}},
+    }
+
+
+def record_expert_episode(scene, seed: int, horizon: int) -> tuple[dict, int | None]:
+    """One expert episode: ({"states", "actions", "frames": {key: (T, H, W, 3)}}, first success step);
+    no frames from a scene without rendering."""
+    from dit4dit_npu.sim.experts import make_expert
+
+    obs = scene.reset(seed)
+    expert = make_expert(scene)
+    states, actions = [], []
+    frames: dict[str, list] = {k: [] for k in scene.cameras} if scene.renderer is not None else {}
+    first_success = None
+    for t in range(horizon):
+        action = expert(obs)
+        states.append(obs["state"])
+        actions.append(action)
+        for k in frames:
+            frames[k].append(obs[k])
+        step = scene.step(action)
+        if step.success and first_success is None:
+            first_success = t + 1  # steps executed when reward 4 was first reached
+        obs = step.obs
+    episode = {
+        "states": np.stack(states).astype(np.float32),
+        "actions": np.stack(actions).astype(np.float32),
+        "frames": {k: np.stack(v) for k, v in frames.items()},
+    }
+    return episode, first_success
+
+
+def write_demos(
+    out: Path,
+    task: str,
+    episodes: int,
+    size_hw: tuple[int, int],
+    seed0: int = TRAIN_SEED0,
+    horizon: int | None = None,
+    version: str = "v3.0",
+    progress: bool = True,
+) -> dict:
+    """Write ``episodes`` successful expert episodes to ``out`` (atomically); returns a summary."""
+    from tqdm import tqdm
+
+    from dit4dit_npu.data.writer import DatasetSpec, Episode, LeRobotWriter
+    from dit4dit_npu.sim.experts import EXPERTS
+    from dit4dit_npu.sim.scene import AlohaScene
+
+    spec_task = get_task(task)
+    if episodes < 1:
+        raise SimError(f"--episodes: expected >= 1, got {episodes}")
+    if seed0 < TRAIN_SEED0:
+        raise SimError(
+            f"--seed: demo seeds start at {TRAIN_SEED0} or above (0..{TRAIN_SEED0 - 1} are evaluation seeds)"
+        )
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise SimError(f"--out: {out} exists and is not empty; refusing to overwrite a dataset")
+    if task not in EXPERTS:
+        raise SimError(f"no scripted expert for task {task!r} (available: {sorted(EXPERTS)})")
+    horizon = horizon or EXPERTS[task].horizon()  # the expert's schedule ends here
+    spec = DatasetSpec(
+        fps=FPS,
+        tasks=[spec_task.instruction],
+        video_keys=list(CAMERAS),
+        motors=MOTORS,
+        robot_type="aloha",
+        extra_meta={"modality.json": modality()},
+    )
+    kept, failed, first_steps = [], [], []
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    t0 = time.perf_counter()
+    try:
+        with AlohaScene(task, size_hw) as scene, LeRobotWriter(tmp, version, spec) as writer:
+            bar = tqdm(total=episodes, desc=f"{task} demos", unit="ep", disable=not progress)
+            seed, streak = seed0, 0
+            while len(kept) < episodes:
+                ep, first = record_expert_episode(scene, seed, horizon)
+                if first is None:
+                    failed.append(seed)
+                    streak += 1
+                    if streak >= MAX_CONSECUTIVE_FAILURES:
+                        raise SimError(
+                            f"the {task} expert failed {streak} seeds in a row (last {seed}); not writing"
+                        )
+                else:
+                    streak = 0
+                    writer.add_episode(Episode(ep["states"], ep["actions"], task_index=0), ep["frames"])
+                    kept.append(seed)
+                    first_steps.append(first)
+                    bar.update(1)
+                seed += 1
+            bar.close()
+            summary = {
+                "task": task,
+                "instruction": spec_task.instruction,
+                "episodes": len(kept),
+                "frames_per_episode": horizon,
+                "size_hw": list(size_hw),
+                "fps": FPS,
+                "cameras": CAMERAS,
+                "seeds": kept,
+                "failed_seeds": failed,
+                "first_success_step": {"min": min(first_steps), "max": max(first_steps)},
+                "sim_and_write_s": round(time.perf_counter() - t0, 1),
+            }
+        # Provenance next to lerobot's metadata: which seeds, which expert outcome.
+        (tmp / "meta" / "sim_demos.json").write_text(json.dumps(summary, indent=2))
+        if out.exists():
+            out.rmdir()
+        os.replace(tmp, out)  # a reader never sees a half-written dataset
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--task", default="transfer_cube")
+    p.add_argument("--episodes", type=int, default=50)
+    p.add_argument("--size", default="240x320", help="HxW of every camera (RoboTwin: 240x320)")
+    p.add_argument("--out", required=True, type=Path)
+    p.add_argument("--seed", type=int, default=TRAIN_SEED0, help=f"first training seed (>= {TRAIN_SEED0})")
+    p.add_argument(
+        "--horizon",
+        type=int,
+        default=None,
+        help="steps per episode (default: the expert's: transfer_cube 320, insertion 300)",
+    )
+    p.add_argument("--version", default="v3.0", choices=["v2.1", "v3.0"])
+    a = p.parse_args(argv)
+    try:
+        get_task(a.task)
+        size_hw = parse_size(a.size)
+        from dit4dit_npu.sim.backend import require_simulator
+
+        require_simulator()
+        s = write_demos(a.out, a.task, a.episodes, size_hw, a.seed, a.horizon, a.version)
+    except SimError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    print(
+        f"wrote {s['episodes']} {a.task} demos ({s['frames_per_episode']} frames, 3 cameras {a.size}, seeds "
+        f"{s['seeds'][0]}..{s['seeds'][-1]}, {len(s['failed_seeds'])} failed seed(s) skipped) in "
+        f"{s['sim_and_write_s']} s -> {a.out}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,263 @@
+"""Closed-loop success rate of a policy on an ALOHA scene.
+
+    python -m dit4dit_npu.sim.eval --policy POLICY_DIR|ws://host:port|expert|hold \
+        --task transfer_cube --episodes 50 --seed 0 [--replan K] [--size HxW] [--videos N] \
+        [--workers W] --output DIR
+
+Episode i uses seed S+i (gym-aloha's object placement for that seed; demos use seeds >= 100000).
+Each query returns an action chunk; its first K actions are executed (default: all of it), then
+the policy sees the new observation. An episode succeeds when gym-aloha's reward reaches 4 (it
+ends there, as gym-aloha's env terminates); success within gym-aloha's 300-step limit is reported
+too. Prints one line per episode and ``success k/N = p% (95% Wilson CI lo–hi%)``; writes
+``results.json`` and mp4s (cam_high | left wrist | right wrist) of the first N episodes.
+W > 1 runs episodes in W processes, each with its own scene and policy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from dit4dit_npu.sim.errors import EXIT_BAD_INPUT, SimError
+from dit4dit_npu.sim.rollout import EvalSetup
+from dit4dit_npu.sim.stats import format_rate, wilson_interval
+from dit4dit_npu.sim.tasks import EPISODE_STEPS, GYM_MAX_STEPS, TRAIN_SEED0, get_task, parse_size
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--policy", required=True, help="POLICY_DIR | ws://host:port | expert | hold")
+    p.add_argument("--task", default="transfer_cube")
+    p.add_argument("--episodes", type=int, default=50)
+    p.add_argument("--seed", type=int, default=0, help="seed of the first episode")
+    p.add_argument(
+        "--replan", type=int, default=None, help="actions executed per query (default: whole chunk)"
+    )
+    p.add_argument(
+        "--size", default=None, help="HxW per camera (default: the policy's training size, else 240x320)"
+    )
+    p.add_argument("--max-steps", type=int, default=EPISODE_STEPS, help="episode length (ACT: 400)")
+    p.add_argument("--videos", type=int, default=2, help="mp4s of the first N episodes")
+    p.add_argument("--workers", type=int, default=1, help="parallel worker processes (each: scene + policy)")
+    p.add_argument("--connect-timeout", type=float, default=30.0, help="seconds to wait for a ws:// server")
+    p.add_argument("--output", required=True, type=Path)
+    return p.parse_args(argv)
+
+
+def make_setup(a: argparse.Namespace) -> EvalSetup:
+    """Validate the arguments (one SimError per problem) and describe what every worker runs."""
+    get_task(a.task)
+    for name, value, low in (
+        ("--episodes", a.episodes, 1),
+        ("--max-steps", a.max_steps, 1),
+        ("--workers", a.workers, 1),
+        ("--videos", a.videos, 0),
+    ):
+        if value < low:
+            raise SimError(f"{name}: expected >= {low}, got {value}")
+    if a.replan is not None and a.replan < 1:
+        raise SimError(f"--replan: expected >= 1, got {a.replan}")
+    if (a.output / "results.json").exists():
+        raise SimError(
+            f"--output: {a.output / 'results.json'} exists; choose another folder (results are never overwritten)"
+        )
+    if (
+        a.policy not in ("expert", "hold")
+        and not a.policy.startswith(("ws://", "wss://"))
+        and not Path(a.policy).is_dir()
+    ):
+        raise SimError(f"--policy: {a.policy!r} is not expert, hold, ws://host:port or a policy folder")
+    seeds = list(range(a.seed, a.seed + a.episodes))
+    workers = min(a.workers, a.episodes)
+    cores = os.cpu_count() or 1
+    return EvalSetup(
+        task=a.task,
+        policy=a.policy,
+        max_steps=a.max_steps,
+        replan=a.replan,
+        size_hw=parse_size(a.size) if a.size else None,
+        video_dir=str(a.output / "videos") if a.videos else None,
+        video_seeds=tuple(seeds[: a.videos]),
+        threads=max(1, cores // workers) if workers > 1 else None,
+        connect_timeout_s=a.connect_timeout,
+    )
+
+
+def episode_line(i: int, n: int, r: dict[str, Any]) -> str:
+    if r["success"]:
+        outcome = f"success at step {r['steps_to_success']}"
+    else:
+        outcome = f"failure (max reward {r['max_reward']:g} in {r['steps']} steps)"
+        if r["error"]:
+            outcome += f" [{r['error']}]"
+    return (
+        f"episode {i + 1}/{n} seed {r['seed']}: {outcome} | env {r['env_ms_per_step']} ms/step, "
+        f"policy {r['policy_ms_per_call']} ms/chunk x {r['policy_calls']}"
+    )
+
+
+def run_serial(setup: EvalSetup, seeds: list[int], output: Path, on_result) -> dict[str, Any]:
+    from dit4dit_npu.sim.rollout import Worker
+
+    worker = Worker(setup)
+    try:
+        output.mkdir(parents=True, exist_ok=True)  # only once the policy and scene are known good
+        if setup.video_dir:
+            Path(setup.video_dir).mkdir(exist_ok=True)
+        for seed in seeds:
+            on_result(worker.run(seed))
+        return {"size_hw": worker.size_hw, "metadata": worker.policy.metadata}
+    finally:
+        worker.close()
+
+
+def _next_message(result_q, procs) -> tuple[str, Any]:
+    """The next worker message; a worker that died without one (a crash in native code) is an
+    error, not an eval that waits forever."""
+    import queue
+
+    while True:
+        try:
+            return result_q.get(timeout=2.0)
+        except queue.Empty:
+            dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+            if dead:
+                raise RuntimeError(
+                    f"an eval worker died with exit code {dead[0]} (see its output above)"
+                ) from None
+
+
+def run_parallel(setup: EvalSetup, seeds: list[int], workers: int, output: Path, on_result) -> dict[str, Any]:
+    """W spawned processes (a fork would copy MuJoCo's GL context and torch's thread pool)."""
+    import multiprocessing as mp
+
+    from dit4dit_npu.sim.rollout import worker_main
+
+    ctx = mp.get_context("spawn")
+    seed_q, result_q, go = ctx.Queue(), ctx.Queue(), ctx.Event()
+    procs = [
+        ctx.Process(target=worker_main, args=(setup, seed_q, result_q, go), daemon=True)
+        for _ in range(workers)
+    ]
+    for p in procs:
+        p.start()
+    try:
+        info = None
+        for _ in procs:  # every worker has built its scene and policy, or one says why it cannot
+            kind, payload = _next_message(result_q, procs)
+            if kind == "error":
+                raise SimError(payload)
+            if kind == "crash":
+                raise RuntimeError(f"eval worker failed to start:\n{payload}")
+            info = payload
+        output.mkdir(parents=True, exist_ok=True)
+        if setup.video_dir:
+            Path(setup.video_dir).mkdir(exist_ok=True)
+        for s in seeds:
+            seed_q.put(s)
+        for _ in procs:
+            seed_q.put(None)
+        go.set()
+        for _ in seeds:
+            kind, payload = _next_message(result_q, procs)
+            if kind == "error":
+                raise SimError(payload)
+            if kind == "crash":
+                raise RuntimeError(f"eval worker failed:\n{payload}")
+            on_result(payload)
+        for p in procs:
+            p.join()
+        return info
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+
+
+def summarize(
+    a: argparse.Namespace, setup: EvalSetup, info: dict, results: list[dict], wall_s: float
+) -> dict:
+    n = len(results)
+    k = sum(r["success"] for r in results)
+    k300 = sum(r[f"success_within_{GYM_MAX_STEPS}"] for r in results)
+    steps = sum(r["steps"] for r in results)
+
+    def mean_of(key: str) -> float | None:
+        vals = [r[key] for r in results if r[key] is not None]
+        return round(sum(vals) / len(vals), 2) if vals else None
+
+    return {
+        "task": a.task,
+        "policy": a.policy,
+        "episodes": n,
+        "seeds": [a.seed, a.seed + n - 1],
+        "successes": k,
+        "success_rate": k / n,
+        "wilson95": list(wilson_interval(k, n)),
+        f"successes_within_{GYM_MAX_STEPS}": k300,
+        f"wilson95_within_{GYM_MAX_STEPS}": list(wilson_interval(k300, n)),
+        "mean_steps_to_success": mean_of("steps_to_success"),
+        "errors": sum(r["error"] is not None for r in results),
+        "env_ms_per_step": mean_of("env_ms_per_step"),
+        "policy_ms_per_chunk": mean_of("policy_ms_per_call"),
+        "policy_ms_per_step": mean_of("policy_ms_per_step"),
+        "total_steps": steps,
+        "wall_s": round(wall_s, 1),
+        "episodes_per_min": round(60 * n / wall_s, 2),
+        "workers": min(a.workers, n),
+        "size_hw": list(info["size_hw"]),
+        "replan": a.replan,
+        "chunk_length": info["metadata"].get("chunk_length"),
+        "max_steps": a.max_steps,
+        "mujoco_gl": os.environ.get("MUJOCO_GL"),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
+    try:
+        setup = make_setup(a)
+        from dit4dit_npu.sim.backend import require_simulator
+
+        require_simulator()
+        seeds = list(range(a.seed, a.seed + a.episodes))
+        if seeds[-1] >= TRAIN_SEED0:
+            print(f"warning: seeds >= {TRAIN_SEED0} are the demo (training) seeds", file=sys.stderr)
+        results: list[dict] = []
+
+        def on_result(r: dict) -> None:
+            results.append(r)
+            print(episode_line(len(results) - 1, len(seeds), r), flush=True)
+
+        t0 = time.perf_counter()
+        workers = min(a.workers, a.episodes)
+        if workers == 1:
+            info = run_serial(setup, seeds, a.output, on_result)
+        else:
+            info = run_parallel(setup, seeds, workers, a.output, on_result)
+        wall = time.perf_counter() - t0
+    except SimError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    results.sort(key=lambda r: r["seed"])
+    summary = summarize(a, setup, info, results, wall)
+    (a.output / "results.json").write_text(json.dumps({"summary": summary, "episodes": results}, indent=1))
+    print(f"success {format_rate(summary['successes'], len(results))}")
+    print(
+        f"success within {GYM_MAX_STEPS} steps (gym-aloha's limit): "
+        f"{format_rate(summary[f'successes_within_{GYM_MAX_STEPS}'], len(results))}"
+    )
+    print(
+        f"env {summary['env_ms_per_step']} ms/step, policy {summary['policy_ms_per_chunk']} ms/chunk, "
+        f"{summary['episodes_per_min']} episodes/min with {summary['workers']} worker(s) -> {a.output / 'results.json'}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

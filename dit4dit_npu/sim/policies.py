@@ -1,0 +1,175 @@
+"""What the closed-loop eval can drive, behind one small interface:
+
+    policy.reset(scene, seed)       # a new episode (scene already reset)
+    chunk = policy.act(obs)         # (k, 14) float32 joint targets, robot units
+
+``--policy`` names one: ``expert`` (the scripted expert, an upper bound that checks the harness),
+``hold`` (holds the start pose, a lower bound), ``ws://host:port`` (a policy served by
+``python -m dit4dit_npu.serve``, through the same client a robot uses) or a policy folder
+(``DiT4DiTPolicy.from_pretrained``, in-process). A policy that cannot drive the scene (other
+cameras, action or state size) is refused before any episode runs.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import numpy as np
+
+from dit4dit_npu.sim.errors import SimError
+from dit4dit_npu.sim.tasks import ACTION_DIM, CAMERAS, STATE_DIM
+
+BUILTIN = ("expert", "hold")
+CONNECT_TIMEOUT_S = 30.0  # a server that is still loading its model gets this long
+
+
+class SimPolicy(Protocol):
+    name: str
+    metadata: dict[str, Any]  # camera_keys, chunk_length, ... (empty for built-ins)
+
+    def reset(self, scene: Any, seed: int) -> None: ...
+
+    def act(self, obs: dict[str, Any]) -> np.ndarray: ...
+
+    def close(self) -> None: ...
+
+
+class ExpertPolicy:
+    """The scripted expert as a policy: one action per call, privileged object state."""
+
+    name, metadata = "expert", {}
+
+    def reset(self, scene: Any, seed: int) -> None:
+        from dit4dit_npu.sim.experts import make_expert
+
+        self._expert = make_expert(scene)
+
+    def act(self, obs: dict[str, Any]) -> np.ndarray:
+        return self._expert(obs)[None]
+
+    def close(self) -> None:
+        pass
+
+
+class HoldPolicy:
+    """Commands the episode's start configuration forever: what doing nothing scores."""
+
+    name, metadata = "hold", {}
+
+    def reset(self, scene: Any, seed: int) -> None:
+        self._start: np.ndarray | None = None
+
+    def act(self, obs: dict[str, Any]) -> np.ndarray:
+        if self._start is None:
+            self._start = np.asarray(obs["state"], np.float32).copy()
+        return self._start[None]
+
+    def close(self) -> None:
+        pass
+
+
+def _policy_observation(obs: dict[str, Any], camera_keys: list[str]) -> dict[str, Any]:
+    """Exactly the keys the policy declared (it rejects extra ones)."""
+    return {**{k: obs[k] for k in camera_keys}, "state": obs["state"], "instruction": obs["instruction"]}
+
+
+class FolderPolicy:
+    """A policy folder loaded in this process (each eval worker loads its own copy: for a large
+    model serve it once and point the workers at ``ws://``)."""
+
+    def __init__(self, path: str, threads: int | None = None) -> None:
+        import torch
+
+        from dit4dit_npu.policy import DiT4DiTPolicy
+        from dit4dit_npu.policy.folder import PolicyLoadError
+
+        if threads:
+            torch.set_num_threads(threads)
+        try:
+            self._policy = DiT4DiTPolicy.from_pretrained(path)
+        except (PolicyLoadError, FileNotFoundError, NotADirectoryError) as e:
+            raise SimError(f"--policy {path}: {e}") from None
+        self.name, self.metadata = path, self._policy.metadata
+        self._seed = 0
+
+    def reset(self, scene: Any, seed: int) -> None:
+        self._seed = seed * 10_000  # same episode seed -> same flow-matching noise per call
+
+    def act(self, obs: dict[str, Any]) -> np.ndarray:
+        from dit4dit_npu.policy.policy import PolicyInputError
+
+        self._seed += 1
+        try:
+            return self._policy.predict_action(
+                _policy_observation(obs, self.metadata["camera_keys"]), seed=self._seed
+            )
+        except PolicyInputError as e:
+            raise SimError(f"policy {self.name} rejected the scene's observation: {e}") from None
+
+    def close(self) -> None:
+        pass
+
+
+class RemotePolicy:
+    """A policy served by ``python -m dit4dit_npu.serve``, through ``WebsocketClientPolicy``."""
+
+    def __init__(self, uri: str, connect_timeout_s: float = CONNECT_TIMEOUT_S) -> None:
+        from dit4dit_npu.serve.client import WebsocketClientPolicy
+
+        try:
+            self._client = WebsocketClientPolicy(uri, None, connect_timeout_s=connect_timeout_s)
+        except ConnectionError as e:
+            raise SimError(
+                f"--policy {uri}: server unreachable ({e}); start it with "
+                "python -m dit4dit_npu.serve --checkpoint POLICY_DIR --port PORT"
+            ) from None
+        self.name, self.metadata = uri, self._client.get_server_metadata()
+
+    def reset(self, scene: Any, seed: int) -> None:
+        pass
+
+    def act(self, obs: dict[str, Any]) -> np.ndarray:
+        from dit4dit_npu.serve.client import ServerError
+
+        try:
+            reply = self._client.infer(_policy_observation(obs, self.metadata["camera_keys"]))
+        except ServerError as e:
+            raise SimError(f"policy server {self.name} rejected the scene's observation: {e}") from None
+        except (ConnectionError, OSError) as e:  # the server went away mid-eval
+            raise SimError(f"policy server {self.name} connection lost: {e}") from None
+        return np.asarray(reply["actions"], np.float32)
+
+    def close(self) -> None:
+        self._client.close()
+
+
+def make_policy(
+    spec: str, threads: int | None = None, connect_timeout_s: float = CONNECT_TIMEOUT_S
+) -> SimPolicy:
+    """``expert`` | ``hold`` | ``ws://host:port`` | a policy folder -> a checked policy."""
+    if spec == "expert":
+        return ExpertPolicy()
+    if spec == "hold":
+        return HoldPolicy()
+    if spec.startswith(("ws://", "wss://")):
+        policy: SimPolicy = RemotePolicy(spec, connect_timeout_s)
+    else:
+        policy = FolderPolicy(spec, threads)
+    check_compatible(policy.name, policy.metadata)
+    return policy
+
+
+def check_compatible(name: str, meta: dict[str, Any], scene_cameras: dict[str, str] = CAMERAS) -> None:
+    """Refuse a policy that expects cameras the scene does not have, or other state/action sizes."""
+    cams = list(meta.get("camera_keys") or [])
+    unknown = [c for c in cams if c not in scene_cameras]
+    if not cams or unknown:
+        raise SimError(
+            f"policy {name} expects cameras {cams}, but the ALOHA scene provides {list(scene_cameras)}"
+        )
+    for what, want in (("action_dim", ACTION_DIM), ("state_dim", STATE_DIM)):
+        if meta.get(what) != want:
+            raise SimError(
+                f"policy {name} has {what}={meta.get(what)}, but the ALOHA scene needs {want} "
+                "([left 6 joints, left gripper, right 6 joints, right gripper])"
+            )

@@ -1,0 +1,161 @@
+"""Closed-loop episodes: a policy's action chunks drive the scene, K actions per query.
+
+``Worker`` owns one scene and one policy (one process each when the eval runs in parallel);
+``worker_main`` is the body of a worker process: it reports ready (or why it cannot start),
+waits for the go, then runs the seeds it takes from a shared queue.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dit4dit_npu.sim.errors import EpisodeError, SimError
+from dit4dit_npu.sim.tasks import ACTION_DIM, FPS, GYM_MAX_STEPS
+
+DEFAULT_SIZE = (240, 320)  # RoboTwin's camera size, when the policy does not say its own
+
+
+@dataclass
+class EvalSetup:
+    task: str
+    policy: str
+    max_steps: int
+    replan: int | None  # actions executed per query; None = the whole chunk
+    size_hw: tuple[int, int] | None  # None = the policy's training video size, else DEFAULT_SIZE
+    video_dir: str | None = None
+    video_seeds: tuple[int, ...] = ()
+    threads: int | None = None  # torch threads per worker (parallel workers share the cores)
+    connect_timeout_s: float = 30.0
+
+
+def default_size(metadata: dict[str, Any]) -> tuple[int, int]:
+    """Render at the size the policy's training videos had (no resize, same pixels as its data)."""
+    sizes = (metadata.get("source_image_sizes") or {}).get((metadata.get("camera_keys") or [None])[0])
+    if sizes and len(sizes) == 1:
+        return int(sizes[0][0]), int(sizes[0][1])
+    return DEFAULT_SIZE
+
+
+class Worker:
+    def __init__(self, setup: EvalSetup) -> None:
+        from dit4dit_npu.sim.policies import make_policy
+        from dit4dit_npu.sim.scene import AlohaScene
+
+        self.setup = setup
+        self.policy = make_policy(setup.policy, setup.threads, setup.connect_timeout_s)
+        chunk = self.policy.metadata.get("chunk_length")
+        if setup.replan is not None and chunk and setup.replan > chunk:
+            raise SimError(f"--replan {setup.replan} exceeds the policy's chunk length {chunk}")
+        self.size_hw = tuple(setup.size_hw or default_size(self.policy.metadata))
+        self.scene = AlohaScene(setup.task, self.size_hw)
+
+    def run(self, seed: int) -> dict[str, Any]:
+        video = None
+        if self.setup.video_dir and seed in self.setup.video_seeds:
+            from dit4dit_npu.data.video import Mp4Writer
+
+            h, w = self.size_hw
+            path = Path(self.setup.video_dir) / f"{self.setup.task}_seed{seed:06d}.mp4"
+            video = Mp4Writer(path, (h, w * len(self.scene.cameras)), FPS)
+        try:
+            result = run_episode(
+                self.scene, self.policy, seed, self.setup.max_steps, self.setup.replan, video
+            )
+        finally:
+            if video is not None:
+                video.close()
+        result["video"] = str(path) if video is not None else None
+        return result
+
+    def close(self) -> None:
+        self.policy.close()
+        self.scene.close()
+
+
+@dataclass
+class Timer:
+    total_s: float = 0.0
+    count: int = 0
+
+    def ms(self) -> float | None:
+        return round(1000 * self.total_s / self.count, 2) if self.count else None
+
+
+def run_episode(scene, policy, seed: int, max_steps: int, replan: int | None, video=None) -> dict[str, Any]:
+    """Reset to ``seed``; query a chunk, execute its first ``replan`` actions, repeat until reward 4
+    (gym-aloha terminates there) or ``max_steps``. Timings exclude video encoding."""
+    obs = scene.reset(seed)
+    policy.reset(scene, seed)
+    env_t, policy_t = Timer(), Timer()
+    first_success, error = None, None
+    while scene.steps < max_steps and first_success is None and error is None:
+        t0 = time.perf_counter()
+        chunk = np.asarray(policy.act(obs), np.float32)
+        policy_t.total_s += time.perf_counter() - t0
+        policy_t.count += 1
+        if chunk.ndim != 2 or chunk.shape[1] != ACTION_DIM or len(chunk) == 0:
+            raise SimError(
+                f"policy {policy.name} returned actions of shape {chunk.shape}, expected (k, {ACTION_DIM})"
+            )
+        for action in chunk[:replan]:
+            if video is not None:
+                video.write(np.concatenate([obs[k] for k in scene.cameras], axis=1))
+            t0 = time.perf_counter()
+            try:
+                step = scene.step(action)
+            except EpisodeError as e:
+                error = str(e)
+                break
+            env_t.total_s += time.perf_counter() - t0
+            env_t.count += 1
+            obs = step.obs
+            if step.success:
+                first_success = scene.steps
+                break
+            if scene.steps >= max_steps:
+                break
+    if video is not None and error is None:
+        video.write(np.concatenate([obs[k] for k in scene.cameras], axis=1))  # the final state
+    return {
+        "seed": seed,
+        "success": first_success is not None,
+        # gym-aloha's registered time limit: what a stock gymnasium rollout would have scored
+        f"success_within_{GYM_MAX_STEPS}": first_success is not None and first_success <= GYM_MAX_STEPS,
+        "steps_to_success": first_success,
+        "steps": scene.steps,
+        "max_reward": scene.max_reward,
+        "policy_calls": policy_t.count,
+        "policy_ms_per_call": policy_t.ms(),
+        "policy_ms_per_step": round(1000 * policy_t.total_s / scene.steps, 2) if scene.steps else None,
+        "env_ms_per_step": env_t.ms(),
+        "error": error,
+    }
+
+
+def worker_main(setup: EvalSetup, seeds, results, go) -> None:
+    """Process body: ('ready', info) | ('error', line) once, then ('result', dict) per seed."""
+    try:
+        worker = Worker(setup)
+    except SimError as e:
+        results.put(("error", str(e)))
+        return
+    except Exception:
+        results.put(("crash", traceback.format_exc()))
+        return
+    try:
+        results.put(("ready", {"size_hw": worker.size_hw, "metadata": worker.policy.metadata}))
+        go.wait()
+        while (seed := seeds.get()) is not None:
+            results.put(("result", worker.run(seed)))
+    except SimError as e:
+        results.put(("error", str(e)))
+    except Exception:
+        results.put(("crash", traceback.format_exc()))
+    finally:
+        worker.close()

@@ -1,0 +1,81 @@
+"""The ALOHA tasks this package knows: gym-aloha's scene, instruction and seeded object poses.
+
+Light on purpose (numpy only): the CLIs validate ``--task`` before starting MuJoCo.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from dit4dit_npu.sim.errors import SimError
+
+FPS = 50  # gym-aloha's control rate (DT = 0.02 s)
+SUCCESS_REWARD = 4  # gym-aloha: terminated = is_success = (reward == 4)
+GYM_MAX_STEPS = 300  # gym-aloha registers both tasks with max_episode_steps=300
+EPISODE_STEPS = 400  # ACT's episode length (the scripted expert succeeds by step ~250)
+TRAIN_SEED0 = 100_000  # demo (training) seeds start here; evaluation seeds are 0, 1, ...: disjoint
+
+# Scene camera -> dataset/policy key: the project's (RoboTwin's) three-camera layout.
+CAMERAS = {
+    "observation.images.cam_high": "top",
+    "observation.images.cam_left_wrist": "left_wrist",
+    "observation.images.cam_right_wrist": "right_wrist",
+}
+STATE_DIM = ACTION_DIM = 14  # [left 6 joints, left gripper, right 6 joints, right gripper]
+ARM_JOINTS = ("waist", "shoulder", "elbow", "forearm_roll", "wrist_angle", "wrist_rotate")
+MOTORS = [f"{side}_{j}" for side in ("left", "right") for j in (*ARM_JOINTS, "gripper")]
+
+
+@dataclass(frozen=True)
+class Task:
+    name: str
+    xml: str  # joint-position-control scene in gym_aloha/assets
+    instruction: str
+    gym_id: str  # the equivalent gymnasium id (same scene, reward and seeding)
+
+
+TASKS = {
+    t.name: t
+    for t in (
+        Task(
+            "transfer_cube",
+            "bimanual_viperx_transfer_cube.xml",
+            "pick up the red cube with the right arm and hand it over to the left arm",
+            "gym_aloha/AlohaTransferCube-v0",
+        ),
+        Task(
+            "insertion",
+            "bimanual_viperx_insertion.xml",
+            "pick up the peg and the socket and insert the peg into the socket",
+            "gym_aloha/AlohaInsertion-v0",
+        ),
+    )
+}
+
+
+def get_task(name: str) -> Task:
+    if name not in TASKS:
+        raise SimError(f"unknown task {name!r}; expected one of {sorted(TASKS)}")
+    return TASKS[name]
+
+
+def object_pose(task: str, seed: int) -> np.ndarray:
+    """Object start pose(s) (7 numbers per object), exactly as gym-aloha's ``reset(seed)``."""
+    from gym_aloha.utils import sample_box_pose, sample_insertion_pose
+
+    if get_task(task).name == "transfer_cube":
+        return sample_box_pose(seed)
+    return np.concatenate(sample_insertion_pose(seed))
+
+
+def parse_size(text: str) -> tuple[int, int]:
+    """'240x320' -> (240, 320); even sizes (the mp4s are yuv420p)."""
+    try:
+        h, w = (int(x) for x in text.lower().split("x"))
+    except ValueError:
+        raise SimError(f"--size: expected HxW such as 240x320, got {text!r}") from None
+    if h < 16 or w < 16 or h % 2 or w % 2:
+        raise SimError(f"--size: height and width must be even and >= 16, got {text!r}")
+    return h, w

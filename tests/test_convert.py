@@ -1,0 +1,261 @@
+"""Import of an original DiT4DiT run (``python -m dit4dit_npu.convert dit4dit``), without the
+original: a checkpoint in its state-dict layout is built here from our own tiny modules by the
+documented renaming (its frozen text encoder and VAE taken from the base model, as its trainer
+saved them), with a config.yaml and dataset_statistics.json in its formats."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+
+from dit4dit_npu.config import load_config
+from dit4dit_npu.convert import ConversionError, convert_dit4dit
+from dit4dit_npu.models import build_dit4dit, tiny_base_model
+from dit4dit_npu.models.build import tiny_sizes
+
+ROOT = Path(__file__).resolve().parents[1]
+CHUNK, BLOCKS = 4, 2
+
+# DiT4DiT's action-head keys (its module tree; notes: original_state_dict_keys.txt), per block {i}
+DOCUMENTED_HEAD_KEYS = [
+    "action_model.model.timestep_encoder.timestep_embedder.linear_{1,2}.{weight,bias}",
+    "action_model.model.proj_out_{1,2}.{weight,bias}",
+    "action_model.model.transformer_blocks.{i}.norm1.linear.{weight,bias}",
+    "action_model.model.transformer_blocks.{i}.attn1.{to_q,to_k,to_v,to_out.0}.{weight,bias}",
+    "action_model.model.transformer_blocks.{i}.ff.net.{0.proj,2}.{weight,bias}",
+    "action_model.state_encoder.layer{1,2}.{weight,bias}",
+    "action_model.action_encoder.layer{1,2,3}.{weight,bias}",
+    "action_model.action_decoder.layer{1,2}.{weight,bias}",
+    "action_model.position_embedding.weight",
+]
+
+
+def expand(template: str) -> list[str]:
+    m = re.search(r"\{([^}]*)\}", template)
+    if m is None:
+        return [template]
+    options = [str(i) for i in range(BLOCKS)] if m.group(1) == "i" else m.group(1).split(",")
+    return [k for o in options for k in expand(template[: m.start()] + o + template[m.end() :])]
+
+
+def original_name(ours: str) -> str:
+    """Our parameter name -> DiT4DiT's (the documented mapping, written out independently of the
+    converter's)."""
+    rules = [
+        (r"^backbone\.transformer\.", "backbone_interface.extractor.transformer."),
+        (r"^action_model\.model\.timestep_embedder\.", "action_model.model.timestep_encoder.timestep_embedder."),
+        (r"^action_model\.model\.blocks\.", "action_model.model.transformer_blocks."),
+        (r"^action_model\.(state_encoder|action_decoder)\.0\.", r"action_model.\1.layer1."),
+        (r"^action_model\.(state_encoder|action_decoder)\.2\.", r"action_model.\1.layer2."),
+        (r"^action_model\.action_encoder\.W(\d)\.", r"action_model.action_encoder.layer\1."),
+    ]
+    for pattern, repl in rules:
+        ours = re.sub(pattern, repl, ours)
+    return ours
+
+
+def original_config(**changes) -> dict:
+    """DiT4DiT's config.yaml for this run (the keys its code read), LIBERO-style."""
+    cfg = {
+        "framework": {
+            "name": "DiT4DiT",
+            "cosmos25": {
+                "base_model": "/data/Cosmos-Predict2.5-2B", "extract_layer": 1, "conditional_frame_timestep": 0.0001,
+                "future_loss_type": "flow_matching", "future_num_inference_steps": 1, "torch_dtype": "float32",
+                "training": "joint", "vl_hidden_dim": 32,
+                "flow_matching": {"time_distribution": "uniform", "high_sigma_ratio": None, "high_sigma_min": None},
+            },
+            "action_model": {
+                "action_model_type": "DiT-B", "hidden_size": 32, "add_pos_embed": True, "max_seq_len": 64,
+                "action_dim": 8, "state_dim": 16, "future_action_window_size": CHUNK - 1, "action_horizon": CHUNK,
+                "past_action_window_size": 0, "noise_beta_alpha": 1.5, "noise_beta_beta": 1.0, "noise_s": 0.999,
+                "num_timestep_buckets": 1000, "num_inference_timesteps": 4,
+                "diffusion_model_cfg": {"cross_attention_dim": 32, "dropout": 0.2, "final_dropout": True,
+                                        "interleave_self_attention": True, "norm_type": "ada_norm",
+                                        "num_layers": BLOCKS, "output_dim": 32, "positional_embeddings": None},
+            },
+        },
+        "datasets": {"vla_data": {"action_video_freq_ratio": 1, "image_size": [224, 224],
+                                  "video_delta_indices": [0, 1, 2, 3, 4]}},
+        "trainer": {"repeated_diffusion_steps": 4, "freeze_modules": "backbone_interface.extractor.text_encoder,"
+                    "backbone_interface.extractor.vae", "learning_rate": {"base": 1e-5, "backbone_interface": 1e-5,
+                                                                           "action_model": 1e-4}},
+    }
+    for path, value in changes.items():
+        node = cfg
+        *parents, last = path.split(".")
+        for p in parents:
+            node = node[p]
+        node[last] = value
+    return cfg
+
+
+def statistics(tag="franka", action_dim=7, state_dim=8) -> dict:
+    rng = np.random.default_rng(0)
+
+    def block(n):
+        lo, hi = rng.uniform(-2, -0.5, n), rng.uniform(0.5, 2, n)
+        return {"mean": ((lo + hi) / 2).tolist(), "std": ((hi - lo) / 4).tolist(), "max": hi.tolist(),
+                "min": lo.tolist(), "q01": lo.tolist(), "q99": hi.tolist()}
+
+    action = block(action_dim) | {"mask": [True] * (action_dim - 1) + [False]}
+    return {tag: {"action": action, "state": block(state_dim), "num_transitions": 100, "num_trajectories": 3}}
+
+
+def our_model(num_layers: int = BLOCKS):
+    overrides = [
+        "framework.cosmos25.base_model=tiny", "framework.cosmos25.tiny.num_layers=3",
+        "framework.cosmos25.extract_layer=1", "framework.action_model.action_model_type=DiT-B",
+        f"framework.action_model.diffusion_model_cfg.num_layers={num_layers}", "framework.action_model.hidden_size=32",
+        "framework.action_model.diffusion_model_cfg.output_dim=32", "framework.action_model.max_seq_len=64",
+        f"framework.action_model.future_action_window_size={CHUNK - 1}", "trainer.mixed_precision='no'",
+    ]
+    cfg = load_config(None, overrides)
+    from dit4dit_npu.batch import BatchSpec
+
+    return cfg, build_dit4dit(cfg, BatchSpec(16, 8, CHUNK, 5, (32, 64)))
+
+
+def frozen_tensors(base: Path) -> dict[str, torch.Tensor]:
+    """The base model's text encoder and VAE under DiT4DiT's in-memory names."""
+    out = {}
+    for key, t in load_file(str(base / "text_encoder" / "model.safetensors")).items():
+        mem = "model." + key if key.startswith("visual.") else (
+            "model.language_model." + key[6:] if key.startswith("model.") else key)
+        out[f"backbone_interface.extractor.text_encoder.{mem}"] = t
+    for key, t in load_file(str(base / "vae" / "diffusion_pytorch_model.safetensors")).items():
+        out[f"backbone_interface.extractor.vae.{key}"] = t
+    return out
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """An original run folder: checkpoints/steps_7_pytorch_model.pt, config.yaml, statistics."""
+    root = tmp_path_factory.mktemp("dit4dit_run")
+    cfg, model = our_model()
+    base = tiny_base_model(tiny_sizes(cfg))
+    g = torch.Generator().manual_seed(0)
+    trained = {k: v + 0.01 * torch.randn(v.shape, generator=g) for k, v in model.trainable_state_dict().items()}
+    ckpt = {original_name(k): v for k, v in trained.items()} | frozen_tensors(base)
+    (root / "checkpoints").mkdir()
+    torch.save(ckpt, root / "checkpoints" / "steps_7_pytorch_model.pt")
+    (root / "config.yaml").write_text(yaml.safe_dump(original_config()))
+    (root / "dataset_statistics.json").write_text(json.dumps(statistics()))
+    return {"root": root, "base": base, "trained": trained, "ckpt": ckpt}
+
+
+def test_checkpoint_layout_is_the_documented_one(run):
+    head = {k for k in run["ckpt"] if k.startswith("action_model.")}
+    assert head == {k for t in DOCUMENTED_HEAD_KEYS for k in expand(t)}
+
+
+def test_cli_converts_every_tensor_to_its_place(run, tmp_path):
+    out = tmp_path / "policy"
+    r = subprocess.run(
+        [sys.executable, "-m", "dit4dit_npu.convert", "dit4dit", "--checkpoint",
+         str(run["root"] / "checkpoints" / "steps_7_pytorch_model.pt"), "--config", str(run["root"] / "config.yaml"),
+         "--base-model", str(run["base"]), "--out", str(out), "--image-size", "32", "32"],
+        capture_output=True, text=True, cwd=ROOT,
+    )
+    assert r.returncode == 0, r.stderr
+    assert "framework.action_model.action_dim: 8 -> datasets.vla_data.max_action_dim" in r.stderr
+    weights = load_file(str(out / "model.safetensors"))
+    assert set(weights) == set(run["trained"])  # none left over, none missing
+    for name, tensor in run["trained"].items():
+        assert torch.equal(weights[name], tensor), name
+    info = json.loads((out / "policy.json").read_text())
+    assert info["step"] == 7 and info["base_model"] == str(run["base"].resolve())
+    io = json.loads((out / "policy_io.json").read_text())
+    assert io["resize_method"] == "torch_bilinear"
+    assert io["state"] == [{"kind": "sincos", "groups": [1] * 8}]
+    assert [s["kind"] for s in io["action"]] == ["normalize", "binarize", "pad"]
+    cfg = yaml.safe_load((out / "config.yaml").read_text())
+    c = cfg["framework"]["cosmos25"]
+    assert (c["condition_latent"], c["round_timesteps"], c["feature_noise_seed"]) == ("sample", True, None)
+
+    from dit4dit_npu import DiT4DiTPolicy
+
+    policy = DiT4DiTPolicy.from_pretrained(out, device="cpu")
+    rng = np.random.default_rng(0)
+    obs = {key: rng.integers(0, 256, (32, 32, 3), dtype=np.uint8) for key in policy.camera_keys}
+    actions = policy.predict_action(obs | {"state": np.zeros(8), "instruction": "pick up the cup"}, seed=0)
+    assert actions.shape == (CHUNK, 7) and set(np.unique(actions[:, 6])) <= {0.0, 1.0}
+
+
+def _convert(run, tmp_path, ckpt=None, config=None, stats=None, **kw):
+    root = tmp_path / "in"
+    root.mkdir(exist_ok=True)
+    ckpt_path = run["root"] / "checkpoints" / "steps_7_pytorch_model.pt"
+    if ckpt is not None:
+        ckpt_path = root / "steps_7_pytorch_model.pt"
+        torch.save(ckpt, ckpt_path)
+    config_path = run["root"] / "config.yaml"
+    if config is not None:
+        config_path = root / "config.yaml"
+        config_path.write_text(yaml.safe_dump(config))
+    stats_path = run["root"] / "dataset_statistics.json"
+    if stats is not None:
+        stats_path = root / "dataset_statistics.json"
+        stats_path.write_text(json.dumps(stats))
+    out = tmp_path / "policy"
+    with pytest.raises(ConversionError) as e:
+        convert_dit4dit(ckpt_path, config_path, run["base"], out, stats=stats_path, image_size=(32, 32), **kw)
+    assert not out.exists()  # nothing written
+    assert "\n" not in str(e.value)
+    return str(e.value)
+
+
+def test_checkpoint_of_another_architecture(run, tmp_path):
+    msg = _convert(run, tmp_path, ckpt={"model.layers.0.weight": torch.zeros(2, 2)})
+    assert "not a DiT4DiT checkpoint" in msg
+
+
+def test_checkpoint_of_another_size(run, tmp_path):
+    _, bigger = our_model(num_layers=BLOCKS + 2)
+    ckpt = {original_name(k): v for k, v in bigger.trainable_state_dict().items()} | frozen_tensors(run["base"])
+    msg = _convert(run, tmp_path, ckpt=ckpt)
+    assert "does not fit the model of config.yaml" in msg and "transformer_blocks.2" in msg
+
+
+def test_config_that_does_not_match_the_checkpoint(run, tmp_path):
+    msg = _convert(run, tmp_path, config=original_config(**{"framework.action_model.state_dim": 32}))
+    assert "action_model.state_encoder.layer1.weight has shape (32, 16), the config builds (32, 32)" in msg
+    msg = _convert(run, tmp_path, config=original_config(**{"framework.action_model.action_horizon": 9}))
+    assert "action_horizon (9) != future_action_window_size + 1 (4)" in msg
+
+
+def test_statistics_of_another_embodiment(run, tmp_path):
+    msg = _convert(run, tmp_path, stats=statistics("gr1", 29, 29))
+    assert "the encoded state has 58 dims but the checkpoint's head takes 16 (statistics for another embodiment?)" in msg
+    msg = _convert(run, tmp_path, stats=statistics("gr1", 7, 8), embodiment="libero_franka")
+    assert "statistics of embodiment 'gr1', but robot type libero_franka is 'franka'" in msg
+
+
+def test_base_model_whose_frozen_weights_differ(run, tmp_path):
+    ckpt = dict(run["ckpt"])
+    key = next(k for k in ckpt if k.startswith("backbone_interface.extractor.vae."))
+    ckpt[key] = ckpt[key] + 1.0
+    msg = _convert(run, tmp_path, ckpt=ckpt)
+    assert "frozen vae weights differ from the base model" in msg and "--base-model" in msg
+
+
+def test_cli_bad_input_is_one_line(run, tmp_path):
+    bad = tmp_path / "stats.json"
+    bad.write_text(json.dumps(statistics("gr1", 29, 29)))
+    r = subprocess.run(
+        [sys.executable, "-m", "dit4dit_npu.convert", "dit4dit", "--checkpoint",
+         str(run["root"] / "checkpoints" / "steps_7_pytorch_model.pt"), "--config", str(run["root"] / "config.yaml"),
+         "--stats", str(bad), "--base-model", str(run["base"]), "--out", str(tmp_path / "p")],
+        capture_output=True, text=True, cwd=ROOT,
+    )
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+    assert not (tmp_path / "p").exists()

@@ -1,0 +1,279 @@
+"""Closed-loop eval end to end: expert, hold, a policy folder, and a real websocket server
+(``python -m dit4dit_npu.serve`` in a subprocess); bad input gets one line and exit code 2."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("gym_aloha", reason="simulation extra not installed (pip install -e '.[sim]')")
+
+from dit4dit_npu.data.video import probe_video  # noqa: E402
+from dit4dit_npu.sim.errors import SimError  # noqa: E402
+from dit4dit_npu.sim.eval import main as eval_main  # noqa: E402
+from dit4dit_npu.sim.policies import check_compatible  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run_eval(capsys, *args: str) -> tuple[int, list[str], str]:
+    code = eval_main(list(args))
+    out = capsys.readouterr()
+    return code, out.out.splitlines(), out.err
+
+
+def results(path: Path) -> dict:
+    return json.loads((path / "results.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def policy_dir() -> Path:
+    from policy_fixtures import shared_tiny_setup
+
+    return shared_tiny_setup().policy_dir  # real tiny DiT4DiT, RoboTwin-shaped: 3 cameras, 14-d
+
+
+@pytest.mark.slow
+def test_expert_end_to_end_with_video(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "expert"
+    code, lines, _ = run_eval(
+        capsys,
+        "--policy",
+        "expert",
+        "--episodes",
+        "1",
+        "--seed",
+        "3",
+        "--size",
+        "32x40",
+        "--videos",
+        "1",
+        "--output",
+        str(out),
+    )
+    assert code == 0
+    assert lines[0].startswith("episode 1/1 seed 3: success at step ")
+    assert "success 1/1 = 100.0% (95% Wilson CI 20.7–100.0%)" in lines
+    r = results(out)
+    ep = r["episodes"][0]
+    assert ep["success"] and ep["success_within_300"] and ep["steps"] == ep["steps_to_success"] <= 300
+    assert ep["env_ms_per_step"] > 0 and ep["policy_calls"] == ep["steps"]  # the expert replans every step
+    assert r["summary"]["size_hw"] == [32, 40] and r["summary"]["successes"] == 1
+    video = probe_video(ep["video"])
+    assert (video["height"], video["width"], video["frames"]) == (32, 3 * 40, ep["steps"] + 1)
+
+
+def test_hold_in_parallel_workers_fails_every_seed(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "hold"
+    code, lines, _ = run_eval(
+        capsys,
+        "--policy",
+        "hold",
+        "--episodes",
+        "3",
+        "--max-steps",
+        "15",
+        "--size",
+        "32x40",
+        "--videos",
+        "0",
+        "--workers",
+        "2",
+        "--output",
+        str(out),
+    )
+    assert code == 0
+    assert sum(line.startswith("episode ") for line in lines) == 3
+    assert "success 0/3 = 0.0% (95% Wilson CI 0.0–56.1%)" in lines
+    r = results(out)
+    assert [e["seed"] for e in r["episodes"]] == [0, 1, 2]
+    assert all(e["steps"] == 15 and not e["success"] and e["max_reward"] == 0 for e in r["episodes"])
+    assert r["summary"]["workers"] == 2 and not (out / "videos").exists()
+
+
+@pytest.mark.slow
+def test_policy_folder_chunks_and_replanning(tmp_path: Path, capsys, policy_dir: Path) -> None:
+    out = tmp_path / "folder"
+    code, lines, _ = run_eval(
+        capsys,
+        "--policy",
+        str(policy_dir),
+        "--episodes",
+        "1",
+        "--max-steps",
+        "12",
+        "--replan",
+        "4",
+        "--videos",
+        "1",
+        "--output",
+        str(out),
+    )
+    assert code == 0, lines
+    r = results(out)
+    ep = r["episodes"][0]
+    assert (ep["steps"], ep["policy_calls"]) == (12, 3)  # 3 queries x 4 executed actions
+    assert ep["error"] is None and ep["policy_ms_per_call"] > 0
+    assert r["summary"]["size_hw"] == [32, 32]  # the policy's training video size by default
+    assert r["summary"]["chunk_length"] == 8
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_through_a_real_websocket_server(tmp_path: Path, capsys, policy_dir: Path) -> None:
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "dit4dit_npu.serve", "--checkpoint", str(policy_dir), "--port", str(port)],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        out = tmp_path / "ws"
+        code, lines, err = run_eval(
+            capsys,
+            "--policy",
+            f"ws://127.0.0.1:{port}",
+            "--episodes",
+            "2",
+            "--max-steps",
+            "8",
+            "--videos",
+            "0",
+            "--connect-timeout",
+            "120",
+            "--output",
+            str(out),
+        )
+        assert code == 0, err
+        r = results(out)
+        assert [(e["steps"], e["policy_calls"]) for e in r["episodes"]] == [
+            (8, 1),
+            (8, 1),
+        ]  # whole 8-step chunks
+        assert r["summary"]["policy_ms_per_chunk"] > 0
+    finally:
+        server.terminate()
+        server.wait(30)
+
+
+def test_mismatched_policies_are_refused(policy_dir: Path) -> None:
+    from dit4dit_npu.policy import DiT4DiTPolicy
+
+    meta = DiT4DiTPolicy.from_pretrained(policy_dir).metadata
+    check_compatible("p", meta)  # the RoboTwin-shaped policy fits the ALOHA scene
+    check_compatible("p", {**meta, "camera_keys": ["observation.images.cam_high"]})  # a subset is fine
+    with pytest.raises(
+        SimError, match=r"expects cameras \['observation.images.cam_front'\], but the ALOHA scene "
+    ):
+        check_compatible("p", {**meta, "camera_keys": ["observation.images.cam_front"]})
+    with pytest.raises(SimError, match="has action_dim=7, but the ALOHA scene needs 14"):
+        check_compatible("p", {**meta, "action_dim": 7})
+    with pytest.raises(SimError, match="has state_dim=16"):
+        check_compatible("p", {**meta, "state_dim": 16})
+
+
+def test_bad_input_one_line_exit_2(tmp_path: Path, capsys, policy_dir: Path) -> None:
+    out = tmp_path / "o"
+    cases = [
+        (["--policy", "hold", "--task", "fold_shirt"], "error: unknown task 'fold_shirt'; expected one of"),
+        (["--policy", str(tmp_path / "nope")], "is not expert, hold, ws://host:port or a policy folder"),
+        (["--policy", "hold", "--size", "31x40"], "--size: height and width must be even"),
+        (["--policy", "hold", "--episodes", "0"], "--episodes: expected >= 1, got 0"),
+        (["--policy", str(policy_dir), "--replan", "9"], "--replan 9 exceeds the policy's chunk length 8"),
+        (["--policy", f"ws://127.0.0.1:{free_port()}", "--connect-timeout", "0.5"], "server unreachable"),
+    ]
+    for args, message in cases:
+        code, lines, err = run_eval(capsys, *args, "--output", str(out))
+        assert code == 2, args
+        assert len(err.strip().splitlines()) == 1 and message in err, err
+        assert not out.exists()  # nothing written
+    out.mkdir()
+    (out / "results.json").write_text("{}")
+    code, _, err = run_eval(capsys, "--policy", "hold", "--output", str(out))
+    assert code == 2 and "exists; choose another folder" in err and (out / "results.json").read_text() == "{}"
+
+
+@pytest.mark.parametrize("gl", ["bogus", "glfw"])
+def test_renderer_that_cannot_start_names_the_mujoco_gl_choices(tmp_path: Path, gl: str) -> None:
+    env = {**os.environ, "MUJOCO_GL": gl, "DISPLAY": ""}
+    proc = subprocess.run(
+        [sys.executable, "-m", "dit4dit_npu.sim.eval", "--policy", "hold", "--output", str(tmp_path / "o")],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert lines[-1].startswith("error: ") and f"MUJOCO_GL={gl}" in lines[-1]
+    assert "MUJOCO_GL=egl" in lines[-1] and "MUJOCO_GL=osmesa" in lines[-1]
+    assert not (tmp_path / "o").exists()
+
+
+def test_policy_observation_is_exactly_what_predict_action_takes(policy_dir: Path) -> None:
+    from dit4dit_npu.policy import DiT4DiTPolicy
+    from dit4dit_npu.sim.scene import AlohaScene
+
+    policy = DiT4DiTPolicy.from_pretrained(policy_dir)
+    with AlohaScene("transfer_cube", (32, 32)) as scene:
+        obs = scene.reset(0)
+    chunk = policy.predict_action(obs, seed=0)  # the scene's observation, unmodified
+    assert chunk.shape == (8, 14) and np.isfinite(chunk).all()
+
+
+class _ChunkOf:
+    """A stand-in policy that returns a fixed chunk: the harness's own guard is what is tested."""
+
+    name, metadata = "fixed", {}
+
+    def __init__(self, chunk: np.ndarray) -> None:
+        self.chunk = chunk
+
+    def reset(self, scene, seed: int) -> None:
+        pass
+
+    def act(self, obs) -> np.ndarray:
+        return self.chunk
+
+    def close(self) -> None:
+        pass
+
+
+def test_non_finite_actions_never_reach_the_scene_and_bad_shapes_stop_the_eval() -> None:
+    from dit4dit_npu.sim.rollout import run_episode
+    from dit4dit_npu.sim.scene import AlohaScene
+
+    with AlohaScene("transfer_cube", render=False) as scene:
+        start = scene.reset(0)["state"]
+        chunk = np.stack([start, start, np.full(14, np.inf, np.float32)])
+        r = run_episode(scene, _ChunkOf(chunk), seed=0, max_steps=50, replan=None)
+        assert r["steps"] == 2 and not r["success"] and "non-finite action at step 2" in r["error"]
+        with pytest.raises(SimError, match=r"returned actions of shape \(4, 7\), expected \(k, 14\)"):
+            run_episode(scene, _ChunkOf(np.zeros((4, 7), np.float32)), seed=0, max_steps=5, replan=None)
+
+
+def test_default_render_size_follows_the_policy_training_videos() -> None:
+    from dit4dit_npu.sim.rollout import DEFAULT_SIZE, default_size
+
+    cams = ["observation.images.cam_high"]
+    assert default_size({"camera_keys": cams, "source_image_sizes": {cams[0]: [[96, 128]]}}) == (96, 128)
+    assert (
+        default_size({"camera_keys": cams, "source_image_sizes": {cams[0]: [[96, 128], [240, 320]]}})
+        == DEFAULT_SIZE
+    )
+    assert default_size({}) == DEFAULT_SIZE == (240, 320)
