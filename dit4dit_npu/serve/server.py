@@ -241,7 +241,8 @@ class PolicyServer:
         obs = dict(msg)
         seed = protocol.parse_seed(obs.pop("seed", None))
         io = self._policy.io
-        parsed = parse_observation(obs, self._cameras, io.image_size, io.state_dim, io.source_sizes)
+        # Exactly the policy's own parsing (PolicyIO.encode_observation): same checks, same resize.
+        parsed = parse_observation(obs, self._cameras, io.image_size, io.state_dim, io.source_sizes, io.resize_method)
         self._check_instructions(parsed.instructions)
         return _Pending(ROBOT, parsed, seed)
 

@@ -74,7 +74,10 @@ def parse_observation(
     image_size: tuple[int, int],
     state_dim: int,
     source_sizes: dict[str, list[list[int]]] | None = None,
+    resize_method: str = "swscale",
 ) -> Observation:
+    """``resize_method`` (images.RESIZE_METHODS): how images of another size are resized, the
+    way the policy's training frames were (PolicyIO.resize_method)."""
     if not isinstance(obs, dict):
         raise PolicyInputError(f"observation must be a dict, got {type(obs).__name__}")
     obs, names = _canonical_keys(obs, cameras)
@@ -83,7 +86,7 @@ def parse_observation(
     batched: bool | None = None
     for key in cameras:
         name = names.get(key, key)  # errors name the key the client sent
-        imgs, is_batch = _images(name, obs[key], image_size, (source_sizes or {}).get(key))
+        imgs, is_batch = _images(name, obs[key], image_size, (source_sizes or {}).get(key), resize_method)
         if batched is None:
             batched = is_batch
         elif is_batch != batched or len(imgs) != len(views[0]):
@@ -148,7 +151,7 @@ def _check_keys(obs: dict[str, Any], cameras: Sequence[str]) -> None:
 
 
 def _images(
-    key: str, value: Any, size: tuple[int, int], source_sizes: list[list[int]] | None
+    key: str, value: Any, size: tuple[int, int], source_sizes: list[list[int]] | None, method: str
 ) -> tuple[np.ndarray, bool]:
     img = np.asarray(value)
     if img.dtype != np.uint8:
@@ -165,7 +168,7 @@ def _images(
     h, w = imgs.shape[1:3]
     if (h, w) != tuple(size):
         _check_aspect(key, h, w, size, source_sizes)
-        imgs = np.stack([resize_rgb(np.ascontiguousarray(x), size) for x in imgs])
+        imgs = np.stack([resize_rgb(np.ascontiguousarray(x), size, method) for x in imgs])
     return imgs, batched
 
 
