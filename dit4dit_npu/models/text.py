@@ -165,6 +165,10 @@ class PromptCache:
     def add(self, instruction: str, embedding: torch.Tensor) -> None:
         self._store[instruction] = embedding.detach().cpu()
 
+    def discard(self, instruction: str) -> None:
+        """Forget one instruction if cached (a policy's bounded cache of run-time prompts)."""
+        self._store.pop(instruction, None)
+
     def to(self, device: torch.device | str) -> PromptCache:
         """Keep the embeddings on ``device`` (saves a host->device copy per step when they fit)."""
         self._store = {k: v.to(device) for k, v in self._store.items()}

@@ -12,8 +12,9 @@
 Batched input (images (B, H, W, 3), state (B, state_dim), instruction list or one str) returns
 (B, chunk_length, action_dim). The checkpoint's own PolicyIO turns the observation into the
 model's batch and the predicted chunk back into robot units, exactly as the training data was
-transformed: no normalized action leaves this module (the original returned normalized actions
-and left unnormalization to each client, SPEC 5.1, A19).
+transformed: ``predict_action`` never returns normalized actions (the original returned normalized
+actions and left unnormalization to each client, SPEC 5.1, A19). Only ``predict_normalized``
+does, for the server's DiT4DiT protocol, whose clients un-normalize themselves.
 
 The folder format is defined by ``export_policy`` in ``folder.py``.
 """
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +31,7 @@ import numpy as np
 import torch
 
 from dit4dit_npu import device as dev
+from dit4dit_npu.batch import Batch
 from dit4dit_npu.config import Config
 from dit4dit_npu.policy.folder import FORMAT_VERSION, load_policy_folder
 from dit4dit_npu.transforms.observation import PolicyInputError
@@ -76,6 +79,11 @@ class DiT4DiTPolicy:
         self.prompt_cache = prompt_cache
         self.info = info
         self._text_encoder: Any = None
+        # Instructions encoded at run time (not exported with the policy), least recently used
+        # first. ``max_added_instructions`` caps them (None = no cap): each embedding is ~100 MB at
+        # full size, so a server must not let network clients grow the cache without bound.
+        self.max_added_instructions: int | None = None
+        self._added: OrderedDict[str, None] = OrderedDict()
         # Guards the prompt cache and the lazily built text encoder (the server calls from one
         # worker thread, but a user may share a policy between threads).
         self._lock = threading.RLock()
@@ -157,13 +165,30 @@ class DiT4DiTPolicy:
         """Encode instructions not in the prompt cache yet (loads the text encoder once, on
         first need). Returns how many were encoded."""
         with self._lock:
-            missing = [s for s in dict.fromkeys(instructions) if s not in self.prompt_cache]
+            wanted = list(dict.fromkeys(instructions))
+            for s in wanted:
+                if s in self._added:
+                    self._added.move_to_end(s)
+            missing = [s for s in wanted if s not in self.prompt_cache]
             if not missing:
                 return 0
             encoder = self._encoder(missing)
             n = self.prompt_cache.build(missing, encoder)
+            self._added.update(dict.fromkeys(missing))
             log.info("encoded %d new instruction(s) into the prompt cache", n)
+            self._evict_added(keep=set(wanted))
             return n
+
+    def _evict_added(self, keep: set[str]) -> None:
+        """Drop the least recently used run-time instructions beyond the cap (never the exported
+        ones, never those of the current call)."""
+        if self.max_added_instructions is None:
+            return
+        excess = len(self._added) - self.max_added_instructions
+        for s in [s for s in self._added if s not in keep][: max(0, excess)]:
+            del self._added[s]
+            self.prompt_cache.discard(s)
+            log.info("dropped instruction %r from the prompt cache (cap %d)", s, self.max_added_instructions)
 
     def _encoder(self, missing: list[str]) -> Any:
         if self._text_encoder is None:
@@ -248,3 +273,22 @@ class DiT4DiTPolicy:
             video = self.model.imagine_video(batch, num_steps=steps, seed=seed)
         out = video.permute(0, 1, 3, 4, 2).cpu().numpy()  # (B, T, H, W, 3)
         return out if batched else out[0]
+
+    @torch.inference_mode()
+    def predict_normalized(
+        self, frames: np.ndarray, state: np.ndarray | None, instructions: list[str], seed: int | None = None
+    ) -> np.ndarray:
+        """Model-space inputs -> the model's normalized chunk (B, chunk, action_width) float32,
+        padded dims included: what the original DiT4DiT model returned to its own clients, which
+        un-normalize themselves. ``frames``: uint8 (B, H, W_tiled, 3), the views already resized and
+        tiled as ``io.frame_size``; ``state``: (B, state_width), already encoded and padded (None
+        when the policy takes no state). The server's DiT4DiT protocol; robots should use
+        ``predict_action``."""
+        batch = Batch(
+            frames=torch.from_numpy(np.ascontiguousarray(frames)).permute(0, 3, 1, 2)[:, None].contiguous(),
+            instruction=list(instructions),
+            state=None if state is None else torch.from_numpy(np.asarray(state, dtype=np.float32)),
+        )
+        self.add_instructions(batch.instruction)
+        with self._lock:
+            return self.model.predict_action(batch, seed=seed).float().cpu().numpy()

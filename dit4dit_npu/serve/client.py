@@ -9,8 +9,10 @@ Imports only numpy, msgpack and websockets, never torch, so it runs on a robot c
     out = policy.infer({"observation.images.cam_high": img, ..., "state": q, "instruction": "..."})
     actions = out["actions"]  # (chunk_length, action_dim) float32, robot units
 
-An error reply from the server (bad input) raises ``ServerError`` with the server's message;
-the connection stays usable for the next call.
+An error reply from the server (bad input) raises ``ServerError`` with the server's one-line
+message; the connection stays usable for the next call. The server reports errors as openpi's
+does (a text frame), so openpi's own ``WebsocketClientPolicy`` works against it unchanged too,
+raising ``RuntimeError`` with the same message.
 
 Note: ``import dit4dit_npu`` itself is light (no torch); ``dit4dit_npu.client`` only touches
 ``dit4dit_npu.msgpack_numpy``.
@@ -36,7 +38,7 @@ _CLIENT_MAX_SIZE = 64 * 1024 * 1024
 
 
 class ServerError(RuntimeError):
-    """The server answered with ``{"error": ...}`` (the request was rejected, the server lives on)."""
+    """The server refused the request (its text frame is the message); the connection lives on."""
 
 
 class WebsocketClientPolicy:
@@ -86,13 +88,11 @@ class WebsocketClientPolicy:
 
     @staticmethod
     def _decode(message: str | bytes) -> dict[str, Any]:
-        if isinstance(message, str):  # our server never sends text; an openpi server sends tracebacks
+        if isinstance(message, str):  # openpi's convention: errors come as text frames
             raise ServerError(message)
         reply = msgpack_numpy.unpackb(message)
         if not isinstance(reply, dict):
             raise ServerError(f"unexpected reply of type {type(reply).__name__}")
-        if "error" in reply:
-            raise ServerError(str(reply["error"]))
         return reply
 
     def get_server_metadata(self) -> dict[str, Any]:

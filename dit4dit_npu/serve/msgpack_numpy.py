@@ -113,4 +113,5 @@ def unpackb(data: bytes, **kwargs: Any) -> Any:
     except WireFormatError:
         raise
     except Exception as e:  # msgpack raises several unrelated types (ExtraData, FormatError, ...)
-        raise WireFormatError(f"malformed msgpack message: {type(e).__name__}: {e}") from e
+        detail = f": {e}" if str(e) else ""
+        raise WireFormatError(f"malformed msgpack message ({type(e).__name__}{detail})") from e

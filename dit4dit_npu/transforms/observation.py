@@ -3,9 +3,16 @@
     {camera_key: uint8 (H, W, 3) or (B, H, W, 3), "state": (state_dim,) or (B, state_dim),
      "instruction": str or list[str]}
 
-openpi clients call the instruction "prompt"; it is accepted as an alias. Images of another
-size are resized (the training resize path), but only when their aspect ratio matches the
-training videos': a distorted view is something the model never saw.
+openpi's layout is accepted as well: the instruction called "prompt" (giving both is an error:
+which one would win?) and the cameras nested under "images" by short name, channels-first or
+last, as openpi's ALOHA clients send them:
+
+    {"images": {"cam_high": uint8 (3, H, W) or (H, W, 3), ...}, "state": ..., "prompt": str}
+
+A short name maps to the camera key ``observation.images.<name>`` (LeRobot's naming, which the
+training config's camera keys use). Images of another size are resized (the training resize
+path), but only when their aspect ratio matches the training videos': a distorted view is
+something the model never saw.
 """
 
 from __future__ import annotations
@@ -19,7 +26,9 @@ import numpy as np
 from dit4dit_npu.transforms.images import resize_rgb
 
 STATE, INSTRUCTION = "state", "instruction"
-ALIASES = {"prompt": INSTRUCTION}
+PROMPT = "prompt"  # openpi's name for the instruction
+IMAGES = "images"  # openpi's nested {short camera name: image}
+CAMERA_PREFIX = "observation.images."
 # Live camera aspect ratio may differ this much from the training videos' before it is an error.
 ASPECT_TOLERANCE = 0.02
 
@@ -35,6 +44,29 @@ class Observation:
     instructions: list[str]
     batched: bool
 
+    @property
+    def rows(self) -> int:
+        return len(self.instructions)
+
+    def to_dict(self, cameras: Sequence[str]) -> dict[str, Any]:
+        """Back to the canonical observation dict (images already at the model size, so parsing it
+        again is exact and resizes nothing)."""
+        views = self.views if self.batched else self.views[0]
+        obs: dict[str, Any] = {key: views[..., v, :, :, :] for v, key in enumerate(cameras)}
+        obs[STATE] = self.state if self.batched else self.state[0]
+        obs[INSTRUCTION] = list(self.instructions) if self.batched else self.instructions[0]
+        return obs
+
+
+def concat_observations(parts: Sequence[Observation]) -> Observation:
+    """Parsed observations (single or batched) -> one batched observation, rows in order."""
+    return Observation(
+        views=np.concatenate([p.views for p in parts]),
+        state=np.concatenate([p.state for p in parts]),
+        instructions=[s for p in parts for s in p.instructions],
+        batched=True,
+    )
+
 
 def parse_observation(
     obs: Any,
@@ -42,20 +74,25 @@ def parse_observation(
     image_size: tuple[int, int],
     state_dim: int,
     source_sizes: dict[str, list[list[int]]] | None = None,
+    resize_method: str = "swscale",
 ) -> Observation:
+    """``resize_method`` (images.RESIZE_METHODS): how images of another size are resized, the
+    way the policy's training frames were (PolicyIO.resize_method)."""
     if not isinstance(obs, dict):
         raise PolicyInputError(f"observation must be a dict, got {type(obs).__name__}")
-    obs = {ALIASES.get(k, k): v for k, v in obs.items()}
+    obs, names = _canonical_keys(obs, cameras)
     _check_keys(obs, cameras)
     views: list[np.ndarray] = []
     batched: bool | None = None
     for key in cameras:
-        imgs, is_batch = _images(key, obs[key], image_size, (source_sizes or {}).get(key))
+        name = names.get(key, key)  # errors name the key the client sent
+        imgs, is_batch = _images(name, obs[key], image_size, (source_sizes or {}).get(key), resize_method)
         if batched is None:
             batched = is_batch
         elif is_batch != batched or len(imgs) != len(views[0]):
             raise PolicyInputError(
-                f"{key}: {len(imgs)} image(s) {'batched' if is_batch else 'single'}, but {cameras[0]} has "
+                f"{name}: {len(imgs)} image(s) {'batched' if is_batch else 'single'}, but "
+                f"{names.get(cameras[0], cameras[0])} has "
                 f"{len(views[0])} ({'batched' if batched else 'single'}); every camera needs the same batch size"
             )
         views.append(imgs)
@@ -68,6 +105,38 @@ def parse_observation(
     )
 
 
+def _canonical_keys(obs: dict[str, Any], cameras: Sequence[str]) -> tuple[dict[str, Any], dict[str, str]]:
+    """openpi's names and nesting -> ours (the input dict is not modified), and camera key ->
+    the name the client used for it (``images.<name>``) where that differs."""
+    obs, names = dict(obs), {}
+    if PROMPT in obs:
+        if INSTRUCTION in obs:
+            raise PolicyInputError(
+                "observation has both 'prompt' and 'instruction': send one ('prompt' is openpi's name for it)"
+            )
+        obs[INSTRUCTION] = obs.pop(PROMPT)
+    if IMAGES in obs:
+        nested = obs.pop(IMAGES)
+        if not isinstance(nested, dict):
+            raise PolicyInputError(
+                f"images: expected a dict {{camera name: image}} (openpi layout), got {type(nested).__name__}"
+            )
+        for name, img in nested.items():
+            key = name if name in cameras else f"{CAMERA_PREFIX}{name}"
+            if key in obs:
+                raise PolicyInputError(f"images.{name}: camera {key!r} is also given as a top-level key; send it once")
+            obs[key], names[key] = _channels_last(img), f"{IMAGES}.{name}"
+    return obs, names
+
+
+def _channels_last(value: Any) -> Any:
+    """openpi sends (3, H, W) / (B, 3, H, W); HWC passes unchanged (the last axis decides)."""
+    img = np.asarray(value)
+    if img.ndim in (3, 4) and img.shape[-1] != 3 and img.shape[-3] == 3:
+        return np.moveaxis(img, -3, -1)
+    return img
+
+
 def _check_keys(obs: dict[str, Any], cameras: Sequence[str]) -> None:
     expected = [*cameras, STATE, INSTRUCTION]
     missing = [k for k in expected if k not in obs]
@@ -76,12 +145,13 @@ def _check_keys(obs: dict[str, Any], cameras: Sequence[str]) -> None:
         parts = ([f"missing {missing}"] if missing else []) + ([f"unexpected {unknown}"] if unknown else [])
         raise PolicyInputError(
             f"observation keys: {'; '.join(parts)}. Expected exactly {expected} "
-            f"(camera keys from the training config), got {sorted(map(str, obs))}"
+            f"(camera keys from the training config; openpi's layout works too: 'images': {{name: image}} "
+            f"for {CAMERA_PREFIX}<name>, 'prompt' for 'instruction'), got {sorted(map(str, obs))}"
         )
 
 
 def _images(
-    key: str, value: Any, size: tuple[int, int], source_sizes: list[list[int]] | None
+    key: str, value: Any, size: tuple[int, int], source_sizes: list[list[int]] | None, method: str
 ) -> tuple[np.ndarray, bool]:
     img = np.asarray(value)
     if img.dtype != np.uint8:
@@ -98,7 +168,7 @@ def _images(
     h, w = imgs.shape[1:3]
     if (h, w) != tuple(size):
         _check_aspect(key, h, w, size, source_sizes)
-        imgs = np.stack([resize_rgb(np.ascontiguousarray(x), size) for x in imgs])
+        imgs = np.stack([resize_rgb(np.ascontiguousarray(x), size, method) for x in imgs])
     return imgs, batched
 
 

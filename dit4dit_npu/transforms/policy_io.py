@@ -28,8 +28,8 @@ import torch
 
 from dit4dit_npu.batch import Batch, BatchSpec
 from dit4dit_npu.config import Config
-from dit4dit_npu.transforms.images import RESIZE_METHODS, VIEW_LAYOUTS, resize_rgb, tile_views, tiled_size
-from dit4dit_npu.transforms.observation import ASPECT_TOLERANCE, parse_observation
+from dit4dit_npu.transforms.images import RESIZE_METHODS, VIEW_LAYOUTS, tile_views, tiled_size
+from dit4dit_npu.transforms.observation import parse_observation
 from dit4dit_npu.transforms.stats import FeatureStats
 from dit4dit_npu.transforms.vector import NORM_MODES, Normalize, Pad, SinCos, Step, VectorPipeline
 
@@ -217,31 +217,11 @@ class PolicyIO:
             "action_mask": torch.from_numpy(mask.copy()),
         }
 
-    def _resized(self, obs: Any) -> Any:
-        """With a resize method other than swscale, live images of another size are resized here,
-        before parsing (which resizes with swscale). Anything unexpected, and images of another
-        aspect ratio than the training videos, is left for parse_observation to report."""
-        if self.resize_method == "swscale" or not isinstance(obs, dict):
-            return obs
-        out = dict(obs)
-        for key in self.camera_keys:
-            img = out.get(key)
-            ok = isinstance(img, np.ndarray) and img.dtype == np.uint8 and img.ndim in (3, 4) and img.shape[-1] == 3
-            if not ok or tuple(img.shape[-3:-1]) == self.image_size or min(img.shape[-3:-1]) < 2:
-                continue
-            h, w = img.shape[-3:-1]
-            sources = self.source_sizes.get(key)
-            if sources and all(abs((w / h) / (sw / sh) - 1.0) > ASPECT_TOLERANCE for sh, sw in sources):
-                continue
-            imgs = img if img.ndim == 4 else img[None]
-            resized = np.stack([resize_rgb(x, self.image_size, self.resize_method) for x in imgs])
-            out[key] = resized if img.ndim == 4 else resized[0]
-        return out
-
     def encode_observation(self, obs: dict[str, Any]) -> tuple[Batch, bool]:
         """A robot observation (single or batched) -> (inference Batch with T = 1, batched?)."""
-        obs = self._resized(obs)
-        o = parse_observation(obs, self.camera_keys, self.image_size, self.state_dim, self.source_sizes)
+        o = parse_observation(
+            obs, self.camera_keys, self.image_size, self.state_dim, self.source_sizes, self.resize_method
+        )
         batch = Batch(
             frames=self.frames(o.views)[:, None],
             instruction=o.instructions,
