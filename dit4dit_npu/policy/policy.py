@@ -35,7 +35,7 @@ from dit4dit_npu.batch import Batch
 from dit4dit_npu.config import Config
 from dit4dit_npu.policy.folder import FORMAT_VERSION, load_policy_folder
 from dit4dit_npu.transforms.observation import PolicyInputError
-from dit4dit_npu.transforms.policy_io import PolicyIO
+from dit4dit_npu.transforms.policy_io import NonFiniteActionError, PolicyIO
 
 log = logging.getLogger(__name__)
 
@@ -45,10 +45,6 @@ __all__ = ["DiT4DiTPolicy", "NonFiniteActionError", "PolicyInputError"]
 # one whole training range beyond either edge.
 STATE_RANGE_WARNING = 3.0
 _warned_state_range = False
-
-
-class NonFiniteActionError(RuntimeError):
-    """predict_action computed NaN/inf actions; they are never returned."""
 
 
 def state_out_of_range(stats: Any, state: np.ndarray, limit: float = STATE_RANGE_WARNING) -> list[int]:

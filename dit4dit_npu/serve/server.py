@@ -42,6 +42,7 @@ from dit4dit_npu.serve import msgpack_numpy, protocol
 from dit4dit_npu.serve.batching import Batcher
 from dit4dit_npu.serve.metadata import server_metadata
 from dit4dit_npu.transforms.observation import Observation, concat_observations, parse_observation
+from dit4dit_npu.transforms.policy_io import NonFiniteActionError
 
 logger = logging.getLogger("dit4dit_npu.serve")
 
@@ -79,10 +80,6 @@ class ServablePolicy(Protocol):
 
 class ServeError(RuntimeError):
     """The server cannot start (busy port, bad address); one line for the user."""
-
-
-class NonFiniteActionsError(RuntimeError):
-    """The policy produced NaN or inf: nothing is sent to the robot."""
 
 
 @dataclass
@@ -217,8 +214,9 @@ class PolicyServer:
             rows = prepared.payload.rows
             result, timing = await self._batcher.submit((prepared.kind, prepared.seed), prepared.payload, rows)
         except Exception as e:
-            text = _one_line(e) if isinstance(e, self._input_errors) else f"internal error: {_one_line(e)}"
-            if not isinstance(e, (*self._input_errors, NonFiniteActionsError)):
+            expected = isinstance(e, (*self._input_errors, NonFiniteActionError))  # the client's answer
+            text = _one_line(e) if expected else f"internal error: {_one_line(e)}"
+            if not expected:
                 logger.error("inference failed", exc_info=e)
             if prepared.kind == NORMALIZED:
                 return protocol.dit4dit_error(prepared.request_id, text)
@@ -283,7 +281,7 @@ class PolicyServer:
             results = _split(out, [_Batched(p.rows) for p in payloads])
         for r in results:  # nothing non-finite reaches a robot, whatever the policy did
             if not np.isfinite(r).all():
-                raise NonFiniteActionsError(
+                raise NonFiniteActionError(
                     "the policy produced non-finite actions (NaN or inf) for this observation; nothing was sent"
                 )
         return results

@@ -72,7 +72,7 @@ def torch_bilinear_rgb(image: np.ndarray, size_hw: Sequence[int]) -> np.ndarray:
     import torch
     import torch.nn.functional as F
 
-    x = torch.from_numpy(np.ascontiguousarray(image)).permute(2, 0, 1)[None].float() / 255.0
+    x = torch.from_numpy(np.array(image, copy=True)).permute(2, 0, 1)[None].float() / 255.0  # a writable copy
     y = F.interpolate(x, size=(int(size_hw[0]), int(size_hw[1])), mode="bilinear", align_corners=False)
     return (y[0].permute(1, 2, 0) * 255.0).round().clamp(0, 255).to(torch.uint8).numpy()
 

@@ -41,6 +41,10 @@ class PolicyIOError(ValueError):
     """A PolicyIO that cannot be built or read (one line naming the setting or file)."""
 
 
+class NonFiniteActionError(RuntimeError):
+    """The model computed NaN/inf actions: they are never returned to a robot."""
+
+
 @dataclass
 class PolicyIO:
     camera_keys: list[str]
