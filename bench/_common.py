@@ -15,15 +15,19 @@ from dit4dit_npu.batch import Batch, BatchSpec
 from dit4dit_npu.config import Config
 from dit4dit_npu.models import DiT4DiT, PromptEncoder
 
+# RoboTwin's aloha-agilex: 14 absolute joints of state and of action (the width without padding).
+ROBOTWIN_DIMS = 14
+
 
 def bench_spec(cfg: Config) -> BatchSpec:
-    """What the data side brings for ``cfg``: padded widths, the subsampled clip, the camera views
-    tiled side by side (the benches make random batches of this shape; no dataset is read)."""
+    """What the data side brings for ``cfg``: padded widths (RoboTwin's 14 when not padded; sin/cos
+    state doubles it), the subsampled clip, the camera views tiled side by side (the benches make
+    random batches of this shape; no dataset is read)."""
     d = cfg.datasets.vla_data
     h, w = d.image_size
     return BatchSpec(
-        state_width=d.max_state_dim,
-        action_width=d.max_action_dim,
+        state_width=d.max_state_dim or ROBOTWIN_DIMS * (2 if d.state_norm == "sincos" else 1),
+        action_width=d.max_action_dim or ROBOTWIN_DIMS,
         chunk_length=cfg.framework.action_model.chunk_length,
         num_frames=len(range(0, len(d.video_delta_indices), d.action_video_freq_ratio)),
         frame_size=(h, w * len(d.camera_keys)),
