@@ -54,7 +54,7 @@ def _bytes(snapshot: dict) -> int:
     return total
 
 
-def _free_grads_on_accumulation(module: torch.nn.Module) -> None:
+def free_grads_on_accumulation(module: torch.nn.Module) -> None:
     for p in module.parameters():
         if p.requires_grad:
             p.register_post_accumulate_grad_hook(lambda p: setattr(p, "grad", None))
@@ -113,7 +113,7 @@ def real_width_backbone(layers: int, extract_layer: int) -> CosmosBackbone:
     transformer = tiny_parts.build_transformer(sizes)
     vae = tiny_parts.build_vae(sizes)
     backbone = CosmosBackbone(transformer, vae, tiny_parts.build_scheduler(), BackboneConfig(extract_layer=extract_layer))
-    _free_grads_on_accumulation(backbone.transformer)
+    free_grads_on_accumulation(backbone.transformer)
     return backbone
 
 
@@ -146,7 +146,6 @@ def measure_transformer(max_text: int, text_width: int, log: Callable[[str], Non
         for batch, h, w in POINTS:
             tokens = T_LAT * h * w // 4
             lat = torch.randn(batch, 16, T_LAT, h, w)
-            prompts = torch.randn(batch, max_text, text_width, dtype=torch.bfloat16)  # as the cache holds them
             for gc in (False, True):
                 if gc:
                     tr.enable_gradient_checkpointing()
@@ -154,6 +153,8 @@ def measure_transformer(max_text: int, text_width: int, log: Callable[[str], Non
                     tr.disable_gradient_checkpointing()
                 mt = MemTracker()
                 with mt:
+                    # the batch's prompt embeddings are made inside the step (the cache lookup), bf16
+                    prompts = torch.randn(batch, max_text, text_width, dtype=torch.bfloat16)
                     with dev.autocast():
                         loss = bb.video_flow_matching_loss(lat, prompts)
                     loss.backward()
@@ -169,6 +170,7 @@ def measure_transformer(max_text: int, text_width: int, log: Callable[[str], Non
                     raw[k + g][layers].append((batch, tokens, v))
             mt = MemTracker()
             with mt, torch.no_grad(), dev.autocast():
+                prompts = torch.randn(batch, max_text, text_width, dtype=torch.bfloat16)
                 bb.features(lat[:, :, :1], prompts, T_LAT)
             raw["features"][layers].append((batch, tokens, _bytes(mt.get_tracker_snapshot("peak"))))
             log(f"  transformer L={layers} B={batch} S={tokens}: measured")
@@ -185,7 +187,7 @@ def measure_transformer(max_text: int, text_width: int, log: Callable[[str], Non
 
 def measure_head(head: torch.nn.Module, spec, hidden: int, log: Callable[[str], None]) -> dict[str, Fit]:
     """The real action head on features of S tokens: its saved state after forward, and its peak."""
-    _free_grads_on_accumulation(head)
+    free_grads_on_accumulation(head)
     saved, peak = [], []
     for batch, tokens in ((1, 144), (1, 576), (2, 144), (2, 576)):
         feats = torch.randn(batch, tokens, hidden, dtype=torch.bfloat16)

@@ -149,7 +149,8 @@ class StepShape:
 
 def step_phases(fits: dict, head: dict, vae, s: StepShape, gc: bool, latent_cache: bool) -> dict[str, float]:
     """Working memory of each phase of one training step, in bytes. Autograd runs the video graph's
-    backward first (it was built last) while the head's graph waits, then the head's."""
+    backward first (it was built last) while the head's graph waits, then the head's. The batch's
+    prompt embeddings are alive all step (the transformer measurements include them)."""
     suffix = "_gc" if gc else ""
     b, n = s.batch, s.tokens
     prompts = b * s.text_tokens * 28 * 3584 * 2  # the batch's bf16 prompt embeddings, alive all step
@@ -158,11 +159,11 @@ def step_phases(fits: dict, head: dict, vae, s: StepShape, gc: bool, latent_cach
         "feature pass (no grad)": fits["features"](s.feature_layers, b, n),
         "forward end (both graphs)": fits["fwd_end" + suffix](s.layers, b, n) + head["saved"](b, n) + features,
         "video backward peak": fits["bwd_peak" + suffix](s.layers, b, n) + head["saved"](b, n) + features,
-        "action head backward peak": head["peak"](b, n) + features,
+        "action head backward peak": head["peak"](b, n) + features + prompts,
     }
     if not latent_cache:  # the uint8 clip, its bf16 VAE input and the encoder's activations
-        phases["VAE encode (no grad)"] = vae(b, s.pixels) + b * s.frames * 3 * s.pixels * (1 + 2)
-    return {k: v + prompts for k, v in phases.items()}
+        phases["VAE encode (no grad)"] = vae(b, s.pixels) + b * s.frames * 3 * s.pixels * (1 + 2) + prompts
+    return phases
 
 
 def check(cfg: Config, fits: dict, head_fits: dict, batch: int, gc: bool) -> tuple[float, float, StepShape]:
@@ -171,7 +172,7 @@ def check(cfg: Config, fits: dict, head_fits: dict, batch: int, gc: bool) -> tup
     mark), against the plan's working memory for the same shape. On an accelerator: the full
     model at the real token count; on CPU: 3 blocks and 72 tokens (depth extrapolated from the
     1- and 2-block fits, the phases composed as in the plan)."""
-    from _activations import _free_grads_on_accumulation, real_width_backbone
+    from _activations import free_grads_on_accumulation, real_width_backbone
     from _common import step_peak_mib
 
     from dit4dit_npu import device as dev
@@ -187,7 +188,7 @@ def check(cfg: Config, fits: dict, head_fits: dict, batch: int, gc: bool) -> tup
         backbone.transformer.enable_gradient_checkpointing()
     spec = dataclasses.replace(spec, frame_size=(8 * h, 8 * w))
     head = build_action_head(cfg, spec, 2048)
-    _free_grads_on_accumulation(head)
+    free_grads_on_accumulation(head)
     device = dev.get_device()
     model = DiT4DiT(backbone, head, DiT4DiTConfig(autocast=True), spec).to(device).train()
     model.backbone.vae.to(torch.bfloat16)
@@ -254,6 +255,9 @@ def main() -> None:
     print(f"measured in {time.perf_counter() - t0:.0f} s; largest relative fit residual {100 * residual:.1f}%")
 
     rows = zero_rows(args.zero, args.world_size, trained, counts["vae"], 2, leaf, small, ds)
+    if cfg.framework.cosmos25.training == "action":  # frozen, fp32, outside the optimizer (whole under ZeRO-2)
+        share = 1 if args.zero != 3 else args.world_size
+        rows.insert(1, ("frozen transformer (fp32)", 4 * counts["transformer"] / share, "training: action"))
     cache = n_instr * cfg.framework.cosmos25.max_sequence_length * 28 * 3584 * 2
     on_card = cache <= PROMPT_CACHE_ON_DEVICE_BYTES
     rows.append(("prompt cache (bf16)", cache if on_card else 0.0,
@@ -281,9 +285,10 @@ def main() -> None:
         verdict = {k: ("fits" if v <= card * 1e9 else "does NOT fit") for k, v in total.items()}
         print(f"{card:g} GB card: without gradient checkpointing {verdict['no_gc']} "
               f"({card - total['no_gc'] / 1e9:+.1f} GB), with it {verdict['gc']} ({card - total['gc'] / 1e9:+.1f} GB)")
-    text = counts["text_model"] * 2
-    print(f"start-up, rank 0 only, before the optimizer state exists: the bf16 text encoder ({text / GIB:.1f} GiB) "
-          f"next to the model weights ({sum(r[1] for r in rows[:2]) / GIB:.1f} GiB); freed once the prompt cache is built")
+    text, whole = counts["text_model"] * 2, 4 * (counts["transformer"] + counts.get("action_model", 0)) + 2 * counts["vae"]
+    print(f"start-up, rank 0 only, before DeepSpeed takes the model (no optimizer state, no partitioning yet): the bf16 "
+          f"text encoder ({text / GIB:.1f} GiB) next to the whole model ({whole / GIB:.1f} GiB); freed once the prompt "
+          "cache is built")
     if args.check:
         for gc in (False, True):
             measured, planned, s = check(cfg, fits, head, shape.batch, gc)

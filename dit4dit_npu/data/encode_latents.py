@@ -159,8 +159,16 @@ def _sum_over_ranks(counts: dict[str, int], world: int, device: torch.device) ->
     return dict(zip(counts, t.tolist()))
 
 
-def cache_bytes(root: Path) -> int:
-    return sum(f.stat().st_size for f in root.rglob("*.safetensors"))
+def cache_bytes(root: Path) -> tuple[int, int]:
+    """(bytes on disk, clips) of every episode file in the cache."""
+    from safetensors import safe_open
+
+    files = list(root.rglob("episode_*.safetensors"))
+    clips = 0
+    for f in files:
+        with safe_open(str(f), framework="pt") as h:
+            clips += h.get_slice("clips").get_shape()[0]
+    return sum(f.stat().st_size for f in files), clips
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -188,10 +196,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if int(os.environ.get("RANK", "0")) == 0:
         n = counts["samples"]
-        total = cache_bytes(Path(out))
+        total, clips = cache_bytes(Path(out))
         print(
             f"latent cache {out}: encoded {n} clips ({counts['episodes']} episodes) in {counts['seconds']} s, "
-            f"{counts['cached_before']} episodes were already cached; {total / 2**20:.1f} MiB on disk"
+            f"{counts['cached_before']} episodes were already cached; {total / 2**20:.1f} MiB on disk for "
+            f"{clips} clips ({total / max(clips, 1) / 1024:.1f} KiB per clip)"
         )
     return 0
 
