@@ -70,12 +70,15 @@ def test_two_ranks_encode_every_training_episode_once(root):
 
 
 @pytest.mark.parametrize("training", ["joint", "action"])
-def test_cached_batch_has_no_frames_and_gives_the_online_loss(root, training):
+def test_cached_batch_has_no_frames_and_gives_the_online_loss(root, training, monkeypatch):
     mode = f"framework.cosmos25.training={training}"
     online, cached = build_training_data(config(root, mode, cached=False)), cached_data(config(root, mode))
     idx = [0, 5, 15, 16, 47, 79]  # episode ends included: clips clamped to the last frame
     b_on = Batch.collate([online.train_dataset[i] for i in idx])
+    for ds in cached.train_dataset.datasets:  # training samples from the cache decode no video at all
+        monkeypatch.setattr(ds, "frames_at", lambda *a, **k: pytest.fail("decoded video with a latent cache"))
     b_ca = Batch.collate([cached.train_dataset[i] for i in idx])
+    monkeypatch.undo()
     assert b_ca.frames is None and b_ca.latents.shape == (6, 16, 2, 4, 12)  # 5 frames -> 2 latent, 32x96 / 8
     assert torch.equal(b_ca.action, b_on.action) and b_ca.instruction == b_on.instruction
     cfg = config(root, mode, cached=False)
