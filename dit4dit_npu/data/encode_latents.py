@@ -85,8 +85,9 @@ def encode_latents(cfg: Config, out: Path, batch_size: int = 16, progress: bool 
     barrier()
     cache = LatentCache.open(out, key, ds.datasets)
     work = [(k, e) for k in range(len(ds.datasets)) for e in ds.episodes(k)]
-    # Shard before filtering: every rank agrees on the shares whatever is already on disk.
-    mine = [w for w in work[rank::world] if not cache.has_episode(*w)]
+    # Shard before filtering: every rank agrees on the shares whatever is already on disk. A file
+    # that is there but damaged (truncated by a full disk, edited) is encoded again, not kept.
+    mine = [w for w in work[rank::world] if not _cached(cache, ds, *w)]
     samples = sum(len(ds.episode_clips(k, e)) for k, e in mine)
     vae = build_vae(cfg).to(device)
     from tqdm.auto import tqdm
@@ -108,6 +109,16 @@ def encode_latents(cfg: Config, out: Path, batch_size: int = 16, progress: bool 
 
         dist.destroy_process_group()  # else gloo/hccl complain at exit
     return {**counts, "seconds": int(time.perf_counter() - t0)}
+
+
+def _cached(cache: LatentCache, ds: RoboTwinDataset, k: int, episode: int) -> bool:
+    """Whether the episode's file is there and serves exactly its samples; says so when not."""
+    if not cache.has_episode(k, episode):
+        return False
+    problem = cache.episode_problem(k, episode, ds.episode_clips(k, episode))
+    if problem is not None:
+        print(f"re-encoding {cache.episode_path(k, episode)}: it {problem}", file=sys.stderr)
+    return problem is None
 
 
 def _episodes(
@@ -161,13 +172,16 @@ def _sum_over_ranks(counts: dict[str, int], world: int, device: torch.device) ->
 
 def cache_bytes(root: Path) -> tuple[int, int]:
     """(bytes on disk, clips) of every episode file in the cache."""
-    from safetensors import safe_open
+    from safetensors import SafetensorError, safe_open
 
     files = list(root.rglob("episode_*.safetensors"))
     clips = 0
     for f in files:
-        with safe_open(str(f), framework="pt") as h:
-            clips += h.get_slice("clips").get_shape()[0]
+        try:
+            with safe_open(str(f), framework="pt") as h:
+                clips += h.get_slice("clips").get_shape()[0]
+        except (SafetensorError, OSError):  # a report only: a damaged file (another split's) is training's to name
+            continue
     return sum(f.stat().st_size for f in files), clips
 
 
