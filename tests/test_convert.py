@@ -259,3 +259,34 @@ def test_cli_bad_input_is_one_line(run, tmp_path):
     )
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
     assert not (tmp_path / "p").exists()
+
+
+def test_diverged_checkpoint_is_refused(run, tmp_path):
+    ckpt = dict(run["ckpt"])
+    key = "action_model.action_decoder.layer2.weight"
+    ckpt[key] = ckpt[key].clone()
+    ckpt[key][0, 0] = float("nan")
+    msg = _convert(run, tmp_path, ckpt=ckpt)  # nothing written: not a policy that loading would refuse
+    assert f"trained tensor {key} has NaN or inf values" in msg
+
+
+def test_out_that_is_a_file_or_a_damaged_base_model_is_one_line(run, tmp_path):
+    import shutil
+
+    ckpt = run["root"] / "checkpoints" / "steps_7_pytorch_model.pt"
+    config, stats = run["root"] / "config.yaml", run["root"] / "dataset_statistics.json"
+    a_file = tmp_path / "a_file"
+    a_file.write_text("mine")
+    with pytest.raises(ConversionError, match=f"--out {a_file} exists and is not a policy folder"):
+        convert_dit4dit(ckpt, config, run["base"], a_file, stats=stats, image_size=(32, 32))
+    assert a_file.read_text() == "mine"
+    base = Path(shutil.copytree(run["base"], tmp_path / "base"))
+    vae = base / "vae" / "diffusion_pytorch_model.safetensors"
+    vae.write_bytes(vae.read_bytes()[:1000])
+    out = tmp_path / "policy"
+    with pytest.raises(ConversionError, match=r"base model .*: vae/diffusion_pytorch_model.safetensors is unreadable"):
+        convert_dit4dit(ckpt, config, base, out, stats=stats, image_size=(32, 32))
+    assert not out.exists()
+    # a missing checkpoint is named as such, not as the statistics file its path would locate
+    with pytest.raises(ConversionError, match="checkpoint not found: .*steps_9_pytorch_model.pt"):
+        convert_dit4dit(tmp_path / "run/checkpoints/steps_9_pytorch_model.pt", config, run["base"], out)
