@@ -290,3 +290,25 @@ def test_out_that_is_a_file_or_a_damaged_base_model_is_one_line(run, tmp_path):
     # a missing checkpoint is named as such, not as the statistics file its path would locate
     with pytest.raises(ConversionError, match="checkpoint not found: .*steps_9_pytorch_model.pt"):
         convert_dit4dit(tmp_path / "run/checkpoints/steps_9_pytorch_model.pt", config, run["base"], out)
+
+
+def _stats_with(change) -> dict:
+    stats = statistics()
+    change(stats["franka"])
+    return stats
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda s: s["state"].__setitem__("min", 5), r"state.min: expected a list of numbers, got 5"),
+        (lambda s: s["state"].__setitem__("q99", ["a"] * 8), r"state.q99: expected a list of numbers"),
+        (lambda s: s.__setitem__("action", [1, 2]), r"expected DiT4DiT's \{embodiment tag: \{action, state, ...\}\}"),
+        (lambda s: s.__setitem__("num_transitions", "many"), r"num_transitions: expected a count, got 'many'"),
+        (lambda s: s["action"].update(min=[1.0] * 7, max=[-1.0] * 7), r"action statistics have min > max in dims \[0, 1"),
+    ],
+)
+def test_malformed_statistics_are_one_line(run, tmp_path, change, message):
+    """Each was a TypeError / ValueError / AttributeError traceback (or, min > max, a policy whose
+    actions come out mirrored)."""
+    assert re.search(message, _convert(run, tmp_path, stats=_stats_with(change), embodiment="libero_franka"))
