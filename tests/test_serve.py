@@ -207,3 +207,14 @@ def test_cli_checks_its_numbers(capsys) -> None:
         with pytest.raises(SystemExit) as info:
             serve_main(["--checkpoint", "x", *args])
         assert info.value.code == 2 and match in capsys.readouterr().err
+
+
+def test_client_refuses_a_malformed_address_at_once() -> None:
+    """Was websockets' InvalidURI / a bare 'Port out of range' ValueError (sim.eval: a traceback)."""
+    from dit4dit_npu.serve.client import WebsocketClientPolicy
+
+    for uri, why in (("ws://127.0.0.1:99999", "Port out of range"), ("ws://", "hostname isn't provided")):
+        t0 = time.monotonic()
+        with pytest.raises(ValueError, match=f"{uri} is not a valid websocket address .*{why}"):
+            WebsocketClientPolicy(uri, None, connect_timeout_s=30)
+        assert time.monotonic() - t0 < 5  # no retrying until the connect timeout
