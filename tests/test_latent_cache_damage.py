@@ -138,3 +138,21 @@ def test_an_out_folder_that_cannot_be_made_is_one_line(made, tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert rc == 2 and err.startswith(f"error: --out {blocker / 'cache'}: cannot create the cache folder"), err
     assert "\n" not in err and blocker.read_text() == "x"
+
+
+def test_a_corrupt_video_read_in_a_loader_worker_is_one_line(tmp_path, capsys):
+    """torch re-raises a worker's DatasetError with the worker's traceback in its message; the
+    encoder prints the dataset's own line (and keeps the episodes finished before it)."""
+    from dit4dit_npu.data.demo import write_demo_dataset
+
+    write_demo_dataset(tmp_path / "data" / "robotwin_demo", num_episodes=5, episode_length=12)
+    videos = sorted((tmp_path / "data" / "robotwin_demo" / "videos").rglob("episode_000003.mp4"))
+    videos[0].write_bytes(videos[0].read_bytes()[:200])
+    argv = ["--config", str(TINY), "--out", str(tmp_path / "cache"), "--batch-size", "12",
+            *overrides(tmp_path, "datasets.vla_data.num_workers=1", "datasets.vla_data.val_fraction=0.0")]
+    assert encode_main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith(f"error: cannot open video {videos[0]} (truncated or corrupt mp4?)"), err
+    assert sorted(p.name for p in (tmp_path / "cache").glob("*/episode_*")) == [
+        f"episode_{e:06d}.safetensors" for e in range(3)
+    ]

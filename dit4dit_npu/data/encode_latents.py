@@ -18,6 +18,7 @@ lazily); the dataset and loader code in data/ never import models/.
 from __future__ import annotations
 
 import argparse
+import collections
 import dataclasses
 import os
 import sys
@@ -31,7 +32,7 @@ import torch
 from dit4dit_npu import device as dev
 from dit4dit_npu.config import Config, ConfigError, load_config
 from dit4dit_npu.data.build import build_training_data
-from dit4dit_npu.data.errors import DatasetError
+from dit4dit_npu.data.errors import DatasetError, unwrap_worker_error
 from dit4dit_npu.data.latents import CacheKey, LatentCache
 from dit4dit_npu.data.robotwin import RoboTwinDataset
 from dit4dit_npu.transforms.policy_io import PolicyIOError
@@ -99,9 +100,11 @@ def encode_latents(cfg: Config, out: Path, batch_size: int = 16, progress: bool 
         return vae_latents(vae, video_input(frames.to(device))).cpu()
 
     workers = cfg.datasets.vla_data.num_workers
-    for k, e, latents in _episodes(ds, mine, batch_size, workers, bar.update, encode):
-        cache.write_episode(k, e, latents, ds.episode_clips(k, e), ds.datasets[k].root)
-    bar.close()
+    try:
+        for k, e, latents in _episodes(ds, mine, batch_size, workers, bar.update, encode):
+            cache.write_episode(k, e, latents, ds.episode_clips(k, e), ds.datasets[k].root)
+    finally:
+        bar.close()  # an error (a corrupt video) then starts a line of its own
     counts = {"episodes": len(mine), "samples": samples, "cached_before": len(work[rank::world]) - len(mine)}
     counts = _sum_over_ranks(counts, world, device)
     if owned:
@@ -129,20 +132,20 @@ def _episodes(
     advance: Callable[[int], object],
     encode: Callable[[torch.Tensor], torch.Tensor],
 ) -> Iterator[tuple[int, int, torch.Tensor]]:
-    """(dataset, episode, latents of all its samples), episode by episode, in ``work`` order."""
-    loader = torch.utils.data.DataLoader(
-        _Windows(ds, work, batch_size), batch_size=None, num_workers=num_workers, shuffle=False
-    )
-    current, parts = None, []
+    """(dataset, episode, latents of all its samples), episode by episode, in ``work`` order:
+    each as soon as its last window is encoded (not when the next episode's first window
+    arrives: an error there, a corrupt video, must not cost the finished episode)."""
+    windows = _Windows(ds, work, batch_size)
+    left = collections.Counter((k, e) for k, e, _ in windows.items)
+    loader = torch.utils.data.DataLoader(windows, batch_size=None, num_workers=num_workers, shuffle=False)
+    parts: list[torch.Tensor] = []
     for k, e, frames in loader:
-        if current is not None and current != (k, e):
-            yield (*current, torch.cat(parts))
-            parts = []
-        current = (k, e)
         parts.append(encode(frames))
         advance(len(frames))
-    if current is not None:
-        yield (*current, torch.cat(parts))
+        left[(k, e)] -= 1
+        if left[(k, e)] == 0:
+            yield k, e, torch.cat(parts)
+            parts = []
 
 
 def _distributed() -> tuple[int, int, Callable[[], None], bool]:
@@ -206,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError(f"--batch-size {args.batch_size}: expected >= 1")
         counts = encode_latents(cfg, Path(out), args.batch_size)
     except (ConfigError, DatasetError, PolicyIOError, FileExistsError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {unwrap_worker_error(e)}", file=sys.stderr)  # a bad video, read in a loader worker
         return 2
     if int(os.environ.get("RANK", "0")) == 0:
         n = counts["samples"]
