@@ -233,3 +233,10 @@ def test_a_section_left_empty_sets_nothing(tmp_path, libero_yaml, empty):
     original = tmp_path / "original.yaml"
     original.write_text(f"{head}datasets:\n  vla_data:{empty}\ntrainer:" + rest.split("\ntrainer:")[1])
     assert load_config(original).datasets.vla_data.max_action_dim == 8  # from framework.action_model.action_dim
+
+
+def test_freeze_modules_of_another_kind_is_refused_not_read_as_nothing(libero_yaml):
+    for value in ("5", "{backbone: true}", "true"):
+        with pytest.raises(ConfigError, match="trainer.freeze_modules: got .*, expected a list of module paths"):
+            load_config(libero_yaml, [f"trainer.freeze_modules={value}"])
+    assert load_config(libero_yaml, ["trainer.freeze_modules=null"]).trainer.freeze_modules == []
