@@ -113,6 +113,23 @@ def get_device(rank: int | None = None) -> torch.device:
     return torch.device(kind, local_rank() if rank is None else rank)
 
 
+def parse_device(text: str) -> torch.device:
+    """A device a user named (``--device``), checked against this host: one ``DeviceError`` line
+    for a misspelt type, a type this host does not have, or a card index past its count."""
+    kind = text.split(":", 1)[0]
+    if kind in (NPU, CUDA) and kind != device_type():  # before torch.device: it knows npu only with torch_npu
+        raise DeviceError(f"device {text!r}: this host has no {kind} (detected: {device_type()})")
+    try:
+        d = torch.device(text)
+    except RuntimeError:
+        raise DeviceError(f"device {text!r}: expected cpu, or {NPU}/{CUDA} with an optional :index") from None
+    if d.type not in (CPU, device_type()):
+        raise DeviceError(f"device {text!r}: this host has no {d.type} (detected: {device_type()})")
+    if d.type != CPU and d.index is not None and d.index >= device_count():
+        raise DeviceError(f"device {text!r}: this host has {device_count()} {d.type} card(s)")
+    return d
+
+
 def set_device(rank: int | None = None) -> None:
     mod = _device_module()
     if mod is not None:

@@ -29,7 +29,8 @@ def _call(target: str, args: list[str], prelude: str = "") -> subprocess.Complet
 
 def test_every_entry_point_has_a_console_script() -> None:
     assert set(SCRIPTS) == {
-        "dit4dit-train", "dit4dit-eval", "dit4dit-serve", "dit4dit-data-inspect", "dit4dit-data-demo", "dit4dit-device",
+        "dit4dit-train", "dit4dit-eval", "dit4dit-serve", "dit4dit-data-inspect", "dit4dit-data-demo",
+        "dit4dit-data-encode-latents", "dit4dit-convert", "dit4dit-device",
     }
 
 

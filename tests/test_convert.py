@@ -259,3 +259,56 @@ def test_cli_bad_input_is_one_line(run, tmp_path):
     )
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
     assert not (tmp_path / "p").exists()
+
+
+def test_diverged_checkpoint_is_refused(run, tmp_path):
+    ckpt = dict(run["ckpt"])
+    key = "action_model.action_decoder.layer2.weight"
+    ckpt[key] = ckpt[key].clone()
+    ckpt[key][0, 0] = float("nan")
+    msg = _convert(run, tmp_path, ckpt=ckpt)  # nothing written: not a policy that loading would refuse
+    assert f"trained tensor {key} has NaN or inf values" in msg
+
+
+def test_out_that_is_a_file_or_a_damaged_base_model_is_one_line(run, tmp_path):
+    import shutil
+
+    ckpt = run["root"] / "checkpoints" / "steps_7_pytorch_model.pt"
+    config, stats = run["root"] / "config.yaml", run["root"] / "dataset_statistics.json"
+    a_file = tmp_path / "a_file"
+    a_file.write_text("mine")
+    with pytest.raises(ConversionError, match=f"--out {a_file} exists and is not a policy folder"):
+        convert_dit4dit(ckpt, config, run["base"], a_file, stats=stats, image_size=(32, 32))
+    assert a_file.read_text() == "mine"
+    base = Path(shutil.copytree(run["base"], tmp_path / "base"))
+    vae = base / "vae" / "diffusion_pytorch_model.safetensors"
+    vae.write_bytes(vae.read_bytes()[:1000])
+    out = tmp_path / "policy"
+    with pytest.raises(ConversionError, match=r"base model .*: vae/diffusion_pytorch_model.safetensors is unreadable"):
+        convert_dit4dit(ckpt, config, base, out, stats=stats, image_size=(32, 32))
+    assert not out.exists()
+    # a missing checkpoint is named as such, not as the statistics file its path would locate
+    with pytest.raises(ConversionError, match="checkpoint not found: .*steps_9_pytorch_model.pt"):
+        convert_dit4dit(tmp_path / "run/checkpoints/steps_9_pytorch_model.pt", config, run["base"], out)
+
+
+def _stats_with(change) -> dict:
+    stats = statistics()
+    change(stats["franka"])
+    return stats
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda s: s["state"].__setitem__("min", 5), r"state.min: expected a list of numbers, got 5"),
+        (lambda s: s["state"].__setitem__("q99", ["a"] * 8), r"state.q99: expected a list of numbers"),
+        (lambda s: s.__setitem__("action", [1, 2]), r"expected DiT4DiT's \{embodiment tag: \{action, state, ...\}\}"),
+        (lambda s: s.__setitem__("num_transitions", "many"), r"num_transitions: expected a count, got 'many'"),
+        (lambda s: s["action"].update(min=[1.0] * 7, max=[-1.0] * 7), r"action statistics have min > max in dims \[0, 1"),
+    ],
+)
+def test_malformed_statistics_are_one_line(run, tmp_path, change, message):
+    """Each was a TypeError / ValueError / AttributeError traceback (or, min > max, a policy whose
+    actions come out mirrored)."""
+    assert re.search(message, _convert(run, tmp_path, stats=_stats_with(change), embodiment="libero_franka"))

@@ -229,3 +229,26 @@ def test_demo_cli_and_refusal_to_overwrite(tmp_path: Path, capsys) -> None:
     with pytest.raises(FileExistsError, match="non-empty"):
         write_demo_dataset(out)
     assert snapshot(out) == before and not list(tmp_path.glob(".*tmp*"))
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        ([], "refusing to write the demo dataset into non-empty"),  # the folder written first below
+        (["--fps", "0"], "fps must be >= 1, got 0"),  # was a dataset with infinite timestamps
+        (["--length", "0"], "episode_length must be >= 1, got 0"),  # was a numpy traceback mid-write
+        (["--codec", "nope"], "nope"),  # was av's UnknownCodecError traceback
+        (["--width", "15"], "image_size must be even and >= 16"),
+    ],
+)
+def test_demo_cli_bad_input_is_one_line_and_writes_nothing(tmp_path: Path, capsys, args, message) -> None:
+    from dit4dit_npu.data.demo import main as demo_main
+
+    out = tmp_path / "demo"
+    if not args:
+        out.mkdir()
+        (out / "mine.txt").write_text("mine")
+    assert demo_main(["--out", str(out), "--episodes", "1", "--length", "10", *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and message in err and "\n" not in err, err
+    assert sorted(p.name for p in tmp_path.rglob("*")) == (["demo", "mine.txt"] if not args else [])

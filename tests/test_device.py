@@ -8,6 +8,7 @@ any host by simulating the probes.
 
 import importlib.util
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -225,3 +226,29 @@ def test_attention_context_scopes_the_backend():
     with device.attention_context("_native_math"):
         assert _AttentionBackendRegistry.get_active_backend()[0].value == "_native_math"
     assert _AttentionBackendRegistry.get_active_backend() == before
+
+
+def test_a_user_named_device_is_checked_against_the_host(monkeypatch):
+    simulate(monkeypatch, npu=False, cuda=False)
+    assert device.parse_device("cpu") == torch.device("cpu")
+    for text, message in (("cuda", "this host has no cuda (detected: cpu)"),
+                          ("npu:0", "this host has no npu (detected: cpu)"),
+                          ("bogus", "expected cpu, or npu/cuda with an optional :index")):
+        with pytest.raises(device.DeviceError, match=re.escape(f"device {text!r}: {message}")):
+            device.parse_device(text)
+    simulate(monkeypatch, npu=False, cuda=True)
+    monkeypatch.setattr(device, "device_count", lambda: 2)
+    assert device.parse_device("cuda:1") == torch.device("cuda", 1)
+    with pytest.raises(device.DeviceError, match="this host has 2 cuda card"):
+        device.parse_device("cuda:2")
+
+
+def test_eval_refuses_a_device_the_host_lacks_in_one_line(monkeypatch, capsys):
+    """Was a RuntimeError traceback from torch after the policy had loaded."""
+    from dit4dit_npu.eval.offline import main as eval_main
+
+    monkeypatch.setenv("DIT4DIT_DEVICE", "cpu")
+    device.reset_cache()
+    assert eval_main(["--checkpoint", "nowhere", "--device", "cuda"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "error: --device: device 'cuda': this host has no cuda (detected: cpu)", err

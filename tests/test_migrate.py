@@ -211,3 +211,32 @@ def test_cli_dry_run_fails_on_what_the_model_build_would(libero_yaml):
     r = _cli("--config_yaml", str(libero_yaml), *LAUNCH_FLAGS, "--dry-run")
     assert r.returncode == 0, r.stderr
     assert yaml.safe_load(r.stdout)["trainer"]["learning_rate"]["backbone.transformer"] == 1e-5
+
+
+def test_values_of_the_wrong_type_are_one_line_not_a_crash(libero_yaml):
+    # a quoted window reached `fws + 1` in the migration: TypeError instead of the schema's line
+    with pytest.raises(ConfigError, match="framework.action_model.future_action_window_size: got '7', expected int"):
+        load_config(libero_yaml, ["framework.action_model.future_action_window_size='7'"])
+    with pytest.raises(ConfigError, match=r"action_horizon: got '8', expected int \(future_action_window_size \+ 1 = 8\)"):
+        load_config(libero_yaml, ["framework.action_model.action_horizon='8'"])
+
+
+@pytest.mark.parametrize("empty", ["", " {}"])
+def test_a_section_left_empty_sets_nothing(tmp_path, libero_yaml, empty):
+    """`trainer:` with every key commented out is YAML null: a known section with no keys, not an
+    unknown key (nor, under a DiT4DiT config, a crash)."""
+    p = tmp_path / "c.yaml"
+    p.write_text(f"run_id: mine\ntrainer:{empty}\n  # max_train_steps: 5\ndatasets:\n  vla_data:{empty}\n")
+    cfg = load_config(p)
+    assert cfg.run_id == "mine" and cfg.trainer == load_config(None).trainer
+    head, rest = LIBERO_YAML.split("datasets:\n")
+    original = tmp_path / "original.yaml"
+    original.write_text(f"{head}datasets:\n  vla_data:{empty}\ntrainer:" + rest.split("\ntrainer:")[1])
+    assert load_config(original).datasets.vla_data.max_action_dim == 8  # from framework.action_model.action_dim
+
+
+def test_freeze_modules_of_another_kind_is_refused_not_read_as_nothing(libero_yaml):
+    for value in ("5", "{backbone: true}", "true"):
+        with pytest.raises(ConfigError, match="trainer.freeze_modules: got .*, expected a list of module paths"):
+            load_config(libero_yaml, [f"trainer.freeze_modules={value}"])
+    assert load_config(libero_yaml, ["trainer.freeze_modules=null"]).trainer.freeze_modules == []

@@ -13,6 +13,7 @@ from dit4dit_npu.models import (
     build_backbone,
     build_dit4dit,
     build_prompt_encoder,
+    build_vae,
     save_tiny_base_model,
     text_identity,
     tiny,
@@ -175,3 +176,20 @@ def test_feature_frames_follow_the_spec_clip(caplog):
     assert model.feature_latent_frames == 2  # 4 frames pad to 5 -> 2 latent frames
     assert [r for r in caplog.records if "not 1 + 4k" in r.getMessage()]
     assert build_dit4dit(cfg, small_spec(cfg, num_frames=9)).feature_latent_frames == 3
+
+
+def test_a_damaged_tiny_folder_says_how_to_fix_it(tmp_path, monkeypatch, base_dir):
+    """The tiny folder is the project's own cache: its load error says to delete it (a real
+    Cosmos folder's does not)."""
+    monkeypatch.setenv(build_module.TINY_CACHE_ENV, str(tmp_path / "cache"))
+    folder = tiny_base_model(tiny_sizes(small_config()))
+    weights = folder / "vae" / "diffusion_pytorch_model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    with pytest.raises(ConfigError, match=f"cannot load .*vae.*the cached tiny model is damaged: delete {folder},"):
+        build_vae(small_config())
+    broken = tmp_path / "broken"
+    shutil.copytree(base_dir, broken)
+    (broken / "vae" / "diffusion_pytorch_model.safetensors").write_bytes(b"x" * 100)
+    with pytest.raises(ConfigError, match="cannot load .*vae") as e:
+        build_vae(small_config(f"framework.cosmos25.base_model={broken}"))
+    assert "cached tiny model" not in str(e.value)

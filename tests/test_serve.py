@@ -200,7 +200,21 @@ def test_busy_port_is_one_line_before_the_model_loads(policy: DiT4DiTPolicy, tmp
 def test_cli_checks_its_numbers(capsys) -> None:
     for args, match in ((["--max-batch", "0"], "--max-batch must be >= 1"),
                         (["--batch-window-ms", "-1"], "--batch-window-ms must be >= 0"),
-                        (["--max-new-instructions", "-2"], "--max-new-instructions must be >= 0")):
+                        (["--max-new-instructions", "-2"], "--max-new-instructions must be >= 0"),
+                        (["--port", "99999"], "--port must be in 0..65535, got 99999"),  # was OverflowError
+                        (["--port", "-1"], "--port must be in 0..65535, got -1"),  # was 'unknown host'
+                        (["--log-level", "LOUD"], "--log-level must be DEBUG, INFO, WARNING or ERROR")):
         with pytest.raises(SystemExit) as info:
             serve_main(["--checkpoint", "x", *args])
         assert info.value.code == 2 and match in capsys.readouterr().err
+
+
+def test_client_refuses_a_malformed_address_at_once() -> None:
+    """Was websockets' InvalidURI / a bare 'Port out of range' ValueError (sim.eval: a traceback)."""
+    from dit4dit_npu.serve.client import WebsocketClientPolicy
+
+    for uri, why in (("ws://127.0.0.1:99999", "Port out of range"), ("ws://", "hostname isn't provided")):
+        t0 = time.monotonic()
+        with pytest.raises(ValueError, match=f"{uri} is not a valid websocket address .*{why}"):
+            WebsocketClientPolicy(uri, None, connect_timeout_s=30)
+        assert time.monotonic() - t0 < 5  # no retrying until the connect timeout

@@ -227,6 +227,9 @@ def test_bad_observations_are_one_clear_line() -> None:
         ({**good, "cam_a": np.zeros((20, 40, 3), np.uint8)}, "aspect ratio"),
         ({**good, "state": np.zeros(4)}, r"expected shape \(5,\)"),
         ({**good, "state": [np.nan] * 5}, "NaN"),
+        ({**good, "state": np.array(["0.5"] * 5)}, "state: expected numbers, got an array of dtype <U3"),  # was parsed
+        ({**good, "state": np.zeros(5, "datetime64[s]")}, "state: expected numbers, got an array of dtype datetime64"),
+        ({**good, "state": None}, "state: expected numbers"),
         ({**good, "instruction": ""}, "empty string"),
         ({**good, "cam_a": img[None]}, "same batch size"),
         ("not a dict", "must be a dict"),

@@ -81,13 +81,19 @@ def module_path(path: str) -> str | None:
 
 
 def _freeze_list(value: Any) -> list[str]:
-    """DiT4DiT: one comma-separated string (a non-string meant "nothing")."""
+    """DiT4DiT: one comma-separated string; ours: a list. Nothing (null, false) freezes nothing;
+    any other value (a number, a mapping) is refused, not read as "nothing"."""
     if isinstance(value, list):
         items = [str(v) for v in value]
     elif isinstance(value, str):
         items = [p.strip() for p in value.split(",") if p.strip()]
-    else:
+    elif value is None or value is False:
         items = []
+    else:
+        raise MigrationError(
+            f"trainer.freeze_modules: got {value!r:.60}, expected a list of module paths "
+            "(or DiT4DiT's comma-separated string)"
+        )
     return items
 
 

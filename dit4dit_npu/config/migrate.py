@@ -84,6 +84,8 @@ def _flatten(d: dict[str, Any], prefix: str, out: list[tuple[str, Any]]) -> None
     for k, v in d.items():
         path = f"{prefix}{k}"
         tp = _schema_field(path)
+        if (v is None or v == {}) and tp is not None and _is_section(tp):
+            continue  # a section with every key commented out (YAML null) or `{}`: nothing to set
         if isinstance(v, dict) and v and (tp is None or _is_section(tp)) and path not in TABLE:
             _flatten(v, path + ".", out)
         else:
@@ -206,11 +208,18 @@ def migrate(raw: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
         ours[dst] = value
     horizon = fixed.get("framework.action_model.action_horizon")
     fws = ours.get("framework.action_model.future_action_window_size", 7)
-    if horizon is not None and horizon != fws + 1:
-        raise MigrationError(
-            f"framework.action_model.action_horizon ({horizon}) != future_action_window_size + 1 ({fws + 1}): "
-            "DiT4DiT draws action_horizon steps of noise but predicts future_action_window_size + 1"
-        )
+    # a non-int window is the schema's to report (with its key and type); only ints are compared
+    if horizon is not None and isinstance(fws, int) and not isinstance(fws, bool):
+        if not isinstance(horizon, int) or isinstance(horizon, bool):
+            raise MigrationError(
+                f"framework.action_model.action_horizon: got {_fmt(horizon)}, expected int "
+                f"(future_action_window_size + 1 = {fws + 1})"
+            )
+        if horizon != fws + 1:
+            raise MigrationError(
+                f"framework.action_model.action_horizon ({horizon}) != future_action_window_size + 1 ({fws + 1}): "
+                "DiT4DiT draws action_horizon steps of noise but predicts future_action_window_size + 1"
+            )
     _migrate_learning_rates(ours, notices, original)
     _migrate_freeze(ours, notices)
     _data_keys_for_mixture(raw, ours, notices)
@@ -271,7 +280,9 @@ def _frozen_reason(path: str) -> str:
 
 def _data_keys_for_mixture(raw: dict[str, Any], ours: dict[str, Any], notices: list[str]) -> None:
     """A named mixture also says which robot it is: its cameras and state encoding, unless set."""
-    name = raw.get("datasets", {}).get("vla_data", {}).get("data_mix") if isinstance(raw.get("datasets"), dict) else None
+    datasets = raw.get("datasets")
+    vla = datasets.get("vla_data") if isinstance(datasets, dict) else None  # null when left empty
+    name = vla.get("data_mix") if isinstance(vla, dict) else None
     if not isinstance(name, str) or name not in NAMED_MIXTURES:
         return
     robot = ROBOT_TYPES[NAMED_MIXTURES[name][0]]

@@ -14,7 +14,7 @@ from dit4dit_npu.config.original_data import ROBOT_TYPES
 
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     parser = argparse.ArgumentParser(prog="python -m dit4dit_npu.convert", allow_abbrev=False)
-    sub = parser.add_subparsers(dest="source", required=True)
+    sub = parser.add_subparsers(dest="source", required=True, help="what to import (dit4dit: an original DiT4DiT run)")
     p = sub.add_parser(
         "dit4dit",
         allow_abbrev=False,

@@ -121,6 +121,9 @@ def map_trainable(ckpt: OriginalCheckpoint, expected: dict[str, torch.Size], con
                 f"{ckpt.path.name} does not fit the model of {config_name}: {key} has shape "
                 f"{tuple(ckpt.trainable[key].shape)}, the config builds {tuple(expected[name])}"
             )
+    for key, tensor in ckpt.trainable.items():  # a diverged run: refused here, not written as a policy
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise ConversionError(f"{ckpt.path.name}: trained tensor {key} has NaN or inf values (a diverged run?)")
     return {names[k]: v for k, v in ckpt.trainable.items()}
 
 
@@ -144,7 +147,10 @@ def _disk_to_memory(component: str, key: str) -> str:
 def _safetensors_files(folder: Path) -> list[Path]:
     index = sorted(folder.glob("*.safetensors.index.json"))
     if index:
-        files = json.loads(index[0].read_text()).get("weight_map", {}).values()
+        try:
+            files = json.loads(index[0].read_text())["weight_map"].values()
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            raise ConversionError(f"{index[0]}: not a safetensors index with a weight_map ({e})") from None
         return [folder / f for f in dict.fromkeys(files)]
     return sorted(folder.glob("*.safetensors"))
 
@@ -153,7 +159,7 @@ def check_frozen(ckpt: OriginalCheckpoint, base: Path) -> None:
     """Every frozen tensor of the checkpoint equals the base model's (compared in the lower of
     the two precisions: a bf16-trained checkpoint of fp32 base weights still matches), and the
     base model has no tensor the checkpoint lacks."""
-    from safetensors import safe_open
+    from safetensors import SafetensorError
 
     for component, tensors in ckpt.frozen.items():
         folder = base / component
@@ -162,22 +168,34 @@ def check_frozen(ckpt: OriginalCheckpoint, base: Path) -> None:
             raise ConversionError(f"base model {base}: no {component}/*.safetensors to check the checkpoint's {component} against")
         seen = set()
         for f in files:
-            with safe_open(str(f), framework="pt") as st:
-                for disk_key in st.keys():
-                    key = _disk_to_memory(component, disk_key)
-                    seen.add(key)
-                    if key not in tensors:
-                        raise ConversionError(
-                            f"{ckpt.path.name} has no {component} tensor {key!r} that the base model {base} has: "
-                            "it was not trained on this base model (pass that one with --base-model)"
-                        )
-                    _compare(ckpt.path.name, component, key, tensors[key], st.get_tensor(disk_key), base)
+            try:
+                _check_file(ckpt, component, tensors, f, base, seen)
+            except (SafetensorError, OSError) as e:
+                raise ConversionError(f"base model {base}: {f.relative_to(base)} is unreadable ({e})") from None
         extra = sorted(set(tensors) - seen)
         if extra:
             raise ConversionError(
                 f"{ckpt.path.name}: {component} tensor(s) {extra[:3]} are not in the base model {base}: "
                 "it was not trained on this base model (pass that one with --base-model)"
             )
+
+
+def _check_file(
+    ckpt: OriginalCheckpoint, component: str, tensors: dict[str, torch.Tensor], f: Path, base: Path, seen: set[str]
+) -> None:
+    """Every tensor of one base-model file against the checkpoint's (names added to ``seen``)."""
+    from safetensors import safe_open
+
+    with safe_open(str(f), framework="pt") as st:
+        for disk_key in st.keys():
+            key = _disk_to_memory(component, disk_key)
+            seen.add(key)
+            if key not in tensors:
+                raise ConversionError(
+                    f"{ckpt.path.name} has no {component} tensor {key!r} that the base model {base} has: "
+                    "it was not trained on this base model (pass that one with --base-model)"
+                )
+            _compare(ckpt.path.name, component, key, tensors[key], st.get_tensor(disk_key), base)
 
 
 def _compare(name: str, component: str, key: str, ours: torch.Tensor, base: torch.Tensor, folder: Path) -> None:

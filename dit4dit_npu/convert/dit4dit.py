@@ -149,8 +149,10 @@ def convert_dit4dit(
 
     checkpoint, config, out = Path(checkpoint), Path(config), Path(out)
     stats_path = Path(stats) if stats is not None else checkpoint.parent.parent / "dataset_statistics.json"
-    if out.exists() and not (out / POLICY_JSON).is_file() and any(out.iterdir()):
+    if out.exists() and not (out.is_dir() and ((out / POLICY_JSON).is_file() or not any(out.iterdir()))):
         raise ConversionError(f"--out {out} exists and is not a policy folder: choose a new folder")
+    if not checkpoint.is_file():  # before the statistics, whose default path is derived from it
+        raise ConversionError(f"checkpoint not found: {checkpoint}")
     notices: list[str] = []
     try:
         raw = read_yaml(config)

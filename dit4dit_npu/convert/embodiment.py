@@ -37,7 +37,9 @@ def read_statistics(path: Path, tag: str | None) -> tuple[str, dict[str, Any]]:
         data = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as e:
         raise ConversionError(f"{path}: unreadable JSON ({e})") from None
-    if not isinstance(data, dict) or not data or not all(isinstance(v, dict) and "action" in v for v in data.values()):
+    if not isinstance(data, dict) or not data or not all(
+        isinstance(v, dict) and isinstance(v.get("action"), dict) for v in data.values()
+    ):
         raise ConversionError(f"{path}: expected DiT4DiT's {{embodiment tag: {{action, state, ...}}}} statistics")
     if tag is None:
         if len(data) > 1:
@@ -56,7 +58,7 @@ def choose_robot(name: str | None, data_mix: Any, tag: str, entry: dict[str, Any
     if name is None and isinstance(data_mix, str) and data_mix in NAMED_MIXTURES:
         name = NAMED_MIXTURES[data_mix][0]
     if name is None:
-        dims = (len(entry.get("state", {}).get("min", [])), len(entry["action"].get("min", [])))
+        dims = (_width(entry.get("state")), _width(entry["action"]))
         fits = [r for r in ROBOT_TYPES.values() if r.tag == tag and (r.state_dim, r.action_dim) == dims]
         if len(fits) != 1:
             raise ConversionError(
@@ -69,6 +71,12 @@ def choose_robot(name: str | None, data_mix: Any, tag: str, entry: dict[str, Any
     return ROBOT_TYPES[name]
 
 
+def _width(block: Any) -> int:
+    """The dims a statistics block has (0 when it is malformed: ``_feature`` then says how)."""
+    values = block.get("min") if isinstance(block, dict) else None
+    return len(values) if isinstance(values, list) else 0
+
+
 def _feature(entry: dict[str, Any], feature: str, dim: int, count: int, where: str) -> FeatureStats:
     block = entry.get(feature)
     if not isinstance(block, dict):
@@ -76,15 +84,26 @@ def _feature(entry: dict[str, Any], feature: str, dim: int, count: int, where: s
     missing = [f for f in STAT_FIELDS if f not in block]
     if missing:
         raise ConversionError(f"{where}: {feature} statistics lack {missing}")
-    lengths = {f: len(block[f]) for f in STAT_FIELDS}
+    values = {}
+    for f in STAT_FIELDS:  # null entries become NaN, refused below with the other non-finite values
+        try:
+            values[f] = np.asarray([np.nan if v is None else v for v in block[f]], dtype=np.float64)
+        except (TypeError, ValueError):
+            values[f] = None
+        if values[f] is None or values[f].ndim != 1 or isinstance(block[f], str | dict):
+            raise ConversionError(f"{where}: {feature}.{f}: expected a list of numbers, got {block[f]!r:.60}")
+    lengths = {f: len(v) for f, v in values.items()}
     if set(lengths.values()) != {dim}:
         raise ConversionError(
             f"{where}: {feature} statistics have {sorted(set(lengths.values()))} dims, this robot type has {dim} "
             "(statistics for another embodiment?)"
         )
-    stats = FeatureStats(**{f: block[f] for f in STAT_FIELDS}, count=count)
+    stats = FeatureStats(**values, count=count)
     if not stats.is_finite():
         raise ConversionError(f"{where}: {feature} statistics contain NaN or inf")
+    flipped = np.flatnonzero(stats.min > stats.max).tolist()
+    if flipped:
+        raise ConversionError(f"{where}: {feature} statistics have min > max in dims {flipped}")
     return stats
 
 
@@ -102,7 +121,10 @@ def build_policy_io(robot: RobotType, tag: str, entry: dict[str, Any], cfg: Conf
             f"{where}: statistics of embodiment {tag!r}, but robot type {robot.name} is {robot.tag!r} "
             "(statistics for another embodiment?)"
         )
-    count = int(entry.get("num_transitions", 0) or 0)
+    count = entry.get("num_transitions", 0) or 0
+    if not isinstance(count, int | float) or isinstance(count, bool) or count < 0:
+        raise ConversionError(f"{where}: num_transitions: expected a count, got {count!r:.60}")
+    count = int(count)
     state = _robot_order(_feature(entry, "state", robot.state_dim, count, where), robot.model_order)
     action = _robot_order(_feature(entry, "action", robot.action_dim, count, where), robot.model_order)
     mask = entry["action"].get("mask")

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -237,6 +238,9 @@ def write_demo_dataset(
         raise ValueError(f"image_size must be even and >= 16, got {image_size}")
     if not 1 <= num_tasks <= len(TASKS):
         raise ValueError(f"num_tasks must be in 1..{len(TASKS)}")
+    for name, value in (("num_episodes", num_episodes), ("episode_length", episode_length), ("fps", fps), ("gop", gop)):
+        if value < 1:  # fps 0 wrote a dataset of infinite timestamps; length 0 crashed mid-write
+            raise ValueError(f"{name} must be >= 1, got {value}")
     size_hw = (int(image_size[0]), int(image_size[1]))
     spec = DatasetSpec(
         fps=fps,
@@ -264,7 +268,7 @@ def write_demo_dataset(
     return out
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True, type=Path, help="new (or empty) folder to write the dataset into")
     p.add_argument(
@@ -282,14 +286,19 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--codec", default="libx264", help="libx264 (default) or libsvtav1 (lerobot's default)")
     p.add_argument("--gop", type=int, default=8, help="keyframe interval in frames (default: %(default)s)")
     a = p.parse_args(argv)
-    out = write_demo_dataset(
-        a.out, a.version, a.episodes, a.length, a.fps, (a.height, a.width), a.seed, a.tasks, a.gop, a.codec
-    )
+    try:  # bad arguments, a non-empty --out, an unknown codec: one line (the temp folder is removed)
+        out = write_demo_dataset(
+            a.out, a.version, a.episodes, a.length, a.fps, (a.height, a.width), a.seed, a.tasks, a.gop, a.codec
+        )
+    except (ValueError, OSError) as e:
+        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
+        return 2
     print(
         f"wrote {a.version} demo dataset: {a.episodes} episodes x {a.length} frames, 3 cameras "
         f"{a.height}x{a.width} @ {a.fps} fps -> {out}"
     )
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -18,6 +18,7 @@ lazily); the dataset and loader code in data/ never import models/.
 from __future__ import annotations
 
 import argparse
+import collections
 import dataclasses
 import os
 import sys
@@ -31,7 +32,7 @@ import torch
 from dit4dit_npu import device as dev
 from dit4dit_npu.config import Config, ConfigError, load_config
 from dit4dit_npu.data.build import build_training_data
-from dit4dit_npu.data.errors import DatasetError
+from dit4dit_npu.data.errors import DatasetError, unwrap_worker_error
 from dit4dit_npu.data.latents import CacheKey, LatentCache
 from dit4dit_npu.data.robotwin import RoboTwinDataset
 from dit4dit_npu.transforms.policy_io import PolicyIOError
@@ -85,8 +86,9 @@ def encode_latents(cfg: Config, out: Path, batch_size: int = 16, progress: bool 
     barrier()
     cache = LatentCache.open(out, key, ds.datasets)
     work = [(k, e) for k in range(len(ds.datasets)) for e in ds.episodes(k)]
-    # Shard before filtering: every rank agrees on the shares whatever is already on disk.
-    mine = [w for w in work[rank::world] if not cache.has_episode(*w)]
+    # Shard before filtering: every rank agrees on the shares whatever is already on disk. A file
+    # that is there but damaged (truncated by a full disk, edited) is encoded again, not kept.
+    mine = [w for w in work[rank::world] if not _cached(cache, ds, *w)]
     samples = sum(len(ds.episode_clips(k, e)) for k, e in mine)
     vae = build_vae(cfg).to(device)
     from tqdm.auto import tqdm
@@ -98,9 +100,11 @@ def encode_latents(cfg: Config, out: Path, batch_size: int = 16, progress: bool 
         return vae_latents(vae, video_input(frames.to(device))).cpu()
 
     workers = cfg.datasets.vla_data.num_workers
-    for k, e, latents in _episodes(ds, mine, batch_size, workers, bar.update, encode):
-        cache.write_episode(k, e, latents, ds.episode_clips(k, e), ds.datasets[k].root)
-    bar.close()
+    try:
+        for k, e, latents in _episodes(ds, mine, batch_size, workers, bar.update, encode):
+            cache.write_episode(k, e, latents, ds.episode_clips(k, e), ds.datasets[k].root)
+    finally:
+        bar.close()  # an error (a corrupt video) then starts a line of its own
     counts = {"episodes": len(mine), "samples": samples, "cached_before": len(work[rank::world]) - len(mine)}
     counts = _sum_over_ranks(counts, world, device)
     if owned:
@@ -108,6 +112,16 @@ def encode_latents(cfg: Config, out: Path, batch_size: int = 16, progress: bool 
 
         dist.destroy_process_group()  # else gloo/hccl complain at exit
     return {**counts, "seconds": int(time.perf_counter() - t0)}
+
+
+def _cached(cache: LatentCache, ds: RoboTwinDataset, k: int, episode: int) -> bool:
+    """Whether the episode's file is there and serves exactly its samples; says so when not."""
+    if not cache.has_episode(k, episode):
+        return False
+    problem = cache.episode_problem(k, episode, ds.episode_clips(k, episode))
+    if problem is not None:
+        print(f"re-encoding {cache.episode_path(k, episode)}: it {problem}", file=sys.stderr)
+    return problem is None
 
 
 def _episodes(
@@ -118,20 +132,20 @@ def _episodes(
     advance: Callable[[int], object],
     encode: Callable[[torch.Tensor], torch.Tensor],
 ) -> Iterator[tuple[int, int, torch.Tensor]]:
-    """(dataset, episode, latents of all its samples), episode by episode, in ``work`` order."""
-    loader = torch.utils.data.DataLoader(
-        _Windows(ds, work, batch_size), batch_size=None, num_workers=num_workers, shuffle=False
-    )
-    current, parts = None, []
+    """(dataset, episode, latents of all its samples), episode by episode, in ``work`` order:
+    each as soon as its last window is encoded (not when the next episode's first window
+    arrives: an error there, a corrupt video, must not cost the finished episode)."""
+    windows = _Windows(ds, work, batch_size)
+    left = collections.Counter((k, e) for k, e, _ in windows.items)
+    loader = torch.utils.data.DataLoader(windows, batch_size=None, num_workers=num_workers, shuffle=False)
+    parts: list[torch.Tensor] = []
     for k, e, frames in loader:
-        if current is not None and current != (k, e):
-            yield (*current, torch.cat(parts))
-            parts = []
-        current = (k, e)
         parts.append(encode(frames))
         advance(len(frames))
-    if current is not None:
-        yield (*current, torch.cat(parts))
+        left[(k, e)] -= 1
+        if left[(k, e)] == 0:
+            yield k, e, torch.cat(parts)
+            parts = []
 
 
 def _distributed() -> tuple[int, int, Callable[[], None], bool]:
@@ -161,13 +175,16 @@ def _sum_over_ranks(counts: dict[str, int], world: int, device: torch.device) ->
 
 def cache_bytes(root: Path) -> tuple[int, int]:
     """(bytes on disk, clips) of every episode file in the cache."""
-    from safetensors import safe_open
+    from safetensors import SafetensorError, safe_open
 
     files = list(root.rglob("episode_*.safetensors"))
     clips = 0
     for f in files:
-        with safe_open(str(f), framework="pt") as h:
-            clips += h.get_slice("clips").get_shape()[0]
+        try:
+            with safe_open(str(f), framework="pt") as h:
+                clips += h.get_slice("clips").get_shape()[0]
+        except (SafetensorError, OSError):  # a report only: a damaged file (another split's) is training's to name
+            continue
     return sum(f.stat().st_size for f in files), clips
 
 
@@ -192,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError(f"--batch-size {args.batch_size}: expected >= 1")
         counts = encode_latents(cfg, Path(out), args.batch_size)
     except (ConfigError, DatasetError, PolicyIOError, FileExistsError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {unwrap_worker_error(e)}", file=sys.stderr)  # a bad video, read in a loader worker
         return 2
     if int(os.environ.get("RANK", "0")) == 0:
         n = counts["samples"]

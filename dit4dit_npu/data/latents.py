@@ -110,8 +110,11 @@ class LatentCache:
             raise DatasetError(f"--out {root}: exists and is not a latent cache (no {MANIFEST}); choose an empty folder")
         if not write:
             return None
-        root.mkdir(parents=True, exist_ok=True)
-        _atomic_write(root / MANIFEST, json.dumps({"format": FORMAT, "key": key.to_dict()}, indent=1).encode())
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            _atomic_write(root / MANIFEST, json.dumps({"format": FORMAT, "key": key.to_dict()}, indent=1).encode())
+        except OSError as e:
+            raise DatasetError(f"--out {root}: cannot create the cache folder ({e.strerror or e})") from None
         return cls(root, key, [dataset_fingerprint(ds.root) for ds in datasets])
 
     @classmethod
@@ -130,7 +133,7 @@ class LatentCache:
             raise DatasetError(f"{where}: format {got!r}, expected {FORMAT!r}; re-encode with {ENCODE_HINT}")
         try:
             saved = CacheKey(**{k: tuple(v) if isinstance(v, list) else v for k, v in manifest["key"].items()})
-        except (KeyError, TypeError) as e:
+        except (KeyError, TypeError, AttributeError) as e:  # AttributeError: "key" is not a mapping
             raise DatasetError(f"{where}: {MANIFEST} has no valid key ({e})") from None
         diff = saved.difference(key)
         if diff is not None:
@@ -146,21 +149,32 @@ class LatentCache:
         return self.episode_path(k, episode).is_file()
 
     def write_episode(self, k: int, episode: int, latents: torch.Tensor, clips: np.ndarray, source: Path) -> None:
-        """All samples of one episode: latents (n, C, T_lat, h, w) and their frame rows (n, T)."""
+        """All samples of one episode: latents (n, C, T_lat, h, w) and their frame rows (n, T).
+        Non-finite latents (a VAE overflowing in bf16, say) are refused, not cached for training."""
         from safetensors.torch import save_file
 
+        bad = (~torch.isfinite(latents)).flatten(1).any(1).nonzero().flatten().tolist()
+        if bad:
+            raise DatasetError(
+                f"episode {int(episode)} of {source}: the VAE gave non-finite latents for {len(bad)} of its "
+                f"{len(latents)} clips (e.g. sample {bad[0]}, frame rows {np.asarray(clips)[bad[0]].tolist()}); "
+                "nothing written for it"
+            )
         path = self.episode_path(k, episode)
         path.parent.mkdir(parents=True, exist_ok=True)
         info = path.parent / "dataset.json"
         if not info.is_file():
             _atomic_write(info, json.dumps({"path": str(source), "fingerprint": self.fingerprints[k]}).encode())
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        save_file(
-            {"latents": latents.contiguous().cpu(), "clips": torch.from_numpy(np.ascontiguousarray(clips, np.int64))},
-            str(tmp),
-            metadata={"format": FORMAT, "episode": str(int(episode))},
-        )
-        os.replace(tmp, path)
+        try:
+            save_file(
+                {"latents": latents.contiguous().cpu(), "clips": torch.from_numpy(np.ascontiguousarray(clips, np.int64))},
+                str(tmp),
+                metadata={"format": FORMAT, "episode": str(int(episode))},
+            )
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)  # a failed save (disk full) leaves no partial file behind
 
     def check_episodes(self, k: int, dataset: Any, episodes: Sequence[int], clips_of: Any) -> None:
         """Every listed episode of dataset ``k`` is cached, for the same frame rows ``clips_of(ep)``
@@ -178,13 +192,33 @@ class LatentCache:
                 f"(e.g. {missing[:5]}); run {ENCODE_HINT} (it encodes only what is missing)"
             )
         for e in episodes:
-            stored = self._file(self.episode_path(k, e)).get_tensor("clips").numpy()
-            want = clips_of(e)
-            if stored.shape != want.shape or not np.array_equal(stored, want):
+            problem = self.episode_problem(k, e, clips_of(e))
+            if problem is not None:
                 raise DatasetError(
-                    f"{where}: episode {e} of {dataset.root} was cached for other frames "
-                    f"({stored.shape[0]} samples, now {want.shape[0]}); re-encode with {ENCODE_HINT}"
+                    f"{where}: episode {e} of {dataset.root} {problem}; {ENCODE_HINT} encodes it again"
                 )
+
+    def episode_problem(self, k: int, episode: int, want: np.ndarray) -> str | None:
+        """Why the cached file of ``episode`` cannot serve samples with frame rows ``want`` (n, T),
+        or None. Reads only the header and the small ``clips`` tensor, but checks that every
+        sample has its latents (else a read fails mid-training, far from the cause)."""
+        from safetensors import SafetensorError, safe_open
+
+        path = self.episode_path(k, episode)
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                names = set(f.keys())
+                if names != {"latents", "clips"}:
+                    return f"is damaged (its file holds {sorted(names)}, expected ['clips', 'latents'])"
+                stored = f.get_tensor("clips").numpy()
+                shape = list(f.get_slice("latents").get_shape())
+        except (SafetensorError, OSError) as err:
+            return f"is unreadable ({err})"
+        if len(shape) != 5 or shape[0] != len(stored):
+            return f"is damaged (latents {shape} for {len(stored)} clips, expected ({len(stored)}, C, T, h, w))"
+        if stored.shape != want.shape or not np.array_equal(stored, want):
+            return f"was cached for other frames ({stored.shape[0]} samples, now {want.shape[0]})"
+        return None
 
     def _cached_before(self, source: Path) -> bool:
         """Some fingerprint folder of this cache was made from a dataset at ``source``."""
@@ -197,8 +231,16 @@ class LatentCache:
         return False
 
     def read(self, k: int, episode: int, i: int) -> torch.Tensor:
-        """Latents (C, T_lat, h, w) of sample ``i`` (its row within the episode) of dataset ``k``."""
-        return self._file(self.episode_path(k, episode)).get_slice("latents")[i]
+        """Latents (C, T_lat, h, w) of sample ``i`` (its row within the episode) of dataset ``k``.
+        Non-finite values are refused here, naming the file (a NaN would otherwise surface steps
+        later as a non-finite loss, or as a step DeepSpeed silently skips)."""
+        path = self.episode_path(k, episode)
+        latents = self._file(path).get_slice("latents")[i]
+        if not bool(torch.isfinite(latents).all()):
+            raise DatasetError(
+                f"latent cache file {path}: sample {i} has non-finite latents; delete it and re-encode with {ENCODE_HINT}"
+            )
+        return latents
 
     def _file(self, path: Path) -> Any:
         from safetensors import SafetensorError, safe_open

@@ -245,6 +245,13 @@ def check_args(args: argparse.Namespace) -> None:
         value = getattr(args, name)
         if value < least:
             raise EvalError(f"--{name.replace('_', '-')}: got {value}, expected an integer >= {least}")
+    if args.device is not None:
+        from dit4dit_npu import device as dev
+
+        try:
+            dev.parse_device(args.device)
+        except dev.DeviceError as e:
+            raise EvalError(f"--device: {e}") from None
 
 
 def output_dir(output: str | None, policy_dir: Path) -> Path:

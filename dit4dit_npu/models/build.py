@@ -306,7 +306,11 @@ def _load(loader: Any, path: Path, component: str, **kwargs: Any) -> Any:
     try:
         return loader.from_pretrained(str(path / component), local_files_only=True, **kwargs)
     except (OSError, ValueError) as e:
-        raise ConfigError(f"framework.cosmos25.base_model: cannot load {path / component}: {e}") from None
+        # the tiny folder is ours to rewrite: a damaged one (a disk filled mid-copy, an edit) is
+        # fixed by deleting it, which the message says; a real Cosmos folder is the user's
+        tiny = path.parent.resolve() == tiny_cache_root().resolve()
+        hint = f" (the cached tiny model is damaged: delete {path}, the next run writes it again)" if tiny else ""
+        raise ConfigError(f"framework.cosmos25.base_model: cannot load {path / component}: {e}{hint}") from None
 
 
 def load_weights(loader: Any, path: Path, component: str, dtype: torch.dtype) -> Any:

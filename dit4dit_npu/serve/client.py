@@ -26,7 +26,7 @@ import time
 from typing import Any
 
 import websockets.sync.client
-from websockets.exceptions import InvalidMessage
+from websockets.exceptions import InvalidMessage, InvalidURI
 
 from dit4dit_npu.serve import msgpack_numpy
 
@@ -78,6 +78,8 @@ class WebsocketClientPolicy:
                     open_timeout=max(1.0, min(10.0, deadline - time.monotonic())),
                 ))
                 break
+            except (InvalidURI, ValueError) as e:  # a malformed address (port 99999): no retry helps
+                raise ValueError(f"{self._uri} is not a valid websocket address ({e})") from None
             except (ConnectionRefusedError, TimeoutError, InvalidMessage, OSError) as e:
                 if time.monotonic() + retry_s > deadline:
                     raise ConnectionError(f"no policy server at {self._uri}: {e}") from e

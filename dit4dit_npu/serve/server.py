@@ -376,6 +376,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             p.error(f"--{name.replace('_', '-')} must be >= {low}, got {getattr(args, name)}")
     if args.batch_window_ms < 0 or args.max_message_mb <= 0:
         p.error("--batch-window-ms must be >= 0 and --max-message-mb > 0")
+    if not 0 <= args.port <= 65535:  # else bind() raises OverflowError after the argument checks
+        p.error(f"--port must be in 0..65535, got {args.port}")
+    if args.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+        p.error(f"--log-level must be DEBUG, INFO, WARNING or ERROR, got {args.log_level!r}")
     return args
 
 

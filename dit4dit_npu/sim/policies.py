@@ -123,6 +123,8 @@ class RemotePolicy:
                 f"--policy {uri}: server unreachable ({e}); start it with "
                 "python -m dit4dit_npu.serve --checkpoint POLICY_DIR --port PORT"
             ) from None
+        except ValueError as e:  # a malformed address, e.g. a port past 65535
+            raise SimError(f"--policy {uri}: {e}") from None
         self.name, self.metadata = uri, self._client.get_server_metadata()
 
     def reset(self, scene: Any, seed: int) -> None:

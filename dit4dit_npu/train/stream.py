@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from dit4dit_npu.data.errors import unwrap_worker_error
 from dit4dit_npu.train.errors import user_errors
 
 
@@ -64,24 +65,3 @@ class BatchStream:
         if self._iter is not None:
             raise RuntimeError("BatchStream.load_state_dict after batches were drawn")
         self.sampler.load_state_dict(state)
-
-
-def unwrap_worker_error(e: Exception) -> Exception:
-    """A user error raised in a DataLoader worker, with its one-line message back.
-
-    torch re-raises it in the main process as the same type whose message is "Caught X in
-    DataLoader worker process N." plus the worker's whole traceback; the original message is
-    the traceback's last line, after the exception's qualified name.
-    """
-    text = str(e)
-    if not text.startswith("Caught ") or "Original Traceback" not in text:
-        return e
-    last = text.rstrip().splitlines()[-1]
-    for name in (f"{type(e).__module__}.{type(e).__qualname__}: ", f"{type(e).__name__}: "):
-        if last.startswith(name):
-            last = last[len(name) :]
-            break
-    try:
-        return type(e)(last)
-    except Exception:  # an exception type that takes other arguments: keep torch's
-        return e

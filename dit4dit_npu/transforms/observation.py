@@ -184,9 +184,12 @@ def _check_aspect(key: str, h: int, w: int, size: tuple[int, int], sources: list
 
 def _state(value: Any, b: int, batched: bool, state_dim: int) -> np.ndarray:
     try:
-        state = np.asarray(value, dtype=np.float64)
+        raw = np.asarray(value)
+        state = raw.astype(np.float64)
     except (TypeError, ValueError) as e:
         raise PolicyInputError(f"state: expected numbers, got {type(value).__name__} ({e})") from None
+    if raw.dtype.kind not in "biuf":  # numpy would parse strings ("0.1") and datetimes as numbers
+        raise PolicyInputError(f"state: expected numbers, got an array of dtype {raw.dtype}")
     want = (b, state_dim) if batched else (state_dim,)
     if state.shape != want:
         raise PolicyInputError(
