@@ -14,16 +14,40 @@ from dit4dit_npu import device as dev
 from dit4dit_npu.batch import Batch, BatchSpec
 from dit4dit_npu.config import Config
 from dit4dit_npu.models import DiT4DiT, PromptEncoder
+from dit4dit_npu.models.tiny import TinySizes
+
+# Cosmos-Predict2.5-2B's transformer, Wan2.1's VAE and Qwen2.5-VL-7B's text model
+# (cosmos25_tiny_recipe.md §1), as the tiny builder's sizes.
+FULL_SIZE = TinySizes(
+    num_layers=28, num_attention_heads=16, attention_head_dim=128, text_embed_dim=1024, adaln_lora_dim=256,
+    vae_base_dim=96, text_hidden_size=3584, text_num_layers=28, text_num_heads=28,
+)
+QWEN_VOCAB = 152064  # Qwen2.5-VL's vocabulary (the embedding table's rows)
+
+
+def full_size_text_config(vocab_size: int, layers: int = 28, pad_id: int = 0, eos_id: int = 0) -> dict:
+    """Qwen2.5-VL-7B's language model (``Qwen2_5_VLTextConfig`` keyword arguments)."""
+    return dict(
+        vocab_size=vocab_size, hidden_size=3584, intermediate_size=18944, num_hidden_layers=layers,
+        num_attention_heads=28, num_key_value_heads=4, rope_theta=1e6, max_position_embeddings=2048,
+        rope_scaling={"mrope_section": [16, 24, 24], "rope_type": "default", "type": "default"},
+        bos_token_id=pad_id, eos_token_id=eos_id, pad_token_id=pad_id,
+    )
+
+
+# RoboTwin's aloha-agilex: 14 absolute joints of state and of action (the width without padding).
+ROBOTWIN_DIMS = 14
 
 
 def bench_spec(cfg: Config) -> BatchSpec:
-    """What the data side brings for ``cfg``: padded widths, the subsampled clip, the camera views
-    tiled side by side (the benches make random batches of this shape; no dataset is read)."""
+    """What the data side brings for ``cfg``: padded widths (RoboTwin's 14 when not padded; sin/cos
+    state doubles it), the subsampled clip, the camera views tiled side by side (the benches make
+    random batches of this shape; no dataset is read)."""
     d = cfg.datasets.vla_data
     h, w = d.image_size
     return BatchSpec(
-        state_width=d.max_state_dim,
-        action_width=d.max_action_dim,
+        state_width=d.max_state_dim or ROBOTWIN_DIMS * (2 if d.state_norm == "sincos" else 1),
+        action_width=d.max_action_dim or ROBOTWIN_DIMS,
         chunk_length=cfg.framework.action_model.chunk_length,
         num_frames=len(range(0, len(d.video_delta_indices), d.action_video_freq_ratio)),
         frame_size=(h, w * len(d.camera_keys)),

@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from _common import bench_spec
+from _common import FULL_SIZE, bench_spec, full_size_text_config
 from reference import ReferenceDiT4DiT
 
 from dit4dit_npu import device as dev
@@ -180,10 +180,7 @@ def build_full_size(
     )
     from dit4dit_npu.models import tiny as tiny_parts
 
-    real = tiny_parts.TinySizes(
-        num_layers=layers, num_attention_heads=16, attention_head_dim=128, text_embed_dim=1024,
-        adaln_lora_dim=256, vae_base_dim=96, text_hidden_size=3584, text_num_layers=layers, text_num_heads=28,
-    )
+    real = dataclasses.replace(FULL_SIZE, num_layers=layers, text_num_layers=layers)
     bb_cfg = backbone_config(cfg)
     bb_cfg = dataclasses.replace(bb_cfg, extract_layer=min(bb_cfg.extract_layer, layers - 1))
     with torch.device(device):
@@ -191,12 +188,7 @@ def build_full_size(
         vae = AutoencoderKLWan().to(dtype)  # the class defaults are Wan2.1's
         tok = tiny_parts.build_tokenizer()
         text = Qwen2_5_VLTextModel(
-            Qwen2_5_VLTextConfig(
-                vocab_size=len(tok), hidden_size=3584, intermediate_size=18944, num_hidden_layers=layers,
-                num_attention_heads=28, num_key_value_heads=4, rope_theta=1e6, max_position_embeddings=2048,
-                rope_scaling={"mrope_section": [16, 24, 24], "rope_type": "default", "type": "default"},
-                bos_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
-            )
+            Qwen2_5_VLTextConfig(**full_size_text_config(len(tok), layers, tok.pad_token_id, tok.eos_token_id))
         ).to(dtype)
     backbone = CosmosBackbone(transformer, vae, tiny_parts.build_scheduler(), bb_cfg)
     head = build_action_head(cfg, spec, backbone.hidden_size).to(device)

@@ -1,6 +1,7 @@
 """Training-step time and peak memory: our path vs the reference-faithful path, same model, same batch.
 
     python bench/train_step.py [--config bench/medium.yaml] [--steps 5] [key=value overrides ...]
+    python bench/train_step.py --config configs/robotwin/dit4dit_robotwin_tiny.yaml --batch-size 8
     python bench/train_step.py --full-size [--peak-tflops 989]   # accelerator: random-init real sizes, bf16
 
 "reference" is the original DiT4DiT's step (SPEC 1.7, B1-B5), built by ``bench/reference.py`` from the
@@ -11,6 +12,14 @@ copies of the features for the action head. "ours" is ``DiT4DiT.forward``: the p
 early-exit no-grad feature pass, one batched VAE encode and shared K/V for the R repeats. Both run
 forward + backward + AdamW step on the same model and optimizer, alternating step by step so
 machine noise hits both alike; the median is shown.
+
+"cached" is ours on the same batch with its clip latents precomputed, as a latent cache
+(``datasets.vla_data.latent_cache``, ``python -m dit4dit_npu.data.encode_latents``) delivers them:
+the step skips its VAE encode and nothing else changes. (Training from the cache also skips the
+loader's video decoding, not timed here: no dataset is read.) Unless ``--no-projection``, the
+saving is also projected to the real config from FLOPs: the full-size model built on the meta
+device (no memory, no compute) and its training step counted with FlopCounterMode, with and without
+the encode.
 
 Memory: the peak a training step adds on top of the resident state (weights, optimizer state,
 prompt cache): the allocator's peak on an accelerator; on CPU, where torch keeps no allocator
@@ -28,6 +37,7 @@ The last line is exactly ``speedup: X.XX`` (reference median step time / ours).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import statistics
 import time
@@ -42,6 +52,7 @@ from dit4dit_npu import device as dev
 from dit4dit_npu.batch import Batch
 from dit4dit_npu.config import load_config
 from dit4dit_npu.models import PromptCache, build_dit4dit, build_prompt_encoder
+from dit4dit_npu.models.cosmos import vae_latents
 from dit4dit_npu.models.testing import make_batch
 
 # quiet the profiler's per-session log lines (set before torch loads kineto)
@@ -49,7 +60,7 @@ os.environ.setdefault("KINETO_LOG_LEVEL", "5")
 
 HERE = Path(__file__).resolve().parent
 REAL_CONFIG = HERE.parent / "configs/robotwin/dit4dit_robotwin.yaml"
-PATHS = ("ours", "reference")
+PATHS = ("ours", "cached", "reference")
 
 
 def setup(args: argparse.Namespace):
@@ -83,8 +94,15 @@ def setup(args: argparse.Namespace):
     except RuntimeError:
         opt = torch.optim.AdamW(params, lr=1e-5, betas=(0.9, 0.95))
     model.train()
-    steps = {"ours": model, "reference": ReferenceDiT4DiT(model, encoder)}
-    return cfg, model, encoder, batch, opt, cache, steps
+    steps = {"ours": model, "cached": model, "reference": ReferenceDiT4DiT(model, encoder)}
+    batches = {"ours": batch, "cached": with_cached_latents(model, batch), "reference": batch}
+    return cfg, model, encoder, batches, opt, cache, steps
+
+
+def with_cached_latents(model, batch: Batch) -> Batch:
+    """The batch as a latent cache delivers it: the clip's VAE posterior mean, no frames."""
+    video = model.video_input(batch.frames.to(model.device))
+    return dataclasses.replace(batch, frames=None, latents=vae_latents(model.backbone.vae, video))
 
 
 def train_step(step: Callable[[Batch], dict], batch: Batch, opt: torch.optim.Optimizer, video_weight: float) -> None:
@@ -92,6 +110,41 @@ def train_step(step: Callable[[Batch], dict], batch: Batch, opt: torch.optim.Opt
     opt.zero_grad(set_to_none=True)
     (out["action_loss"] + video_weight * out["video_loss"]).backward()
     opt.step()
+
+
+def full_size_projection() -> None:
+    """The latent cache's saving at the real config, from FLOPs: the full-size model on the meta
+    device, one sample's training step (forward + backward, gradient checkpointing as configured)
+    counted with and without the VAE encode."""
+    from latency import build_full_size
+
+    cfg = load_config(REAL_CONFIG)
+    spec = bench_spec(cfg)
+    meta = torch.device("meta")
+    model, _ = build_full_size(cfg, spec, meta, torch.bfloat16)
+    batch = make_batch(spec, batch_size=1)
+    cache = PromptCache()
+    for text in batch.instruction:  # a real prompt embedding's shape (512 x 28 * 3584), on meta
+        cache.add(text, torch.zeros(cfg.framework.cosmos25.max_sequence_length, 28 * 3584, dtype=torch.bfloat16))
+    model.set_prompt_cache(cache.to(meta))
+    model.train()
+    video = model.video_input(batch.frames.to(meta))
+    cached = dataclasses.replace(batch, frames=None, latents=vae_latents(model.backbone.vae, video))
+
+    def step(b: Batch) -> None:
+        out = model(b)
+        (out["action_loss"] + out["video_loss"]).backward()
+
+    vae, online, with_cache = (count_flops(f) for f in (lambda: vae_latents(model.backbone.vae, video),
+                                                         lambda: step(batch), lambda: step(cached)))
+    gc = "on" if cfg.trainer.enable_gradient_checkpointing else "off"
+    h, w = spec.frame_size
+    print(
+        f"full-size projection (real config on the meta device: {spec.num_frames} frames of {h}x{w}, "
+        f"gradient checkpointing {gc}; per sample): VAE encode {vae / 1e12:.2f} TFLOP of a {online / 1e12:.2f} "
+        f"TFLOP training step = {100 * vae / online:.1f}%; from the cache {with_cache / 1e12:.2f} TFLOP, "
+        f"{online / with_cache:.2f}x fewer FLOPs (the step-time saving where compute-bound)"
+    )
 
 
 def main() -> None:
@@ -104,15 +157,17 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=4, help="per-device batch (the shipped runs used 4)")
     # 1 thread: on a shared 2-core box, 2 intra-op threads made steps 5-20x slower and erratic
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--no-projection", action="store_true", help="skip the meta-device full-size FLOP projection")
     p.add_argument("overrides", nargs="*", help="config overrides, key=value")
     args = p.parse_args()
     if args.config is None:
         args.config = str(REAL_CONFIG if args.full_size else HERE / "medium.yaml")
-    cfg, model, encoder, batch, opt, cache, steps = setup(args)
+    cfg, model, encoder, batches, opt, cache, steps = setup(args)
+    batch = batches["ours"]
     lam = cfg.trainer.loss_scale.future_video
 
     def run(path: str) -> None:
-        train_step(steps[path], batch, opt, lam)
+        train_step(steps[path], batches[path], opt, lam)
 
     f = part_flops(model, encoder, batch)
     tr = f["transformer_fwd"]
@@ -144,20 +199,29 @@ def main() -> None:
         "ours": param_mib(model) + cache.nbytes / 2**20,
         "reference": param_mib(model) + param_mib(encoder.language_model),
     }
+    resident["cached"] = resident["ours"]
     print(
-        f"{'path':<10} {'step median s':>14} {'min':>8} {'max':>8} {'step GFLOP':>11} "
+        f"{'path':<10} {'step median s':>14} {'min':>8} {'max':>8} {'samples/s':>10} {'step GFLOP':>11} "
         f"{'step peak MiB':>14} {'resident MiB':>13}"
     )
     for path in PATHS:
         print(
             f"{path:<10} {med[path]:>14.4f} {min(times[path]):>8.4f} {max(times[path]):>8.4f} "
-            f"{flops[path] / 1e9:>11.2f} {mem[path]:>14.1f} {resident[path]:>13.1f}"
+            f"{args.batch_size / med[path]:>10.2f} {flops[path] / 1e9:>11.2f} {mem[path]:>14.1f} "
+            f"{resident[path]:>13.1f}"
         )
     print(
         f"step peak = memory a step adds over the resident state ({how}); resident = model weights + "
         "prompt cache (ours) or + text encoder (reference); optimizer state is equal and excluded"
     )
     print(f"FLOP ratio reference/ours (device-independent): {flops['reference'] / flops['ours']:.2f}")
+    print(
+        f"latent cache: step {med['ours']:.4f} s -> {med['cached']:.4f} s, {args.batch_size / med['ours']:.2f} -> "
+        f"{args.batch_size / med['cached']:.2f} samples/s ({med['ours'] / med['cached']:.2f}x; FLOPs "
+        f"{flops['ours'] / 1e9:.2f} -> {flops['cached'] / 1e9:.2f} G, -{100 * (1 - flops['cached'] / flops['ours']):.1f}%)"
+    )
+    if not args.no_projection and not args.full_size:
+        full_size_projection()
     if args.peak_tflops:
         for path in PATHS:
             mfu = flops[path] / med[path] / (args.peak_tflops * 1e12)

@@ -19,7 +19,14 @@ field               shape / dtype                       meaning
                     float32, training only
 ``action_mask``     (B, chunk_length, action_width)     True on real action dims (padding False)
                     bool, training only
+``latents``         (B, 16, T_lat, H/8, W/8) float in   training only, optional: the clip's VAE
+                    the VAE's dtype, or None            posterior mean (un-normalised) from a
+                                                        latent cache (``data/latents.py``); the
+                                                        model then skips its VAE encode and
+                                                        ``frames`` may be None
 ==================  ==================================  ===========================================
+
+Inference always sends ``frames``. The model checks the latents' exact shape against its VAE.
 """
 
 from __future__ import annotations
@@ -47,11 +54,12 @@ class BatchSpec:
 
 @dataclass
 class Batch:
-    frames: torch.Tensor
+    frames: torch.Tensor | None  # None only in a training batch that brings ``latents``
     instruction: list[str]
     state: torch.Tensor | None = None
     action: torch.Tensor | None = None
     action_mask: torch.Tensor | None = None
+    latents: torch.Tensor | None = None
 
     @property
     def size(self) -> int:
@@ -91,6 +99,7 @@ class Batch:
             state=stack("state"),
             action=stack("action"),
             action_mask=stack("action_mask"),
+            latents=stack("latents"),
         )
 
     def validate(self, spec: BatchSpec, training: bool) -> None:
@@ -98,21 +107,33 @@ class Batch:
         b = self.size
         if isinstance(self.instruction, str) or not all(isinstance(s, str) for s in self.instruction):
             raise BatchError("batch.instruction: expected a list of str (one per sample)")
+        if self.latents is not None:
+            _check_latents(self.latents, b, training)
         f = self.frames
-        if not isinstance(f, torch.Tensor) or f.ndim != 5 or f.shape[2] != 3 or f.dtype != torch.uint8:
+        if f is None and self.latents is not None:
+            pass  # a latent-cache training batch: the clip was encoded ahead of time
+        elif not isinstance(f, torch.Tensor) or f.ndim != 5 or f.shape[2] != 3 or f.dtype != torch.uint8:
             got = (tuple(f.shape), f.dtype) if isinstance(f, torch.Tensor) else type(f).__name__
             raise BatchError(f"batch.frames: expected uint8 (B, T, 3, H, W) with views tiled, got {got}")
-        if f.shape[0] != b:
+        elif f.shape[0] != b:
             raise BatchError(f"batch.frames: {f.shape[0]} rows but {b} instructions")
-        if tuple(f.shape[-2:]) != tuple(spec.frame_size):
+        elif tuple(f.shape[-2:]) != tuple(spec.frame_size):
             raise BatchError(f"batch.frames: frame size {tuple(f.shape[-2:])}, expected {tuple(spec.frame_size)}")
-        if training and f.shape[1] != spec.num_frames:
+        elif training and f.shape[1] != spec.num_frames:
             raise BatchError(f"batch.frames: {f.shape[1]} clip frames, expected {spec.num_frames}")
         _check(self.state, "state", (b, spec.state_width), torch.float32, required=spec.state_width > 0)
         if training:
             shape = (b, spec.chunk_length, spec.action_width)
             _check(self.action, "action", shape, torch.float32, required=True)
             _check(self.action_mask, "action_mask", shape, torch.bool, required=True)
+
+
+def _check_latents(z: torch.Tensor, b: int, training: bool) -> None:
+    if not training:
+        raise BatchError("batch.latents: only training batches may bring latents (inference sends frames)")
+    if not isinstance(z, torch.Tensor) or z.ndim != 5 or not z.is_floating_point() or z.shape[0] != b:
+        got = (tuple(z.shape), z.dtype) if isinstance(z, torch.Tensor) else type(z).__name__
+        raise BatchError(f"batch.latents: expected a float (B={b}, C, T_lat, h, w) tensor, got {got}")
 
 
 def _check(x: torch.Tensor | None, name: str, shape: tuple, dtype: torch.dtype, required: bool) -> None:

@@ -230,6 +230,10 @@ def validate(cfg: Config) -> None:
         all(b > a_ for a_, b in zip(d.video_delta_indices, d.video_delta_indices[1:])),
         "datasets.vla_data.video_delta_indices", d.video_delta_indices, "strictly increasing frame offsets",
     )
+    need(
+        d.latent_cache is None or c.condition_latent == "mean", "datasets.vla_data.latent_cache", d.latent_cache,
+        "null with framework.cosmos25.condition_latent='sample' (a latent cache stores posterior means)",
+    )
     if d.action_video_freq_ratio < 1:
         raise ConfigError("datasets.vla_data.action_video_freq_ratio: expected >= 1")
     if len(d.image_size) != 2 or min(d.image_size) <= 0:

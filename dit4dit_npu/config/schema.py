@@ -182,6 +182,9 @@ class VLADataConfig:
     # ({dataset path: [episode indices]}); deterministic from the seed.
     val_fraction: float = 0.1
     val_episodes: dict[str, list[int]] | None = None
+    # A latent cache folder (python -m dit4dit_npu.data.encode_latents): training reads each
+    # sample's VAE latents from it instead of decoding and encoding video; null = encode online.
+    latent_cache: str | None = None
 
 
 @dataclass

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from dit4dit_npu.config import Config, ConfigError, VLADataConfig
 from dit4dit_npu.data.errors import DatasetError
+from dit4dit_npu.data.latents import CacheKey, LatentCache
 from dit4dit_npu.data.lerobot import LeRobotDataset
 from dit4dit_npu.data.mixture import MixtureSampler, split_episodes
 from dit4dit_npu.data.robotwin import RoboTwinDataset
@@ -112,8 +113,14 @@ def _split_seed(seed: int, name: str) -> int:
 
 
 def build_training_data(
-    cfg: Config, rank: int = 0, world_size: int = 1, barrier: Callable[[], None] | None = None
+    cfg: Config,
+    rank: int = 0,
+    world_size: int = 1,
+    barrier: Callable[[], None] | None = None,
+    vae_identity: str | None = None,
 ) -> TrainingData:
+    """``vae_identity`` (``models.vae_identity(cfg)``) names the VAE a latent cache must come from;
+    needed only with ``datasets.vla_data.latent_cache``."""
     d = cfg.datasets.vla_data
     paths = resolve_dataset_paths(d)
     if d.generate_demo_if_missing:
@@ -153,6 +160,8 @@ def build_training_data(
     except PolicyIOError as e:
         raise ConfigError(str(e)) from None
     train_ds = RoboTwinDataset(datasets, io, d.state_key, d.action_key, train_eps)
+    if d.latent_cache:
+        attach_latent_cache(train_ds, d.latent_cache, vae_identity)
     val_ds = RoboTwinDataset(datasets, io, d.state_key, d.action_key, val_eps) if any(val_eps) else None
     sampler = MixtureSampler(
         train_ds.dataset_sizes,
@@ -163,6 +172,19 @@ def build_training_data(
         batch_size=d.per_device_batch_size,
     )
     return TrainingData(train_ds, val_ds, sampler, io, split, paths, datasets)
+
+
+def attach_latent_cache(train_ds: RoboTwinDataset, folder: str, vae_identity: str | None) -> None:
+    """Training samples read their clip latents from the cache at ``folder``, which must match this
+    run (cameras, size, layout, clip, VAE, dataset files) and hold every training episode. Held-out
+    samples keep their frames: evaluation runs ``predict_action``, which always encodes frames."""
+    if vae_identity is None:
+        raise ConfigError(
+            "datasets.vla_data.latent_cache: this entry point cannot check which VAE made the cache; "
+            "set it to null here"
+        )
+    key = CacheKey.of(train_ds.io, vae_identity)
+    train_ds.use_latent_cache(LatentCache.open(folder, key, train_ds.datasets))
 
 
 def source_sizes(datasets: list[LeRobotDataset], cameras: list[str]) -> dict[str, list[list[int]]]:

@@ -10,7 +10,9 @@ A sample is anchored at frame t of an episode. ``raw_sample`` assembles it in ro
   clamp; like the original they are not masked) and are flagged False in ``valid``.
 - ``instruction``: the episode's task text; ``dataset``/``episode``/``frame``: provenance.
 
-``__getitem__`` returns ``io.encode_sample(...)`` of it: the dict ``Batch.collate`` stacks.
+``__getitem__`` returns ``io.encode_sample(...)`` of it: the dict ``Batch.collate`` stacks. With a
+latent cache (``use_latent_cache``) it decodes no video: the sample brings the clip's cached VAE
+latents instead of frames.
 Offsets are in frames of each dataset (its own fps): the row d frames later, whose parquet
 ``timestamp`` (plus the video's ``from_timestamp`` in v3.0) is the decode time, so fps and image
 size are never assumed.
@@ -25,6 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from dit4dit_npu.data.latents import LatentCache
 from dit4dit_npu.data.lerobot import LeRobotDataset
 from dit4dit_npu.data.validate import feature_problems, raise_first
 from dit4dit_npu.transforms.policy_io import PolicyIO
@@ -32,7 +35,7 @@ from dit4dit_npu.transforms.policy_io import PolicyIO
 
 @dataclass
 class RawSample:
-    views: np.ndarray  # uint8 (T, V, H, W, 3)
+    views: np.ndarray | None  # uint8 (T, V, H, W, 3); None when not decoded
     state: np.ndarray  # (S,) robot units
     actions: np.ndarray  # (H_a, A) robot units
     valid: np.ndarray  # (H_a,) bool: the step exists in the episode
@@ -81,6 +84,7 @@ class RoboTwinDataset(torch.utils.data.Dataset):
             self._rows.append(np.concatenate(rows) if rows else np.zeros(0, np.int64))
         self.dataset_sizes = [len(r) for r in self._rows]
         self.offsets = np.concatenate([[0], np.cumsum(self.dataset_sizes)]).astype(np.int64)
+        self.latents: LatentCache | None = None
 
     def __len__(self) -> int:
         return int(self.offsets[-1])
@@ -92,13 +96,16 @@ class RoboTwinDataset(torch.utils.data.Dataset):
         k = int(np.searchsorted(self.offsets, index, side="right") - 1)
         return k, int(self._rows[k][index - self.offsets[k]])
 
-    def raw_sample(self, index: int) -> RawSample:
+    def raw_sample(self, index: int, decode_views: bool = True) -> RawSample:
+        """The sample in robot units; ``decode_views=False`` leaves ``views`` None (no video read)."""
         k, row = self.locate(int(index))
         ds = self.datasets[k]
         ep = int(ds.column("episode_index")[row])
         start, end = ds.episode_bounds(ep)
-        clip = np.clip(row + self.clip_offsets, start, end - 1)
-        views = np.stack([ds.frames_at(clip, key, self.io.image_size) for key in self.io.camera_keys], axis=1)
+        clip = clip_rows(row, self.clip_offsets, start, end)
+        views = None
+        if decode_views:
+            views = np.stack([ds.frames_at(clip, key, self.io.image_size) for key in self.io.camera_keys], axis=1)
         steps = row + np.arange(self.io.chunk_length)
         return RawSample(
             views=views,
@@ -112,5 +119,41 @@ class RoboTwinDataset(torch.utils.data.Dataset):
         )
 
     def __getitem__(self, index: int) -> dict[str, Any]:
+        if self.latents is not None:
+            return self.cached_sample(index)
         s = self.raw_sample(index)
         return self.io.encode_sample(s.views, s.state, s.actions, s.instruction)
+
+    # ------------------------------------------------------------------ latent cache
+
+    def episodes(self, k: int) -> list[int]:
+        """The episodes of dataset ``k`` this dataset samples from, in order."""
+        return list(dict.fromkeys(self.datasets[k].column("episode_index")[self._rows[k]].tolist()))
+
+    def episode_clips(self, k: int, episode: int) -> np.ndarray:
+        """(n, T) frame rows of the clip of each of the episode's n samples, in row order."""
+        start, end = self.datasets[k].episode_bounds(episode)
+        return clip_rows(np.arange(start, end), self.clip_offsets, start, end)
+
+    def use_latent_cache(self, cache: LatentCache) -> None:
+        """Read every sample's clip latents from ``cache`` (checked to cover every episode, for the
+        same frames) instead of decoding video."""
+        for k, ds in enumerate(self.datasets):
+            cache.check_episodes(k, ds, self.episodes(k), lambda e, k=k: self.episode_clips(k, e))
+        self.latents = cache
+
+    def cached_sample(self, index: int) -> dict[str, Any]:
+        """``__getitem__`` with a latent cache: state, actions, instruction, and the cached latents
+        (the VAE's posterior mean of exactly the clip ``raw_sample`` would decode) for frames."""
+        s = self.raw_sample(index, decode_views=False)
+        k, row = self.locate(int(index))
+        start, _ = self.datasets[k].episode_bounds(s.episode)
+        item = self.io.encode_sample(None, s.state, s.actions, s.instruction)
+        item["latents"] = self.latents.read(k, s.episode, row - start)
+        return item
+
+
+def clip_rows(rows: int | np.ndarray, offsets: np.ndarray, start: int, end: int) -> np.ndarray:
+    """Frame rows of the clip anchored at each of ``rows`` (one episode [start, end)): offsets past
+    the episode end are clamped to its last frame. (T,) for one row, (n, T) for n rows."""
+    return np.clip(np.asarray(rows)[..., None] + offsets, start, end - 1)

@@ -14,11 +14,13 @@ from dit4dit_npu.models.build import (
     build_dit4dit,
     build_prompt_encoder,
     build_skeleton,
+    build_vae,
     check_base_model,
     dit4dit_config,
     save_tiny_base_model,
     text_identity,
     tiny_base_model,
+    vae_identity,
 )
 from dit4dit_npu.models.cosmos import BackboneConfig, CosmosBackbone
 from dit4dit_npu.models.dit4dit import DiT4DiT, DiT4DiTConfig
@@ -45,11 +47,13 @@ __all__ = [
     "build_dit4dit",
     "build_prompt_encoder",
     "build_skeleton",
+    "build_vae",
     "check_base_model",
     "dit4dit_config",
     "save_tiny_base_model",
     "text_identity",
     "tiny_base_model",
+    "vae_identity",
     "to_uint8",
     "to_vae_range",
 ]

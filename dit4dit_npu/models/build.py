@@ -26,6 +26,7 @@ import logging
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -164,7 +165,7 @@ def tiny_sizes(cfg: Config) -> tiny.TinySizes:
 
 
 def build_backbone(cfg: Config) -> CosmosBackbone:
-    from diffusers import AutoencoderKLWan, CosmosTransformer3DModel, UniPCMultistepScheduler
+    from diffusers import CosmosTransformer3DModel, UniPCMultistepScheduler
 
     p = base_model_folder(cfg, BACKBONE_PARTS)
     lora = lora_settings(cfg)
@@ -173,12 +174,21 @@ def build_backbone(cfg: Config) -> CosmosBackbone:
     # the adapters are fp32.
     dtype = torch.float32 if lora is None else _frozen_dtype(cfg)
     transformer = load_weights(CosmosTransformer3DModel, p, "transformer", dtype)
-    vae = load_weights(AutoencoderKLWan, p, "vae", _frozen_dtype(cfg))
+    vae = build_vae(cfg)
     scheduler = _load(UniPCMultistepScheduler, p, "scheduler")
     with _as_config_error():
         if lora is not None:
             add_lora(transformer, lora)
         return CosmosBackbone(transformer, vae, scheduler, backbone_config(cfg))
+
+
+def build_vae(cfg: Config) -> torch.nn.Module:
+    """The frozen Wan VAE alone (eval mode), in the dtype training runs it in: what the latent
+    cache encoder needs, without the 2B transformer."""
+    from diffusers import AutoencoderKLWan
+
+    vae = load_weights(AutoencoderKLWan, base_model_folder(cfg, ("vae",)), "vae", _frozen_dtype(cfg))
+    return vae.eval().requires_grad_(False)
 
 
 def build_action_head(cfg: Config, spec: BatchSpec, cross_attention_dim: int) -> FlowMatchingActionHead:
@@ -256,15 +266,29 @@ def text_identity(cfg: Config) -> str:
     if c.base_model == TINY:  # path- and version-independent, as the tiny weights are
         t = c.tiny
         return f"tiny:text{t.text_hidden_size}x{t.text_num_layers}h{t.text_num_heads}:seed{t.seed}"
-    p = check_base_model(c.base_model, TEXT_PARTS)
+    return f"cosmos25:{_folder_hash(check_base_model(c.base_model, TEXT_PARTS), TEXT_PARTS)}"
+
+
+def vae_identity(cfg: Config) -> str:
+    """Names the VAE weights and the dtype they run in, so latents cached by another VAE (or in
+    another precision, which changes them) are refused (``data/latents.py``)."""
+    c = cfg.framework.cosmos25
+    dtype = str(_frozen_dtype(cfg)).removeprefix("torch.")
+    if c.base_model == TINY:  # a pure function of its sizes and seed, as text_identity
+        t = c.tiny
+        return f"tiny:vae{t.vae_base_dim}:seed{t.seed}:{dtype}"
+    return f"cosmos25:{_folder_hash(check_base_model(c.base_model, ('vae',)), ('vae',))}:{dtype}"
+
+
+def _folder_hash(p: Path, components: tuple[str, ...]) -> str:
     h = hashlib.sha256()
-    for comp in TEXT_PARTS:  # configs + tokenizer content + weight file sizes: cheap, path-independent
+    for comp in components:  # configs + tokenizer content + weight file sizes: cheap, path-independent
         for f in sorted((p / comp).iterdir()):
             if f.suffix in (".json", ".txt", ".model", ".jinja"):
                 h.update(f.name.encode() + f.read_bytes())
             elif f.is_file():
                 h.update(f"{f.name}:{f.stat().st_size}".encode())
-    return f"cosmos25:{h.hexdigest()[:16]}"
+    return h.hexdigest()[:16]
 
 
 # --------------------------------------------------------------------------------------------
@@ -338,6 +362,10 @@ def tiny_base_model(sizes: tiny.TinySizes) -> Path:
     folder = root / f"cosmos25-tiny-{key}"
     if (folder / "model_index.json").is_file():
         return folder
+    if torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_rank():
+        # transformers' save_pretrained writes weights on global rank 0 only (an empty text_encoder/
+        # elsewhere), so the other ranks wait for rank 0's folder instead of racing it with a broken one
+        return _wait_for_folder(folder)
     try:
         root.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=root))
@@ -349,6 +377,7 @@ def tiny_base_model(sizes: tiny.TinySizes) -> Path:
     try:
         with _as_config_error():
             write_tiny_base_model(sizes, tmp)
+        check_base_model(tmp)  # never publish an incomplete folder
         try:
             os.replace(tmp, folder)
         except OSError:
@@ -356,6 +385,17 @@ def tiny_base_model(sizes: tiny.TinySizes) -> Path:
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    return folder
+
+
+def _wait_for_folder(folder: Path, timeout_s: float = 600.0) -> Path:
+    deadline = time.monotonic() + timeout_s
+    while not (folder / "model_index.json").is_file():
+        if time.monotonic() > deadline:
+            raise ConfigError(
+                f"framework.cosmos25.base_model=tiny: rank 0 did not write {folder} within {timeout_s:.0f} s"
+            )
+        time.sleep(0.2)
     return folder
 
 

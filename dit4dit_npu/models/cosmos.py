@@ -182,13 +182,8 @@ class CosmosBackbone(nn.Module):
     # ------------------------------------------------------------------ VAE
 
     def pad_clip(self, video: torch.Tensor) -> torch.Tensor:
-        """(B, 3, T, H, W): pad T to 1 + 4k by repeating the last frame (the causal VAE would
-        otherwise silently drop the trailing frames)."""
-        t = video.shape[2]
-        target = (self.latent_frames(t) - 1) * self.temporal_factor + 1
-        if target == t:
-            return video
-        return torch.cat([video, video[:, :, -1:].expand(-1, -1, target - t, -1, -1)], dim=2)
+        """(B, 3, T, H, W): pad T to 1 + 4k by repeating the last frame."""
+        return pad_to_causal_length(video, self.temporal_factor)
 
     def normalize(self, z: torch.Tensor) -> torch.Tensor:
         return (z.float() - self.latents_mean.to(z.device)) / self.latents_std.to(z.device)
@@ -237,8 +232,7 @@ class CosmosBackbone(nn.Module):
         T == 1 only the conditioning latent is computed: the Wan VAE is causal and encodes pixel
         frame 0 alone, so this equals latent 0 of the whole clip's encode.
         """
-        z = self.vae.encode(self.pad_clip(video).to(self.vae_dtype)).latent_dist.mode()
-        return self.normalize(z)
+        return self.normalize(vae_latents(self.vae, video))
 
     # ------------------------------------------------------------------ transformer inputs
 
@@ -368,3 +362,22 @@ def sample_video_time(cfg: BackboneConfig, n: int, device: torch.device) -> torc
         high = lo + (1 - lo) * torch.rand(n, device=device)
         t = torch.where(torch.rand(n, device=device) < cfg.high_sigma_ratio, high, t)
     return t
+
+
+@torch.no_grad()
+def vae_latents(vae: nn.Module, video: torch.Tensor) -> torch.Tensor:
+    """(B, 3, T, H, W) in [-1, 1] -> the VAE's posterior mean (B, 16, T_lat, H/8, W/8) in the VAE's
+    dtype, un-normalised: ``CosmosBackbone.encode_video`` normalises it, and it is exactly what a
+    latent cache stores (deterministic, so caching it is exact). T is padded to 1 + 4k first."""
+    video = pad_to_causal_length(video, 2 ** sum(vae.config.temperal_downsample))
+    return vae.encode(video.to(next(vae.parameters()).dtype)).latent_dist.mode()
+
+
+def pad_to_causal_length(video: torch.Tensor, temporal_factor: int) -> torch.Tensor:
+    """(B, 3, T, H, W): pad T to 1 + k * temporal_factor by repeating the last frame (the causal
+    VAE would otherwise silently drop the trailing frames)."""
+    t = video.shape[2]
+    target = (t - 1 + temporal_factor - 1) // temporal_factor * temporal_factor + 1
+    if target == t:
+        return video
+    return torch.cat([video, video[:, :, -1:].expand(-1, -1, target - t, -1, -1)], dim=2)

@@ -26,7 +26,7 @@ from einops import rearrange
 from torch import nn
 
 from dit4dit_npu import device as dev
-from dit4dit_npu.batch import Batch, BatchSpec
+from dit4dit_npu.batch import Batch, BatchError, BatchSpec
 from dit4dit_npu.models.action_head import FlowMatchingActionHead
 from dit4dit_npu.models.cosmos import CosmosBackbone
 from dit4dit_npu.models.errors import ModelConfigError
@@ -112,11 +112,43 @@ class DiT4DiT(nn.Module):
 
     def video_input(self, frames: torch.Tensor) -> torch.Tensor:
         """Batch frames uint8 (B, T, 3, H, W) -> VAE input (B, 3, T, H, W) in [-1, 1]."""
-        return rearrange(to_vae_range(frames), "b t c h w -> b c t h w")
+        return video_input(frames)
 
     def _checked(self, batch: Batch, training: bool) -> Batch:
         batch.validate(self.spec, training=training)
+        if batch.latents is not None:
+            self._check_latent_shape(batch.latents)
         return batch.to(self.device)
+
+    def _check_latent_shape(self, latents: torch.Tensor) -> None:
+        bb = self.backbone
+        h, w = (n // bb.spatial_factor for n in self.spec.frame_size)
+        want = (bb.vae.config.z_dim, bb.latent_frames(self.spec.num_frames), h, w)
+        if tuple(latents.shape[1:]) != want:
+            raise BatchError(
+                f"batch.latents: expected (B, {', '.join(map(str, want))}) for {self.spec.num_frames} frames of "
+                f"{self.spec.frame_size[0]}x{self.spec.frame_size[1]}, got {tuple(latents.shape)} (a latent cache "
+                "of another clip or image size?)"
+            )
+
+    def clip_latents(
+        self, batch: Batch, condition_noise: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (normalised clip latents (B, 16, T_lat, h, w), conditioning latent (B, 16, 1, h, w)):
+        from the batch's precomputed VAE latents (a latent cache) or one batched VAE encode of its
+        frames; the rest of the step is the same either way. "action" mode needs only latent frame 0
+        (the conditioning latent; the VAE is causal)."""
+        only_cond = self.cfg.training == "action"
+        if batch.latents is not None:
+            if self.backbone.cfg.condition_latent == "sample":
+                raise BatchError(
+                    "batch.latents: a latent cache stores posterior means, but this model conditions on a "
+                    "posterior sample (condition_latent='sample'); train from video frames instead"
+                )
+            latents = self.backbone.normalize(batch.latents[:, :, :1] if only_cond else batch.latents)
+            return latents, latents[:, :, :1]
+        video = self.video_input(batch.frames)
+        return self.backbone.encode_clip(video[:, :, :1] if only_cond else video, condition_noise)
 
     def _observation(
         self, batch: Batch, condition_noise: torch.Tensor | None = None, seed: int | None = None
@@ -135,12 +167,9 @@ class DiT4DiT(nn.Module):
         ``noise``: explicit draws for an exact replay (``noise.py``); unset fields are drawn."""
         n = noise_from(noise, TrainingNoise) or TrainingNoise()
         batch = self._checked(batch, training=True)
-        video = self.video_input(batch.frames)
         prompts = self.prompt_embeddings(batch.instruction)
-        # one batched encode gives conditioning + targets; "action" mode needs only frame 0
-        latents, cond = self.backbone.encode_clip(
-            video if self.cfg.training != "action" else video[:, :, :1], n.condition
-        )
+        # one batched encode (or the cached latents) gives conditioning + targets
+        latents, cond = self.clip_latents(batch, n.condition)
         action_loss = video_loss = latents.new_zeros(())
         with dev.autocast(enabled=self.cfg.autocast):
             if self.action_model is not None:
@@ -237,3 +266,9 @@ class DiT4DiT(nn.Module):
                     if sd[k].shape != p.shape:
                         raise ValueError(f"{k}: checkpoint shape {tuple(sd[k].shape)} != model {tuple(p.shape)}")
                     p.copy_(sd[k].to(p.dtype))
+
+
+def video_input(frames: torch.Tensor) -> torch.Tensor:
+    """Batch frames uint8 (B, T, 3, H, W) -> VAE input (B, 3, T, H, W) in [-1, 1] (also what the
+    latent cache encodes, ``data/encode_latents.py``)."""
+    return rearrange(to_vae_range(frames), "b t c h w -> b c t h w")

@@ -1,5 +1,7 @@
 import sys
 
+from dit4dit_npu import device
 from dit4dit_npu.serve.server import main
 
+device.configure_host_allocator()  # glibc malloc thresholds, CPU hosts only (bench/malloc.py)
 sys.exit(main())

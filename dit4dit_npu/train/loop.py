@@ -27,6 +27,7 @@ __all__ = ["TrainingError", "train", "user_errors"]
 def train(cfg: Config) -> Path:
     """Run (or resume) training; returns the run folder."""
     device.apply_env_defaults()
+    device.configure_host_allocator()  # glibc malloc thresholds, CPU hosts only (bench/malloc.py)
     accelerator = build_accelerator(cfg)
     try:
         return _train(cfg, accelerator)
@@ -72,9 +73,11 @@ def _train(cfg: Config, accelerator) -> Path:
 def build_data(cfg: Config, accelerator):
     """Datasets, split, PolicyIO (from the training statistics) and this rank's shard of the sampler."""
     from dit4dit_npu.data import build_training_data
+    from dit4dit_npu.models import vae_identity
 
     return build_training_data(
-        cfg, rank=accelerator.process_index, world_size=accelerator.num_processes, barrier=accelerator.wait_for_everyone
+        cfg, rank=accelerator.process_index, world_size=accelerator.num_processes, barrier=accelerator.wait_for_everyone,
+        vae_identity=vae_identity(cfg) if cfg.datasets.vla_data.latent_cache else None,
     )
 
 

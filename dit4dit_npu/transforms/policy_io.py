@@ -207,14 +207,15 @@ class PolicyIO:
         return self.action.forward(actions)
 
     def encode_sample(
-        self, views: np.ndarray, state: np.ndarray, actions: np.ndarray, instruction: str
+        self, views: np.ndarray | None, state: np.ndarray, actions: np.ndarray, instruction: str
     ) -> dict[str, Any]:
-        """One training sample: views uint8 (T, V, H, W, 3), raw state (S,), raw chunk (H_a, A)."""
+        """One training sample: views uint8 (T, V, H, W, 3), raw state (S,), raw chunk (H_a, A).
+        ``views=None`` (a latent-cache sample, whose clip was encoded ahead of time) gives no frames."""
         if actions.shape[0] != self.chunk_length:
             raise ValueError(f"action chunk has {actions.shape[0]} steps, expected {self.chunk_length}")
         mask = np.broadcast_to(self.action_mask, (self.chunk_length, self.action.out_dim))
         return {
-            "frames": self.frames(views),
+            "frames": self.frames(views) if views is not None else None,
             "instruction": instruction,
             "state": self.encode_state(state) if self.state.out_dim else None,
             "action": torch.from_numpy(self.normalize_actions(actions).astype(np.float32)),

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# The full-size benches in one prepared run, for a host with one accelerator (CUDA or Ascend):
+# the real architecture with random weights (no checkpoint needed), the real RoboTwin config.
+#
+#   bash bench/full_size.sh [PEAK_TFLOPS]      # e.g. 989 (H200 dense bf16), 313 (Ascend 910B)
+#
+# 1. bench/train_step.py --full-size: training-step time (ours / from cached latents / the
+#    reference-faithful step), MFU against PEAK_TFLOPS, the allocator's step peak;
+# 2. bench/latency.py --full-size: predict_action latency per stage, ours vs reference;
+# 3. bench/memory.py --zero 0 --world-size 1 --check: the per-card plan for one card without
+#    DeepSpeed, and one real full-size training step measured by the allocator against the plan.
+# Each prints `speedup: X.XX` last; the whole log goes to bench_full_size.log.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+PY="${PYTHON:-.venv/bin/python}"
+PEAK="${1:-989}"
+eval "$("$PY" -m dit4dit_npu.device env)"   # the device layer's launch environment for this host
+"$PY" -m dit4dit_npu.device
+{
+  "$PY" bench/train_step.py --full-size --peak-tflops "$PEAK" --steps 5 --batch-size 4 --threads 8
+  "$PY" bench/latency.py --full-size --skip-small --iters 20 --threads 8
+  "$PY" bench/memory.py --zero 0 --world-size 1 --batch 4 --check --threads 8
+} 2>&1 | tee bench_full_size.log

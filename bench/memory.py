@@ -1,0 +1,303 @@
+"""Per-card memory of the real DiT4DiT training run: does it fit a 64 GB Ascend die, a 141 GB H200?
+
+    python bench/memory.py --config configs/robotwin/dit4dit_robotwin.yaml [--zero 2|3] [--world-size 8]
+                           [--batch 4] [--instructions N] [--cards 64 141] [--threads 2]
+
+The plan, per card, in GiB (card sizes are given in GB = 1e9 bytes, as vendors quote them):
+- parameters: counted from the real module shapes on the meta device (Cosmos-Predict2.5-2B
+  transformer, Wan2.1 VAE, the config's DiT-B head; Qwen2.5-VL-7B's language model for the
+  start-up prompt encode), in the dtypes the trainer keeps: trained parameters fp32 (DeepSpeed's
+  bf16 mode stays off, it would cast the fp32 head), the frozen VAE bf16 (accelerators);
+- DeepSpeed ZeRO state as ``stage_1_and_2.py`` / ``stage3.py`` allocate it (fp32 master partition,
+  AdamW's two fp32 moments, the gradient partition, the gradient buckets), with the bucket sizes of
+  the DeepSpeed json (``trainer.deepspeed_config``, or ``configs/deepspeed/zero3.json`` for
+  ``--zero 3``) and DeepSpeed's own defaults (its ``DeepSpeedZeroConfig``) for keys it omits;
+  ``--zero 0`` is one card without DeepSpeed (whole gradients and moments), the shape of a
+  single-card allocator check;
+- the prompt cache: one 512 x 100352 bf16 embedding per instruction, on the card when the
+  whole cache is <= 2 GiB (``train/prompt_cache.py``), else in host memory;
+- the step's working memory, measured on this CPU with the real classes and extrapolated
+  (``_activations.py``): the VAE encode (skipped with a latent cache), the no-grad feature pass,
+  and the video + action passes' forward end and backward peak, with and without gradient
+  checkpointing; the step's peak is the largest phase, plus the batch's prompt embeddings.
+Not modelled: the runtime's own reserve (context, communication workspaces) and allocator
+fragmentation; keep a few GB of headroom.
+
+Last line: ``speedup: X.XX`` = per-card memory without / with gradient checkpointing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import time
+from pathlib import Path
+
+import torch
+from _common import FULL_SIZE, QWEN_VOCAB, bench_spec, full_size_text_config
+
+from dit4dit_npu.config import Config, load_config
+
+os.environ.setdefault("KINETO_LOG_LEVEL", "5")  # quiet profiler sessions (set before torch loads kineto)
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+GIB = 2**30
+PROMPT_CACHE_ON_DEVICE_BYTES = 2 * GIB  # train/prompt_cache.py
+
+
+def meta_parts(cfg: Config) -> dict[str, torch.nn.Module]:
+    """The real modules of the run on the meta device (shapes only, no memory)."""
+    from diffusers import AutoencoderKLWan, CosmosTransformer3DModel
+    from transformers import Qwen2_5_VLTextConfig, Qwen2_5_VLTextModel
+
+    from dit4dit_npu.models import build_action_head
+    from dit4dit_npu.models import tiny as tiny_parts
+
+    with torch.device("meta"):
+        transformer = CosmosTransformer3DModel(**tiny_parts.transformer_kwargs(FULL_SIZE))
+        parts = {
+            "transformer": transformer,
+            "vae": AutoencoderKLWan(),  # the class defaults are Wan2.1's
+            "text_model": Qwen2_5_VLTextModel(Qwen2_5_VLTextConfig(**full_size_text_config(QWEN_VOCAB))),
+        }
+        if cfg.framework.cosmos25.training != "video":
+            hidden = FULL_SIZE.num_attention_heads * FULL_SIZE.attention_head_dim
+            parts["action_model"] = build_action_head(cfg, bench_spec(cfg), hidden)
+    return parts
+
+
+def parameter_counts(parts: dict[str, torch.nn.Module]) -> dict[str, int]:
+    return {name: sum(p.numel() for p in m.parameters()) for name, m in parts.items()}
+
+
+def zero_config(cfg: Config, stage: int) -> dict:
+    """The json's zero_optimization section completed with DeepSpeed's defaults."""
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+
+    path = cfg.trainer.deepspeed_config or "configs/deepspeed/zero2.json"
+    if stage == 3 and "zero3" not in path:
+        path = "configs/deepspeed/zero3.json"
+    p = Path(path) if Path(path).is_absolute() else REPO / path
+    section = json.loads(p.read_text()).get("zero_optimization", {})
+    section["stage"] = stage
+    return {"file": str(p.relative_to(REPO)) if p.is_relative_to(REPO) else str(p), **DeepSpeedZeroConfig(**section).model_dump()}
+
+
+def zero_rows(stage: int, world: int, groups: list[int], frozen: int, frozen_bytes: int, largest_leaf: int,
+              small: tuple[int, int], ds: dict) -> list[tuple[str, float, str]]:
+    """(row, bytes per card, how) of weights and optimizer state; ``groups`` = trainable parameters
+    per optimizer group (each flattened and partitioned on its own), ``small`` = (trainable, frozen)
+    parameters under ZeRO-3's persistence threshold (kept whole on every card)."""
+    p = sum(groups)
+    shard = sum(math.ceil(g / world) for g in groups)  # this card's partition of every group
+    bucket = ds.get("reduce_bucket_size", 5e8)
+    if stage == 0:
+        return [
+            ("trained weights (fp32)", 4 * p, f"{p / 1e9:.3f} B parameters"),
+            ("frozen VAE (bf16)", frozen_bytes * frozen, f"{frozen / 1e6:.1f} M parameters"),
+            ("gradients (fp32)", 4 * p, "whole, no DeepSpeed"),
+            ("AdamW moments (2 x fp32)", 8 * p, "whole, no DeepSpeed"),
+        ]
+    if stage == 2:
+        buffers = 2 if ds.get("overlap_comm") else 1
+        return [
+            ("trained weights (fp32)", 4 * p, f"{p / 1e9:.3f} B, whole on every card (ZeRO-2)"),
+            ("frozen VAE (bf16)", frozen_bytes * frozen, f"{frozen / 1e6:.1f} M, not in the optimizer"),
+            ("fp32 master partition", 4 * shard, "stage_1_and_2.py clones it even from fp32 weights"),
+            ("AdamW moments (2 x fp32)", 8 * shard, f"1/{world} of {len(groups)} groups"),
+            ("gradient partition (fp32)", 4 * shard, "contiguous_gradients" if ds.get("contiguous_gradients") else ""),
+            ("gradient buckets (fp32)", 4 * buffers * bucket,
+             f"{buffers} x reduce_bucket_size {bucket:.0e}" + (" (overlap_comm)" if buffers == 2 else "")),
+        ]
+    gathered = min(ds.get("max_live_parameters", 1e9), largest_leaf + ds.get("prefetch_bucket_size", 5e7))
+    return [
+        ("trained weights partition (fp32)", 4 * (shard + small[0]),
+         f"1/{world}, + params < {ds.get('param_persistence_threshold', 1e5):.0e} whole"),
+        ("frozen VAE partition (bf16)", frozen_bytes * (math.ceil(frozen / world) + small[1]), "ZeRO-3 partitions it too"),
+        ("gathered weights in use (fp32)", 4 * gathered, "largest leaf module + prefetch bucket"),
+        ("fp32 master partition", 0.0, "stage3.py reuses fp32 weights"),
+        ("AdamW moments (2 x fp32)", 8 * shard, f"1/{world}"),
+        ("gradient partition (fp32)", 4 * shard, "grad_partitions_flat_buffer"),
+        ("gradient bucket (fp32)", 4 * bucket, f"reduce_bucket_size {bucket:.0e}"),
+    ]
+
+
+@dataclasses.dataclass(frozen=True)
+class StepShape:
+    """What the step's working memory depends on."""
+
+    batch: int
+    tokens: int  # video tokens: T_lat * h/2 * w/2 of the latent
+    layers: int  # transformer blocks of the video pass
+    feature_layers: int  # blocks of the feature pass (extract_layer + 1)
+    text_tokens: int
+    pixels: int  # per frame (H x W of the tiled frame)
+    frames: int  # clip frames after padding to 1 + 4k
+
+    @classmethod
+    def of(cls, cfg: Config, batch: int) -> StepShape:
+        spec = bench_spec(cfg)
+        h, w = spec.frame_size
+        t_lat = (spec.num_frames - 1 + 3) // 4 + 1
+        return cls(batch, t_lat * (h // 16) * (w // 16), FULL_SIZE.num_layers, cfg.framework.cosmos25.extract_layer + 1,
+                   cfg.framework.cosmos25.max_sequence_length, h * w, (t_lat - 1) * 4 + 1)
+
+
+def step_phases(fits: dict, head: dict, vae, s: StepShape, gc: bool, latent_cache: bool) -> dict[str, float]:
+    """Working memory of each phase of one training step, in bytes. Autograd runs the video graph's
+    backward first (it was built last) while the head's graph waits, then the head's. The batch's
+    prompt embeddings are alive all step (the transformer measurements include them)."""
+    suffix = "_gc" if gc else ""
+    b, n = s.batch, s.tokens
+    prompts = b * s.text_tokens * 28 * 3584 * 2  # the batch's bf16 prompt embeddings, alive all step
+    features = b * n * 2048 * 2  # bf16 output of block extract_layer, kept for the head
+    phases = {
+        "feature pass (no grad)": fits["features"](s.feature_layers, b, n),
+        "forward end (both graphs)": fits["fwd_end" + suffix](s.layers, b, n) + head["saved"](b, n) + features,
+        "video backward peak": fits["bwd_peak" + suffix](s.layers, b, n) + head["saved"](b, n) + features,
+        "action head backward peak": head["peak"](b, n) + features + prompts,
+    }
+    if not latent_cache:  # the uint8 clip, its bf16 VAE input and the encoder's activations
+        phases["VAE encode (no grad)"] = vae(b, s.pixels) + b * s.frames * 3 * s.pixels * (1 + 2) + prompts
+    return phases
+
+
+def check(cfg: Config, fits: dict, head_fits: dict, batch: int, gc: bool) -> tuple[float, float, StepShape]:
+    """One real training step (forward + backward, from cached latents) of a real-width model,
+    measured (the allocator's peak on an accelerator; on CPU the profiler's alloc/free high-water
+    mark), against the plan's working memory for the same shape. On an accelerator: the full
+    model at the real token count; on CPU: 3 blocks and 72 tokens (depth extrapolated from the
+    1- and 2-block fits, the phases composed as in the plan)."""
+    from _activations import free_grads_on_accumulation, real_width_backbone
+    from _common import step_peak_mib
+
+    from dit4dit_npu import device as dev
+    from dit4dit_npu.models import DiT4DiT, DiT4DiTConfig, PromptCache, build_action_head
+    from dit4dit_npu.models.testing import make_batch
+
+    full = dev.device_type() != dev.CPU
+    spec = bench_spec(cfg)
+    layers, (h, w) = (FULL_SIZE.num_layers, (spec.frame_size[0] // 8, spec.frame_size[1] // 8)) if full else (3, (8, 12))
+    extract = cfg.framework.cosmos25.extract_layer if full else 1
+    backbone = real_width_backbone(layers, extract)
+    if gc:
+        backbone.transformer.enable_gradient_checkpointing()
+    spec = dataclasses.replace(spec, frame_size=(8 * h, 8 * w))
+    head = build_action_head(cfg, spec, 2048)
+    free_grads_on_accumulation(head)
+    device = dev.get_device()
+    model = DiT4DiT(backbone, head, DiT4DiTConfig(autocast=True), spec).to(device).train()
+    model.backbone.vae.to(torch.bfloat16)
+    text = cfg.framework.cosmos25.max_sequence_length
+    cache = PromptCache()
+    b = make_batch(spec, batch_size=batch)
+    for instruction in b.instruction:
+        cache.add(instruction, torch.randn(text, 28 * 3584).to(torch.bfloat16))
+    model.set_prompt_cache(cache.to(device))
+    t_lat = model.backbone.latent_frames(spec.num_frames)
+    b = dataclasses.replace(b, frames=None, latents=torch.randn(batch, 16, t_lat, h, w, dtype=torch.bfloat16))
+
+    def step() -> None:
+        out = model(b)
+        (out["action_loss"] + out["video_loss"]).backward()
+
+    measured = step_peak_mib(step)[0] * 2**20
+    shape = StepShape(batch, t_lat * h * w // 4, layers, extract + 1, text, 8 * h * 8 * w, 0)
+    return measured, max(step_phases(fits, head_fits, None, shape, gc, latent_cache=True).values()), shape
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", default=str(REPO / "configs/robotwin/dit4dit_robotwin.yaml"))
+    p.add_argument("--zero", type=int, choices=(0, 2, 3), default=2)
+    p.add_argument("--world-size", type=int, default=8)
+    p.add_argument("--batch", type=int, default=None, help="per-card batch (default: the config's)")
+    p.add_argument("--instructions", type=int, default=None, help="distinct instructions (default: one per dataset)")
+    p.add_argument("--cards", type=float, nargs="+", default=[64, 141], help="card sizes in GB")
+    p.add_argument("--latent-cache", action="store_true", help="plan a run from a latent cache (no VAE encode)")
+    p.add_argument("--check", action="store_true", help="also measure one real step and compare (see check())")
+    p.add_argument("--threads", type=int, default=2)
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    cfg = load_config(args.config)
+    batch = args.batch or cfg.datasets.vla_data.per_device_batch_size
+    n_instr = args.instructions or len(cfg.datasets.vla_data.data_mix)
+
+    t0 = time.perf_counter()
+    parts = meta_parts(cfg)
+    counts = parameter_counts(parts)
+    trained = [counts["transformer"]] + ([counts["action_model"]] if "action_model" in counts else [])
+    if cfg.framework.cosmos25.training == "action":
+        trained = trained[1:]
+    leaf = max(sum(q.numel() for q in m.parameters(recurse=False)) for m in parts["transformer"].modules())
+    ds = zero_config(cfg, args.zero) if args.zero else {"file": "none"}
+    thr = ds.get("param_persistence_threshold", 1e5)
+    trained_mods = [parts[k] for k in ("transformer", "action_model") if k in parts]
+    small = (sum(q.numel() for m in trained_mods for q in m.parameters() if q.numel() < thr),
+             sum(q.numel() for q in parts["vae"].parameters() if q.numel() < thr))
+    print("parameters (meta device): " + ", ".join(f"{k} {v:,}" for k, v in counts.items()))
+
+    from _activations import measure_head, measure_transformer, measure_vae
+
+    print("measuring activations on CPU (real classes, reduced size):")
+    fits = measure_transformer(cfg.framework.cosmos25.max_sequence_length, 28 * 3584, print)
+    from dit4dit_npu.models import build_action_head
+
+    head = measure_head(build_action_head(cfg, bench_spec(cfg), 2048), bench_spec(cfg), 2048, print)
+    from diffusers import AutoencoderKLWan
+
+    vae = measure_vae(AutoencoderKLWan().to(torch.bfloat16).eval(), 9, print)
+    residual = max([f.residual for f in fits.values()] + [f.residual for f in head.values()] + [vae.residual])
+    print(f"measured in {time.perf_counter() - t0:.0f} s; largest relative fit residual {100 * residual:.1f}%")
+
+    rows = zero_rows(args.zero, args.world_size, trained, counts["vae"], 2, leaf, small, ds)
+    if cfg.framework.cosmos25.training == "action":  # frozen, fp32, outside the optimizer (whole under ZeRO-2)
+        share = 1 if args.zero != 3 else args.world_size
+        rows.insert(1, ("frozen transformer (fp32)", 4 * counts["transformer"] / share, "training: action"))
+    cache = n_instr * cfg.framework.cosmos25.max_sequence_length * 28 * 3584 * 2
+    on_card = cache <= PROMPT_CACHE_ON_DEVICE_BYTES
+    rows.append(("prompt cache (bf16)", cache if on_card else 0.0,
+                 f"{n_instr} instructions x {cache / n_instr / 1e6:.0f} MB, " + ("on the card" if on_card else "in host memory")))
+    shape = StepShape.of(cfg, batch)
+    phases = {k: step_phases(fits, head, vae, shape, k == "gc", args.latent_cache) for k in ("no_gc", "gc")}
+    resident = sum(r[1] for r in rows)
+    peak = {k: max(v.values()) for k, v in phases.items()}
+    total = {k: resident + v for k, v in peak.items()}
+
+    spec = bench_spec(cfg)
+    print(f"\n== per-card memory: ZeRO-{args.zero} ({ds['file']}), world size {args.world_size}, batch {batch}, "
+          f"{spec.num_frames} frames of {spec.frame_size[0]}x{spec.frame_size[1]}"
+          f"{', latent cache' if args.latent_cache else ''} ==")
+    print(f"{'component':<34} {'GiB':>8} {'GiB (GC)':>9}  note")
+    for name, n, note in rows:
+        print(f"{name:<34} {n / GIB:>8.2f} {n / GIB:>9.2f}  {note}")
+    for name in phases["no_gc"]:
+        a, b = phases["no_gc"][name], phases["gc"][name]
+        print(f"  step: {name:<27} {a / GIB:>8.2f} {b / GIB:>9.2f}  incl. the batch's prompt embeddings")
+    print(f"{'step working memory (peak phase)':<34} {peak['no_gc'] / GIB:>8.2f} {peak['gc'] / GIB:>9.2f}")
+    print(f"{'total per card':<34} {total['no_gc'] / GIB:>8.2f} {total['gc'] / GIB:>9.2f}  "
+          f"= {total['no_gc'] / 1e9:.1f} / {total['gc'] / 1e9:.1f} GB")
+    for card in args.cards:
+        verdict = {k: ("fits" if v <= card * 1e9 else "does NOT fit") for k, v in total.items()}
+        print(f"{card:g} GB card: without gradient checkpointing {verdict['no_gc']} "
+              f"({card - total['no_gc'] / 1e9:+.1f} GB), with it {verdict['gc']} ({card - total['gc'] / 1e9:+.1f} GB)")
+    text, whole = counts["text_model"] * 2, 4 * (counts["transformer"] + counts.get("action_model", 0)) + 2 * counts["vae"]
+    print(f"start-up, rank 0 only, before DeepSpeed takes the model (no optimizer state, no partitioning yet): the bf16 "
+          f"text encoder ({text / GIB:.1f} GiB) next to the whole model ({whole / GIB:.1f} GiB); freed once the prompt "
+          "cache is built")
+    if args.check:
+        for gc in (False, True):
+            measured, planned, s = check(cfg, fits, head, shape.batch, gc)
+            print(f"check ({'with' if gc else 'without'} gradient checkpointing, {s.layers} blocks, batch {s.batch}, "
+                  f"{s.tokens} tokens): step working memory measured {measured / GIB:.2f} GiB, planned "
+                  f"{planned / GIB:.2f} GiB ({100 * (planned / measured - 1):+.1f}%)")
+    print("speedup = per-card memory without / with gradient checkpointing (the real config enables it)")
+    print(f"speedup: {total['no_gc'] / total['gc']:.2f}")
+
+
+if __name__ == "__main__":
+    main()

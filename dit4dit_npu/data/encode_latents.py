@@ -1,0 +1,209 @@
+"""Encode every training sample's clip once into a latent cache (``data/latents.py``).
+
+    python -m dit4dit_npu.data.encode_latents --config FILE [--out DIR] [--batch-size 16] [a.b=c ...]
+    accelerate launch --multi_gpu --num_processes 8 -m dit4dit_npu.data.encode_latents --config FILE --out DIR
+
+then train with ``datasets.vla_data.latent_cache=DIR``. The samples are exactly the training
+run's (same config, same split: the training episodes of every dataset), their frames exactly
+what ``RoboTwinDataset`` decodes, the encode exactly the model's (``models.cosmos.vae_latents``
+of ``models.dit4dit.video_input``), in the dtype training runs the VAE in. Only the VAE is
+loaded. Decoding runs in ``datasets.vla_data.num_workers`` loader processes while the device
+encodes batches of ``--batch-size`` clips. Resumable: finished episodes are skipped (each is
+written whole); under a launcher each rank takes every world_size-th episode.
+
+This is an entry point, like ``train``: it composes data/ with the model's VAE (imported here,
+lazily); the dataset and loader code in data/ never import models/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from dit4dit_npu import device as dev
+from dit4dit_npu.config import Config, ConfigError, load_config
+from dit4dit_npu.data.build import build_training_data
+from dit4dit_npu.data.errors import DatasetError
+from dit4dit_npu.data.latents import CacheKey, LatentCache
+from dit4dit_npu.data.robotwin import RoboTwinDataset
+from dit4dit_npu.transforms.policy_io import PolicyIOError
+
+
+class _Windows(torch.utils.data.Dataset):
+    """Clip frames of ``batch_size`` consecutive samples of one episode at a time, tiled as the
+    model sees them: uint8 (b, T, 3, H, W). Each frame is decoded once per window, however many
+    of its clips use it (neighbouring samples share T - 1 of their T frames)."""
+
+    def __init__(self, ds: RoboTwinDataset, work: list[tuple[int, int]], batch_size: int) -> None:
+        self.ds = ds
+        self.items = [
+            (k, e, a)
+            for k, e in work
+            for a in range(0, len(ds.episode_clips(k, e)), batch_size)
+        ]
+        self.batch_size = batch_size
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: int) -> tuple[int, int, torch.Tensor]:
+        k, e, a = self.items[i]
+        clips = self.ds.episode_clips(k, e)[a : a + self.batch_size]  # (b, T) frame rows
+        rows, inverse = np.unique(clips, return_inverse=True)
+        io, source = self.ds.io, self.ds.datasets[k]
+        views = np.stack([source.frames_at(rows, key, io.image_size) for key in io.camera_keys], axis=1)
+        return k, e, io.frames(views[inverse.reshape(clips.shape)])
+
+
+def encode_latents(cfg: Config, out: Path, batch_size: int = 16, progress: bool = True) -> dict[str, int]:
+    """Encode this rank's share of the missing training episodes into ``out``; returns counts."""
+    from dit4dit_npu.models import build_vae, vae_identity
+    from dit4dit_npu.models.cosmos import vae_latents
+    from dit4dit_npu.models.dit4dit import video_input
+
+    dev.set_device()  # before the process group: NCCL/HCCL bind to the current card
+    device = dev.get_device()
+    rank, world, barrier, owned = _distributed()
+    online = dataclasses.replace(
+        cfg, datasets=dataclasses.replace(cfg.datasets, vla_data=dataclasses.replace(cfg.datasets.vla_data, latent_cache=None))
+    )
+    data = build_training_data(online, rank, world, barrier)
+    ds = data.train_dataset
+    key = CacheKey.of(data.io, vae_identity(cfg))
+    LatentCache.create(out, key, ds.datasets, write=False)  # every rank refuses a stale or foreign folder
+    barrier()
+    if rank == 0:
+        LatentCache.create(out, key, ds.datasets)
+    barrier()
+    cache = LatentCache.open(out, key, ds.datasets)
+    work = [(k, e) for k in range(len(ds.datasets)) for e in ds.episodes(k)]
+    # Shard before filtering: every rank agrees on the shares whatever is already on disk.
+    mine = [w for w in work[rank::world] if not cache.has_episode(*w)]
+    samples = sum(len(ds.episode_clips(k, e)) for k, e in mine)
+    vae = build_vae(cfg).to(device)
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=samples, desc=f"encode latents (rank {rank})", unit="clip", disable=not progress or rank != 0)
+    t0 = time.perf_counter()
+
+    def encode(frames: torch.Tensor) -> torch.Tensor:
+        return vae_latents(vae, video_input(frames.to(device))).cpu()
+
+    workers = cfg.datasets.vla_data.num_workers
+    for k, e, latents in _episodes(ds, mine, batch_size, workers, bar.update, encode):
+        cache.write_episode(k, e, latents, ds.episode_clips(k, e), ds.datasets[k].root)
+    bar.close()
+    counts = {"episodes": len(mine), "samples": samples, "cached_before": len(work[rank::world]) - len(mine)}
+    counts = _sum_over_ranks(counts, world, device)
+    if owned:
+        import torch.distributed as dist
+
+        dist.destroy_process_group()  # else gloo/hccl complain at exit
+    return {**counts, "seconds": int(time.perf_counter() - t0)}
+
+
+def _episodes(
+    ds: RoboTwinDataset,
+    work: list[tuple[int, int]],
+    batch_size: int,
+    num_workers: int,
+    advance: Callable[[int], object],
+    encode: Callable[[torch.Tensor], torch.Tensor],
+) -> Iterator[tuple[int, int, torch.Tensor]]:
+    """(dataset, episode, latents of all its samples), episode by episode, in ``work`` order."""
+    loader = torch.utils.data.DataLoader(
+        _Windows(ds, work, batch_size), batch_size=None, num_workers=num_workers, shuffle=False
+    )
+    current, parts = None, []
+    for k, e, frames in loader:
+        if current is not None and current != (k, e):
+            yield (*current, torch.cat(parts))
+            parts = []
+        current = (k, e)
+        parts.append(encode(frames))
+        advance(len(frames))
+    if current is not None:
+        yield (*current, torch.cat(parts))
+
+
+def _distributed() -> tuple[int, int, Callable[[], None], bool]:
+    """(rank, world size, barrier, whether we started the group): a torch.distributed group when a
+    launcher (accelerate launch --multi_gpu, torchrun) started several processes, else a world of one."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world == 1:
+        return 0, 1, lambda: None, False
+    import torch.distributed as dist
+
+    owned = not dist.is_initialized()
+    if owned:
+        dist.init_process_group(backend=dev.dist_backend())
+    return dist.get_rank(), world, dist.barrier, owned
+
+
+def _sum_over_ranks(counts: dict[str, int], world: int, device: torch.device) -> dict[str, int]:
+    """Every rank's counts added up (a collective: every rank calls it once, after its share)."""
+    if world == 1:
+        return counts
+    import torch.distributed as dist
+
+    t = torch.tensor(list(counts.values()), dtype=torch.int32, device=device)
+    dist.all_reduce(t)
+    return dict(zip(counts, t.tolist()))
+
+
+def cache_bytes(root: Path) -> tuple[int, int]:
+    """(bytes on disk, clips) of every episode file in the cache."""
+    from safetensors import safe_open
+
+    files = list(root.rglob("episode_*.safetensors"))
+    clips = 0
+    for f in files:
+        with safe_open(str(f), framework="pt") as h:
+            clips += h.get_slice("clips").get_shape()[0]
+    return sum(f.stat().st_size for f in files), clips
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m dit4dit_npu.data.encode_latents",
+        description="Encode every training sample's clip once into a latent cache "
+        "(then train with datasets.vla_data.latent_cache=DIR).",
+        allow_abbrev=False,
+    )
+    p.add_argument("--config", required=True, help="the training run's YAML config")
+    p.add_argument("--out", default=None, help="cache folder (default: datasets.vla_data.latent_cache)")
+    p.add_argument("--batch-size", type=int, default=16, help="clips per VAE call (default 16)")
+    args, overrides = p.parse_known_args(argv)
+    dev.configure_host_allocator()
+    try:
+        cfg = load_config(args.config, overrides)
+        out = args.out or cfg.datasets.vla_data.latent_cache
+        if not out:
+            raise ConfigError("no cache folder: pass --out DIR or set datasets.vla_data.latent_cache")
+        if args.batch_size < 1:
+            raise ConfigError(f"--batch-size {args.batch_size}: expected >= 1")
+        counts = encode_latents(cfg, Path(out), args.batch_size)
+    except (ConfigError, DatasetError, PolicyIOError, FileExistsError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if int(os.environ.get("RANK", "0")) == 0:
+        n = counts["samples"]
+        total, clips = cache_bytes(Path(out))
+        print(
+            f"latent cache {out}: encoded {n} clips ({counts['episodes']} episodes) in {counts['seconds']} s, "
+            f"{counts['cached_before']} episodes were already cached; {total / 2**20:.1f} MiB on disk for "
+            f"{clips} clips ({total / max(clips, 1) / 1024:.1f} KiB per clip)"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
