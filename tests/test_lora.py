@@ -168,3 +168,29 @@ def test_a_mistyped_target_module_is_one_clear_config_error(tmp_path, demo_root)
     assert len(lines) == 1 and "framework.cosmos25.lora.target_modules" in lines[0], r.stderr[-2000:]
     with pytest.raises(ConfigError, match=r"framework.cosmos25.lora.rank: .*training 'action'"):
         load_config(TINY, ["framework.cosmos25.lora.rank=4", "framework.cosmos25.training=action"])
+
+
+def test_eval_cli_merges_on_request(lora_run, tmp_path, capsys):
+    """`dit4dit_npu.eval --merge-lora` scores a LoRA policy merged; on a policy without an
+    adapter the flag is one line, not a silent no-op."""
+    import json
+
+    from dit4dit_npu.eval import offline as ev
+
+    run, _ = lora_run
+    policy = run / "checkpoints/step_000004/policy"
+    args = ["--max-frames", "16", "--video-samples", "0", "--plot-episodes", "0"]
+    assert ev.main(["--checkpoint", str(policy), "--output", str(tmp_path / "a"), *args]) == 0
+    assert ev.main(["--checkpoint", str(policy), "--output", str(tmp_path / "b"), "--merge-lora", *args]) == 0
+    adapter, merged = (json.loads((tmp_path / x / "metrics.json").read_text())["model"]["mse"] for x in "ab")
+    assert merged == pytest.approx(adapter, rel=1e-4)
+
+    plain = run.parent / "plain_policy"
+    shutil.copytree(policy, plain)
+    shutil.rmtree(plain / "adapter")
+    cfg_text = (plain / "config.yaml").read_text().replace("rank: 4", "rank: 0")
+    (plain / "config.yaml").write_text(cfg_text)
+    capsys.readouterr()
+    assert ev.main(["--checkpoint", str(plain), "--output", str(tmp_path / "c"), "--merge-lora", *args]) == 2
+    assert capsys.readouterr().err.strip().endswith("this policy has no LoRA adapter to merge")
+    shutil.rmtree(plain)
