@@ -147,3 +147,36 @@ def test_ema_on_zero3_and_resume_without_ema_file_are_one_line_errors(tmp_path, 
     assert "trainer.ema: not supported with ZeRO-3" in r.stderr + r.stdout
     assert "Traceback" not in r.stderr
     assert not (tmp_path / "dit4dit_robotwin_tiny").exists()  # refused before anything is written
+
+
+@pytest.mark.slow
+def test_two_process_zero2_ema_resumes_exactly(tmp_path, demo_root):  # noqa: F811
+    """Under DeepSpeed ZeRO-2 on 2 ranks every rank averages its whole module weights; rank 0's
+    average is saved and both ranks continue it after a resume, bit-exactly."""
+    import subprocess
+    import sys
+
+    from test_train import ENV, ROOT
+
+    launch = [
+        sys.executable, "-m", "accelerate.commands.launch", "--use_deepspeed", "--zero_stage", "2",
+        "--num_processes", "2", "--main_process_port", "0", "-m", "dit4dit_npu.train", "--config", str(TINY),
+    ]
+
+    def run(root, **extra):
+        r = subprocess.run([*launch, *tiny_overrides(root, demo_root, **EMA_ON, **extra)], env=ENV,
+                           capture_output=True, text=True, cwd=ROOT, timeout=600)
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        return root / "dit4dit_robotwin_tiny"
+
+    full = run(tmp_path / "full")
+    cut = tmp_path / "cut" / full.name
+    shutil.copytree(full, cut)
+    shutil.rmtree(cut / "checkpoints/step_000004")
+    run(tmp_path / "cut", **{"trainer.resume": "auto"})
+    a, b = full / "checkpoints/step_000004", cut / "checkpoints/step_000004"
+    assert len(list((a / "state").rglob("*optim_states.pt"))) == 2  # really partitioned over 2 ranks
+    ema_a, ema_b, policy = load_file(a / EMA_FILE), load_file(b / EMA_FILE), load_file(a / "policy/model.safetensors")
+    assert all(torch.equal(ema_a[k], ema_b[k]) and torch.equal(policy[k], ema_a[k]) for k in ema_a)
+    live = live_weights(a)
+    assert any(not torch.equal(live[k], ema_a[k]) for k in ema_a)
