@@ -194,3 +194,28 @@ def test_eval_cli_merges_on_request(lora_run, tmp_path, capsys):
     assert ev.main(["--checkpoint", str(plain), "--output", str(tmp_path / "c"), "--merge-lora", *args]) == 2
     assert capsys.readouterr().err.strip().endswith("this policy has no LoRA adapter to merge")
     shutil.rmtree(plain)
+
+
+@pytest.mark.parametrize("checkpointing", [False, True], ids=["plain", "gradient-checkpointing"])
+def test_adapters_get_gradients_base_does_not(checkpointing):
+    """One real forward + backward: every adapter (in every block, also under diffusers'
+    gradient checkpointing) gets a gradient, no base transformer weight does."""
+    from dit4dit_npu.models import PromptCache, build_dit4dit, build_prompt_encoder
+    from dit4dit_npu.models.testing import make_batch, small_spec
+
+    cfg = load_config(TINY, [f"trainer.enable_gradient_checkpointing={str(checkpointing).lower()}",
+                             *(f"{k}={v}" for k, v in LORA.items())])
+    spec = small_spec(cfg, state_width=14, action_width=14, frame_size=(32, 96))
+    model = build_dit4dit(cfg, spec).train()
+    assert model.backbone.transformer.gradient_checkpointing is checkpointing
+    batch = make_batch(spec)
+    cache = PromptCache()
+    cache.build(batch.instruction, build_prompt_encoder(cfg))
+    model.set_prompt_cache(cache)
+    out = model(batch)
+    (out["action_loss"] + out["video_loss"]).backward()
+    named = dict(model.backbone.transformer.named_parameters())
+    adapters = {k: p for k, p in named.items() if ADAPTER_MARK in k}
+    assert adapters and all(p.grad is not None for p in adapters.values())
+    assert all(float(p.grad.abs().sum()) > 0 for k, p in adapters.items() if ".lora_B." in k)
+    assert all(p.grad is None and not p.requires_grad for k, p in named.items() if k not in adapters)
