@@ -277,6 +277,21 @@ def validate(cfg: Config) -> None:
     )
     need(finite(o.eps) and o.eps > 0, "trainer.optimizer.eps", o.eps, "> 0")
     need(finite(o.weight_decay) and o.weight_decay >= 0, "trainer.optimizer.weight_decay", o.weight_decay, ">= 0")
+    lora = c.lora
+    need(lora.rank >= 0, "framework.cosmos25.lora.rank", lora.rank, ">= 0 (0 = off)")
+    if lora.rank > 0:
+        need(lora.alpha is None or (finite(lora.alpha) and lora.alpha > 0), "framework.cosmos25.lora.alpha",
+             lora.alpha, "a number > 0, or null (= rank)")
+        need(finite(lora.dropout) and 0 <= lora.dropout < 1, "framework.cosmos25.lora.dropout", lora.dropout, "in [0, 1)")
+        need(bool(lora.target_modules) and all(lora.target_modules), "framework.cosmos25.lora.target_modules",
+             lora.target_modules, "module names of the transformer, e.g. [to_q, to_k, to_v, to_out.0]")
+        need(c.training != "action", "framework.cosmos25.lora.rank", lora.rank,
+             "0 with training 'action' (the transformer is frozen there; LoRA needs joint or video)")
+    ema = t.ema
+    if ema.decay is not None:
+        need(finite(ema.decay) and 0 < ema.decay < 1, "trainer.ema.decay", ema.decay, "in (0, 1), or null (= off)")
+    need(ema.start_step >= 0, "trainer.ema.start_step", ema.start_step, ">= 0")
+    need(ema.update_interval >= 1, "trainer.ema.update_interval", ema.update_interval, ">= 1")
     if a.repeated_diffusion_steps < 1:
         raise ConfigError("framework.action_model.repeated_diffusion_steps: expected >= 1")
     need(a.future_action_window_size >= 0, "framework.action_model.future_action_window_size",

@@ -41,6 +41,26 @@ class TinyCosmosConfig:
     seed: int = 0
 
 
+# CosmosTransformer3DModel's linears inside each block: self- and cross-attention projections and
+# the feed-forward (peft matches a name or a dotted suffix of a module path). The AdaLN-LoRA
+# modulation (norm*.linear_*), patch embedding and output head stay frozen: they are small, and
+# the conditioning they carry is what the pretrained video model is best at.
+DEFAULT_LORA_TARGETS = ["to_q", "to_k", "to_v", "to_out.0", "ff.net.0.proj", "ff.net.2"]
+
+
+@dataclass
+class LoraAdapterConfig:
+    """LoRA adapters on the Cosmos transformer through peft: only the adapters (and the action
+    head) train, the base transformer stays frozen. rank 0 = off (the whole transformer trains)."""
+
+    rank: int = 0
+    # Scale of the adapter output is alpha / rank; null = rank (scale 1).
+    alpha: float | None = None
+    dropout: float = 0.0
+    # Module names or dotted path suffixes inside the transformer (peft's target_modules).
+    target_modules: list[str] = field(default_factory=lambda: list(DEFAULT_LORA_TARGETS))
+
+
 @dataclass
 class Cosmos25Config:
     # A local Cosmos-Predict2.5-2B diffusers folder, or "tiny" for random tiny instances.
@@ -68,6 +88,7 @@ class Cosmos25Config:
     # Round the feature-pass sigma and the video-loss t to the transformer's compute dtype before
     # the time embedding, as DiT4DiT did (bf16: 0.99502486 -> 0.99609375; no effect in fp32).
     round_timesteps: bool = False
+    lora: LoraAdapterConfig = field(default_factory=LoraAdapterConfig)
 
 
 @dataclass
@@ -192,6 +213,21 @@ class LossScaleConfig:
 
 
 @dataclass
+class EMAConfig:
+    """Exponential moving average of the trainable weights (train/ema.py). With it on, held-out
+    evaluation and the exported policy use the average. decay null = off."""
+
+    # Each update: ema = decay * ema + (1 - decay) * weights. It averages over about
+    # update_interval / (1 - decay) steps (0.99, interval 1: the last ~100 steps).
+    decay: float | None = None
+    # Until this step (inclusive) the average just copies the weights: early weights, far from
+    # the final ones, never enter it.
+    start_step: int = 0
+    # Update every n optimizer steps (cheaper for huge models; the horizon grows by n).
+    update_interval: int = 1
+
+
+@dataclass
 class TrainerConfig:
     max_train_steps: int = 100_000
     num_warmup_steps: int = 5000
@@ -219,6 +255,7 @@ class TrainerConfig:
     keep_last_checkpoints: int = 2
     # Number of held-out samples scored at each eval_interval (0 = off).
     eval_samples: int = 32
+    ema: EMAConfig = field(default_factory=EMAConfig)
 
 
 @dataclass

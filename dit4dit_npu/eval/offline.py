@@ -233,6 +233,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--plot-episodes", type=int, default=3, help="episodes drawn in the action plots (default: 3)")
     p.add_argument("--base-model", default=None, help="override the base model path recorded at export")
     p.add_argument("--device", default=None, help="torch device (default: the detected accelerator)")
+    p.add_argument("--merge-lora", action="store_true", help="fold a LoRA policy's adapter into the base transformer at load (no adapter cost per step)")
     return p.parse_args(argv)
 
 
@@ -289,7 +290,9 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     check_args(args)
     out = output_dir(args.output, find_policy_dir(args.checkpoint))
     prepare_output(out)
-    policy = DiT4DiTPolicy.from_pretrained(args.checkpoint, device=args.device, base_model=args.base_model)
+    policy = DiT4DiTPolicy.from_pretrained(
+        args.checkpoint, device=args.device, base_model=args.base_model, merge_lora=args.merge_lora
+    )
     policy_dir = policy.path
     targets = resolve_targets(policy.info, args.data, args.episodes)
     ds = build_eval_dataset(policy, targets)

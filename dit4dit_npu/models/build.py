@@ -41,6 +41,7 @@ from dit4dit_npu.models.action_head import PRESETS, ActionHeadConfig, FlowMatchi
 from dit4dit_npu.models.cosmos import BackboneConfig, CosmosBackbone
 from dit4dit_npu.models.dit4dit import DiT4DiT, DiT4DiTConfig
 from dit4dit_npu.models.errors import ModelConfigError
+from dit4dit_npu.models.lora import LoraSettings, add_lora
 from dit4dit_npu.models.text import PromptEncoder
 
 TINY = "tiny"
@@ -68,6 +69,7 @@ RUN_KEYS = {
     "repeated_diffusion_steps": "framework.action_model.repeated_diffusion_steps",
     "attention_head_dim": "framework.cosmos25.tiny.attention_head_dim",
     "text_hidden_size": "framework.cosmos25.tiny.text_hidden_size",
+    "lora_target_modules": "framework.cosmos25.lora.target_modules",
 }
 
 
@@ -144,6 +146,15 @@ def dit4dit_config(cfg: Config) -> DiT4DiTConfig:
     )
 
 
+def lora_settings(cfg: Config) -> LoraSettings | None:
+    """The LoRA adapters of ``framework.cosmos25.lora``; None when off (rank 0)."""
+    lo = cfg.framework.cosmos25.lora
+    if lo.rank == 0:
+        return None
+    alpha = lo.alpha if lo.alpha is not None else float(lo.rank)
+    return LoraSettings(lo.rank, alpha, lo.dropout, tuple(lo.target_modules))
+
+
 def tiny_sizes(cfg: Config) -> tiny.TinySizes:
     return tiny.TinySizes(**dataclasses.asdict(cfg.framework.cosmos25.tiny))
 
@@ -157,11 +168,17 @@ def build_backbone(cfg: Config) -> CosmosBackbone:
     from diffusers import CosmosTransformer3DModel, UniPCMultistepScheduler
 
     p = base_model_folder(cfg, BACKBONE_PARTS)
-    # fp32 master weights for the trained transformer; autocast/DeepSpeed handle bf16 compute
-    transformer = load_weights(CosmosTransformer3DModel, p, "transformer", torch.float32)
+    lora = lora_settings(cfg)
+    # fp32 master weights for the trained transformer; autocast/DeepSpeed handle bf16 compute.
+    # Under LoRA the base transformer is frozen like the VAE (half the memory on accelerators);
+    # the adapters are fp32.
+    dtype = torch.float32 if lora is None else _frozen_dtype(cfg)
+    transformer = load_weights(CosmosTransformer3DModel, p, "transformer", dtype)
     vae = build_vae(cfg)
     scheduler = _load(UniPCMultistepScheduler, p, "scheduler")
     with _as_config_error():
+        if lora is not None:
+            add_lora(transformer, lora)
         return CosmosBackbone(transformer, vae, scheduler, backbone_config(cfg))
 
 
@@ -211,6 +228,9 @@ def build_skeleton(cfg: Config, spec: BatchSpec) -> DiT4DiT:
                 transformer = _from_config(CosmosTransformer3DModel, p, "transformer")
                 vae = _from_config(AutoencoderKLWan, p, "vae")
             scheduler = _load(UniPCMultistepScheduler, p, "scheduler")
+        if (lora := lora_settings(cfg)) is not None:
+            with torch.device("meta"):
+                add_lora(transformer, lora)
         backbone = CosmosBackbone(transformer, vae, scheduler, backbone_config(cfg))  # reads sigma: not on meta
         head = None
         if c.training != "video":

@@ -31,6 +31,7 @@ from dit4dit_npu.models.action_head import FlowMatchingActionHead
 from dit4dit_npu.models.cosmos import CosmosBackbone
 from dit4dit_npu.models.errors import ModelConfigError
 from dit4dit_npu.models.imagine import imagine
+from dit4dit_npu.models.lora import has_lora
 from dit4dit_npu.models.noise import InferenceNoise, TrainingNoise, noise_from
 from dit4dit_npu.models.pixels import to_vae_range
 from dit4dit_npu.models.text import PromptCache, PromptCacheError
@@ -236,18 +237,22 @@ class DiT4DiT(nn.Module):
     def _trainable_prefixes(self) -> tuple[str, ...]:
         # The frozen base (VAE always; the transformer in "action" mode) is referred to by path.
         prefixes = ("action_model.",) if self.action_model is not None else ()
-        if self.cfg.training != "action":
+        if self.cfg.training != "action" and not has_lora(self.backbone.transformer):
             prefixes = ("backbone.transformer.",) + prefixes
         return prefixes
 
-    def trainable_state_dict(self) -> dict[str, torch.Tensor]:
-        """Transformer (unless training "action") + action head: what an exported policy stores."""
+    def _trainable_params(self) -> dict[str, nn.Parameter]:
         pre = self._trainable_prefixes()
-        return {k: v.detach() for k, v in self.named_parameters() if k.startswith(pre)}
+        return {k: v for k, v in self.named_parameters() if k.startswith(pre)}
+
+    def trainable_state_dict(self) -> dict[str, torch.Tensor]:
+        """Transformer (unless training "action") + action head: what an exported policy stores
+        as its weights. A transformer carrying LoRA adapters contributes nothing here: its base is
+        frozen and its adapters are ``models/lora.py``'s ``adapter_state_dict``."""
+        return {k: v.detach() for k, v in self._trainable_params().items()}
 
     def load_trainable_state_dict(self, sd: dict[str, torch.Tensor], strict: bool = True) -> None:
-        pre = self._trainable_prefixes()
-        params = {k: v for k, v in self.named_parameters() if k.startswith(pre)}
+        params = self._trainable_params()
         missing = sorted(set(params) - set(sd))
         unexpected = sorted(set(sd) - set(params))
         if strict and (missing or unexpected):

@@ -3,7 +3,10 @@
     <policy>/policy.json               format_version, step, base model, datasets + held-out
                                        episodes, camera keys, sizes and dims (see export_policy)
     <policy>/config.yaml               the resolved training config
-    <policy>/model.safetensors         trainable weights only (transformer + action head)
+    <policy>/model.safetensors         trainable weights only (transformer + action head; the
+                                       action head only under LoRA)
+    <policy>/adapter/                  LoRA only: the transformer's adapter in peft's layout
+                                       (adapter_model.safetensors, adapter_config.json; adapter.py)
     <policy>/policy_io.json            every robot <-> model transform (cameras, sizes, state
                                        encoding, action normalization, padding) and the
                                        training data's statistics it was built from
@@ -25,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from dit4dit_npu.config import Config, ConfigError, dump_yaml, load_config
+from dit4dit_npu.policy.adapter import ADAPTER_WEIGHTS, adapter_problems, read_adapter, write_adapter
 from dit4dit_npu.policy.integrity import config_io_problems, feature_names, nonfinite_stats, nonfinite_weights
 from dit4dit_npu.transforms.policy_io import PolicyIO, PolicyIOError
 
@@ -67,6 +71,7 @@ def export_policy(
     """
     from safetensors.torch import save_file
 
+    from dit4dit_npu.models.lora import has_lora
     from dit4dit_npu.policy.prompts import save_prompt_cache
 
     out = Path(out_dir)
@@ -78,6 +83,8 @@ def export_policy(
         # Own, contiguous CPU storage per tensor: safetensors refuses shared/strided storage.
         weights = {k: v.detach().cpu().clone().contiguous() for k, v in model.trainable_state_dict().items()}
         save_file(weights, str(tmp / WEIGHTS), metadata={"format": "dit4dit_npu.policy", "step": str(step)})
+        if has_lora(model.backbone.transformer):
+            write_adapter(tmp, model.backbone.transformer, step)
         (tmp / CONFIG).write_text(dump_yaml(cfg))
         io.save(tmp / POLICY_IO)
         save_prompt_cache(prompt_cache, tmp / PROMPTS)
@@ -165,9 +172,13 @@ class LoadedPolicy:
     path: Path
 
 
-def load_policy_folder(policy_dir: str | Path, base_model: str | None = None) -> LoadedPolicy:
-    """Read and validate a policy folder and build its model on the CPU."""
+def load_policy_folder(policy_dir: str | Path, base_model: str | None = None, merge_lora: bool = False) -> LoadedPolicy:
+    """Read and validate a policy folder and build its model on the CPU. A LoRA policy loads
+    with its adapter on the base transformer; ``merge_lora`` folds the adapter into the base
+    weights (plain linears again: no adapter cost per step, the same function up to rounding)."""
     from dit4dit_npu.models import build_dit4dit, text_identity
+    from dit4dit_npu.models.lora import load_adapter_state_dict
+    from dit4dit_npu.models.lora import merge_lora as merge
     from dit4dit_npu.policy.prompts import load_prompt_cache
 
     path = find_policy_dir(policy_dir)
@@ -187,6 +198,16 @@ def load_policy_folder(policy_dir: str | Path, base_model: str | None = None) ->
         raise PolicyLoadError(str(e)) from None
     _check_io(path, cfg, io)
     weights = _read_weights(path, info)
+    problem = adapter_problems(path, cfg)
+    if problem is None and merge_lora and cfg.framework.cosmos25.lora.rank == 0:
+        problem = "merge_lora / --merge-lora: this policy has no LoRA adapter to merge"
+    if problem is not None:
+        raise PolicyLoadError(f"{path}: {problem}")
+    adapter = None
+    if cfg.framework.cosmos25.lora.rank > 0:
+        adapter, problem = read_adapter(path, info.get("step"))
+        if problem is not None:
+            raise PolicyLoadError(problem)
     try:
         model = build_dit4dit(cfg, io.spec)
     except ConfigError as e:
@@ -199,6 +220,13 @@ def load_policy_folder(policy_dir: str | Path, base_model: str | None = None) ->
             f"{path / WEIGHTS} does not fit the model of {path / CONFIG} and {path / POLICY_IO} "
             f"(state width {io.spec.state_width}, action width {io.spec.action_width}): {e}"
         ) from None
+    if adapter is not None:
+        try:
+            load_adapter_state_dict(model.backbone.transformer, adapter)
+        except (KeyError, ValueError) as e:
+            raise PolicyLoadError(f"{path / ADAPTER_WEIGHTS} does not fit the LoRA config of {path / CONFIG}: {e}") from None
+        if merge_lora:
+            merge(model.backbone.transformer)
     try:
         expect = text_identity(cfg)
     except ConfigError:  # a base folder without text_encoder/: the cached prompts are all we have

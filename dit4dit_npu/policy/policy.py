@@ -94,6 +94,7 @@ class DiT4DiTPolicy:
         device: torch.device | str | None = None,
         base_model: str | None = None,
         backbone_dtype: torch.dtype | None = None,
+        merge_lora: bool = False,
     ) -> DiT4DiTPolicy:
         """Load an exported policy folder (or a checkpoint / run folder that holds one).
 
@@ -101,9 +102,10 @@ class DiT4DiTPolicy:
         are referred to, never copied). ``backbone_dtype`` (e.g. ``torch.bfloat16`` on an
         accelerator) casts the video backbone for inference: half the memory and no per-op
         weight casts under autocast; the action head stays fp32. The default keeps the training
-        precision (fp32 weights + the config's autocast).
+        precision (fp32 weights + the config's autocast). ``merge_lora`` folds a LoRA policy's
+        adapter into the base transformer at load (no adapter cost per step).
         """
-        loaded = load_policy_folder(policy_dir, base_model=base_model)
+        loaded = load_policy_folder(policy_dir, base_model=base_model, merge_lora=merge_lora)
         target = torch.device(device) if device is not None else dev.get_device()
         if backbone_dtype is not None:
             if backbone_dtype not in (torch.float32, dev.autocast_dtype()):

@@ -357,6 +357,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--port", type=int, default=8000, help="TCP port (0 = any free port)")
     p.add_argument("--base-model", default=None, help="override the base model path recorded at export")
     p.add_argument("--bf16", action="store_true", help="cast the video backbone to bf16 (accelerators)")
+    p.add_argument("--merge-lora", action="store_true", help="fold a LoRA policy's adapter into the base transformer at load (no adapter cost per step)")
     p.add_argument("--max-message-mb", type=float, default=DEFAULT_MAX_MESSAGE_BYTES / 2**20,
                    help="largest request answered, in MiB (default: %(default)g); bigger ones get an error")
     p.add_argument("--max-batch", type=int, default=DEFAULT_MAX_BATCH,
@@ -398,7 +399,8 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     try:
         policy = DiT4DiTPolicy.from_pretrained(
-            args.checkpoint, base_model=args.base_model, backbone_dtype=torch.bfloat16 if args.bf16 else None
+            args.checkpoint, base_model=args.base_model, backbone_dtype=torch.bfloat16 if args.bf16 else None,
+            merge_lora=args.merge_lora,
         )
     except PolicyLoadError as e:
         print(f"error: {e}", file=sys.stderr)

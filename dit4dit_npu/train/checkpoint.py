@@ -9,6 +9,7 @@ Layout of a run folder::
         policy/                         exported policy folder (inference only needs this)
         fingerprint.json                config and data a resume must agree with
         trainer_state.pt                step, LR scheduler, data cursor, world size
+        ema.safetensors                 the EMA of the trainable weights (trainer.ema on only)
         manifest.json                   every file above with its size (written last)
     <run_dir>/checkpoints/.tmp-step_000100/       a save in progress; never read
     <run_dir>/checkpoints/.old-step_000100/       the copy a commit is replacing
@@ -64,6 +65,8 @@ def fingerprint(cfg: Config) -> dict[str, Any]:
         "trainer.gradient_accumulation_steps": cfg.trainer.gradient_accumulation_steps,
         "trainer.learning_rate": cfg.trainer.learning_rate,
         "trainer.freeze_modules": cfg.trainer.freeze_modules,
+        # A resume continues the average it saved: its settings (and whether it exists) must agree.
+        "trainer.ema": to_dict(cfg.trainer.ema),
     }
 
 

@@ -140,11 +140,16 @@ def building_outside_deepspeed(accelerator) -> Iterator[None]:
         plugin.set_deepspeed_weakref()
 
 
+def zero_stage(accelerator) -> int | None:
+    """The DeepSpeed ZeRO stage, or None without DeepSpeed."""
+    plugin = accelerator.state.deepspeed_plugin
+    return None if plugin is None else plugin.zero_stage
+
+
 def gathered_parameters(accelerator, module):
     """Under ZeRO-3 each rank holds a shard of every weight: gather them (collective: every rank
     enters) so rank 0 can export whole tensors. A no-op for ZeRO-2 and without DeepSpeed."""
-    plugin = accelerator.state.deepspeed_plugin
-    if plugin is None or plugin.zero_stage != 3:
+    if zero_stage(accelerator) != 3:
         return contextlib.nullcontext()
     import deepspeed
 

@@ -19,9 +19,10 @@ from pathlib import Path
 import torch
 
 from dit4dit_npu.batch import Batch
-from dit4dit_npu.config import Config
+from dit4dit_npu.config import Config, ConfigError
 from dit4dit_npu.train import checkpoint as ckpt_io
 from dit4dit_npu.train import distributed
+from dit4dit_npu.train.ema import EMA, EMA_FILE
 from dit4dit_npu.train.errors import TrainingError
 from dit4dit_npu.train.evaluate import held_out_action_mse
 from dit4dit_npu.train.metrics import MetricsLogger, Window, plot_losses, truncate_metrics
@@ -37,6 +38,16 @@ def data_fingerprint(data) -> dict:
     return ckpt_io.data_fingerprint(split, data.io.to_dict())
 
 
+def check_ema_supported(cfg: Config, accelerator) -> None:
+    """EMA averages the module's whole parameters, which ZeRO-3 never holds: each rank keeps a
+    shard of every weight and the module only empty placeholders outside a gather."""
+    if cfg.trainer.ema.decay is not None and distributed.zero_stage(accelerator) == 3:
+        raise ConfigError(
+            f"trainer.ema: not supported with ZeRO-3 ({cfg.trainer.deepspeed_config}); "
+            "use ZeRO-2 or set trainer.ema.decay=null"
+        )
+
+
 class Trainer:
     def __init__(self, cfg: Config, accelerator, model, data, prompt_cache, run_dir: Path):
         """Build the optimizer and LR schedule and hand the model to accelerate/DeepSpeed."""
@@ -47,6 +58,7 @@ class Trainer:
         # The schedule steps the plain optimizer once per update (never per micro-batch).
         self.scheduler = build_scheduler(optimizer, cfg.trainer)
         self.model, self.optimizer = accelerator.prepare(model, optimizer)
+        self.ema = self._build_ema(cfg, accelerator, distributed.unwrap(self.model))
         vla = cfg.datasets.vla_data
         self.stream = BatchStream(
             data.train_dataset, data.sampler, vla.per_device_batch_size, vla.num_workers, cfg.seed, self._collate
@@ -72,6 +84,13 @@ class Trainer:
         state = ckpt_io.read_trainer_state(ckpt)
         self.global_step = state["step"]
         self.scheduler.load_state_dict(state["scheduler"])
+        if self.ema is not None:
+            if not (ckpt / EMA_FILE).is_file():
+                raise TrainingError(
+                    f"{ckpt / EMA_FILE} is missing: {ckpt} was saved without trainer.ema; resume it with "
+                    "trainer.ema.decay=null, or start a new run (another run_id)"
+                )
+            self.ema.load(ckpt)
         self.stream.load_state_dict(state["sampler"])
         saved_world = int(state.get("world_size", self.accelerator.num_processes))
         if saved_world != self.accelerator.num_processes:
@@ -109,6 +128,8 @@ class Trainer:
             self._nonfinite += (~torch.isfinite(out["total_loss"].detach())).float()
         self.scheduler.step()
         self.global_step += 1
+        if self.ema is not None:
+            self.ema.update(self.global_step)
         self._window.steps += 1
         if self._progress is not None:
             self._progress.update(1)
@@ -141,8 +162,9 @@ class Trainer:
         w.reset()
 
     def evaluate(self) -> None:
-        """Held-out action MSE in eval mode (``evaluate.py``), logged as ``val/action_mse``."""
-        with self._window.paused():
+        """Held-out action MSE in eval mode (``evaluate.py``), logged as ``val/action_mse``; of the
+        EMA weights when ``trainer.ema`` is on (the weights the exported policy holds)."""
+        with self._window.paused(), self._averaged():
             t = self.cfg.trainer
             metrics = held_out_action_mse(
                 distributed.unwrap(self.model),
@@ -192,7 +214,10 @@ class Trainer:
     def _write_rest(self, tmp: Path, step: int) -> None:
         if not self.is_main:
             return
-        self._export_policy(tmp / "policy")
+        with self._averaged():
+            self._export_policy(tmp / "policy")
+        if self.ema is not None:
+            self.ema.save(tmp)
         world = self.accelerator.num_processes
         ckpt_io.write_trainer_state(
             tmp, self.cfg, data_fingerprint(self.data), step, self.scheduler, self.stream.state_dict(), world
@@ -252,6 +277,19 @@ class Trainer:
         self.accelerator.wait_for_everyone()
 
     # ------------------------------------------------------------------ internals
+
+    @staticmethod
+    def _build_ema(cfg: Config, accelerator, model) -> EMA | None:
+        """The average of the trainable weights of the (unwrapped) model, or None when off."""
+        if cfg.trainer.ema.decay is None:
+            return None
+        check_ema_supported(cfg, accelerator)
+        return EMA(model, cfg.trainer.ema)
+
+    def _averaged(self):
+        """The EMA weights in the model for the body (live weights restored exactly after), or
+        nothing to do when EMA is off."""
+        return self.ema.swapped() if self.ema is not None else contextlib.nullcontext()
 
     def _stop_if_nonfinite(self) -> None:
         # Collective (every rank reaches it at the same steps): one diverged rank stops them all,
