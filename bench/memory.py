@@ -219,6 +219,7 @@ def main() -> None:
     p.add_argument("--instructions", type=int, default=None, help="distinct instructions (default: one per dataset)")
     p.add_argument("--cards", type=float, nargs="+", default=[64, 141], help="card sizes in GB")
     p.add_argument("--latent-cache", action="store_true", help="plan a run from a latent cache (no VAE encode)")
+    p.add_argument("--ema", action="store_true", help="plan trainer.ema on (also on when the config sets it)")
     p.add_argument("--check", action="store_true", help="also measure one real step and compare (see check())")
     p.add_argument("--threads", type=int, default=2)
     args = p.parse_args()
@@ -258,6 +259,11 @@ def main() -> None:
     if cfg.framework.cosmos25.training == "action":  # frozen, fp32, outside the optimizer (whole under ZeRO-2)
         share = 1 if args.zero != 3 else args.world_size
         rows.insert(1, ("frozen transformer (fp32)", 4 * counts["transformer"] / share, "training: action"))
+    if (args.ema or cfg.trainer.ema.decay is not None) and args.zero == 3:
+        p.error("trainer.ema is refused under ZeRO-3 (no rank holds whole weights); plan it with --zero 2 or 0")
+    if args.ema or cfg.trainer.ema.decay is not None:  # train/ema.py: fp32, each rank owns 1/world (ZeRO-2)
+        share = args.world_size if args.zero else 1
+        rows.append(("EMA of the trained weights (fp32)", 4 * sum(trained) / share, f"1/{share} per rank, trainer.ema"))
     cache = n_instr * cfg.framework.cosmos25.max_sequence_length * 28 * 3584 * 2
     on_card = cache <= PROMPT_CACHE_ON_DEVICE_BYTES
     rows.append(("prompt cache (bf16)", cache if on_card else 0.0,

@@ -13,7 +13,7 @@ from test_train import TINY, demo_root, run_train, run_training, tiny_overrides 
 from torch import nn
 
 from dit4dit_npu.config import EMAConfig, load_config
-from dit4dit_npu.train.ema import EMA, EMA_FILE
+from dit4dit_npu.train.ema import EMA, EMA_FILE, deal_out
 from dit4dit_npu.train.metrics import read_metrics
 
 
@@ -64,10 +64,31 @@ def test_swapped_puts_the_average_in_and_the_live_weights_back_exactly():
     assert all(torch.equal(v, live[k]) for k, v in model.state_dict().items())
 
     other = EMA(two_layer_model(), EMAConfig(decay=0.5))
-    other.load_state_dict(ema.state_dict())
+    other.load_state_dict(ema.full_state_dict())
     assert all(torch.equal(other.shadow[k], ema.shadow[k]) for k in ema.shadow)
     with pytest.raises(KeyError, match=r"1 missing \(e.g. \['0.bias'\]\)"):
-        other.load_state_dict({k: v for k, v in ema.state_dict().items() if k != "0.bias"})
+        other.load_state_dict({k: v for k, v in ema.full_state_dict().items() if k != "0.bias"})
+
+
+def test_ranks_average_disjoint_shards_that_make_up_the_whole_average():
+    sizes = {"a": 100, "b": 60, "c": 50, "d": 10, "e": 1}
+    owner = deal_out(sizes, 2)
+    assert owner == deal_out(dict(reversed(sizes.items())), 2)  # the same table on every rank
+    assert sorted(sum(sizes[n] for n in sizes if owner[n] == r) for r in (0, 1)) == [110, 111]  # largest first, to the lighter rank
+    assert set(deal_out(sizes, 8).values()) == {0, 1, 2, 3, 4}  # more ranks than tensors: some own none
+
+    model, cfg = two_layer_model(), EMAConfig(decay=0.8, start_step=1)
+    whole, shards = EMA(model, cfg), [EMA(model, cfg, rank=r, world=2) for r in (0, 1)]
+    for step, w in enumerate([1.0, 3.0, -2.0], start=1):
+        set_weights(model, w)
+        for e in (whole, *shards):
+            e.update(step)
+    assert not set(shards[0].shadow) & set(shards[1].shadow)
+    assert sorted([*shards[0].shadow, *shards[1].shadow]) == sorted(whole.shadow)
+    for e in shards:
+        assert all(torch.equal(t, whole.shadow[n]) for n, t in e.shadow.items())
+    shards[1].load_state_dict(whole.full_state_dict())  # a checkpoint's whole average: keeps its shard
+    assert all(torch.equal(t, whole.shadow[n]) for n, t in shards[1].shadow.items())
 
 
 # -- real training runs -------------------------------------------------------------------------
@@ -151,8 +172,8 @@ def test_ema_on_zero3_and_resume_without_ema_file_are_one_line_errors(tmp_path, 
 
 @pytest.mark.slow
 def test_two_process_zero2_ema_resumes_exactly(tmp_path, demo_root):  # noqa: F811
-    """Under DeepSpeed ZeRO-2 on 2 ranks every rank averages its whole module weights; rank 0's
-    average is saved and both ranks continue it after a resume, bit-exactly."""
+    """Under DeepSpeed ZeRO-2 on 2 ranks each rank averages its shard of the weights; the shards
+    meet in the saved average and the exported policy, and a resume continues them bit-exactly."""
     import subprocess
     import sys
 

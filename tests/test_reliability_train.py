@@ -331,3 +331,21 @@ def test_dataloader_worker_errors_come_back_as_one_line(tmp_path):
         stream.next()
     msg = str(e.value)
     assert re.fullmatch(r"cannot open video .+\.mp4 \(truncated or corrupt mp4\?\): .+", msg) and "\n" not in msg
+
+
+def test_a_start_refused_after_the_folder_check_leaves_no_run_folder(tmp_path, data_root):
+    """A fresh run refused once its folder exists (here: a latent cache that is not one) takes
+    the folder it created away again; a folder that was there before stays, with its content."""
+    garbage = tmp_path / "not_a_cache"
+    garbage.mkdir()
+    bad = {"datasets.vla_data.latent_cache": garbage}
+    r = train(overrides(tmp_path / "runs", data_root, **bad))
+    assert r.returncode != 0 and "not a latent cache" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "runs" / RUN).exists()
+
+    mine = tmp_path / "runs2" / RUN
+    mine.mkdir(parents=True)
+    (mine / "notes.txt").write_text("mine")
+    r = train(overrides(tmp_path / "runs2", data_root, **bad))
+    assert r.returncode != 0
+    assert sorted(p.name for p in mine.iterdir()) == ["notes.txt"]

@@ -18,7 +18,7 @@ from dit4dit_npu.train.errors import TrainingError, user_errors
 from dit4dit_npu.train.optim import freeze_modules
 from dit4dit_npu.train.prompt_cache import prepare_prompt_cache
 from dit4dit_npu.train.resume import check_data
-from dit4dit_npu.train.run_folder import open_run, record_config
+from dit4dit_npu.train.run_folder import RunFolder, discard_if_unused, open_run, record_config
 from dit4dit_npu.train.trainer import Trainer, check_ema_supported, data_fingerprint
 
 __all__ = ["TrainingError", "train", "user_errors"]
@@ -39,6 +39,14 @@ def train(cfg: Config) -> Path:
 def _train(cfg: Config, accelerator) -> Path:
     check_ema_supported(cfg, accelerator)  # before the run folder is touched
     run = open_run(cfg, accelerator.is_main_process, accelerator.wait_for_everyone)
+    try:
+        return _run(cfg, accelerator, run)
+    except BaseException:
+        discard_if_unused(run, accelerator.is_main_process)
+        raise
+
+
+def _run(cfg: Config, accelerator, run: RunFolder) -> Path:
     accelerator.print(
         f"run folder: {run.path.resolve()} | {device.describe()} | processes: {accelerator.num_processes}"
         f" | mixed precision: {accelerator.mixed_precision}"

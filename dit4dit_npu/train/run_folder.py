@@ -26,10 +26,13 @@ from dit4dit_npu.train import resume
 class RunFolder:
     path: Path
     resume_from: Path | None  # the checkpoint to continue from; None for a fresh run
+    created: bool = False  # this run made the folder (it may take it away again, see discard_if_unused)
 
 
 def open_run(cfg: Config, is_main: bool, barrier: Callable[[], None] = lambda: None) -> RunFolder:
     path = cfg.run_dir
+    created = not path.exists()
+    barrier()  # every rank looked before any rank creates it
     _check_writable(path)
     if is_main:  # before choosing: a kill inside a commit may have left the only copy aside
         for line in ckpt_io.clean_stale(path):
@@ -50,13 +53,26 @@ def open_run(cfg: Config, is_main: bool, barrier: Callable[[], None] = lambda: N
         if point.damaged:
             _say(f"resume: falling back to {point.path}")
     barrier()
-    return RunFolder(path, point.path)
+    return RunFolder(path, point.path, created)
 
 
 def record_config(cfg: Config, run: RunFolder, is_main: bool) -> None:
     """``config.yaml``, only once the run is known to be valid (config and data checked)."""
     if is_main:
         save_config(cfg, run.path / "config.yaml")
+
+
+def discard_if_unused(run: RunFolder, is_main: bool) -> None:
+    """A run that this call created and that failed before writing anything but its config
+    leaves no folder behind (a refused start writes nothing); any other content stays."""
+    if not (is_main and run.created):
+        return
+    try:
+        if [p.name for p in run.path.iterdir()] == ["config.yaml"]:
+            (run.path / "config.yaml").unlink()
+        run.path.rmdir()  # only when empty
+    except OSError:
+        pass
 
 
 def _say(line: str) -> None:

@@ -195,9 +195,11 @@ class Trainer:
                 # DeepSpeed's own barrier still leaves the others waiting there).
                 error = self._on_every_rank(lambda: distributed.save_state(acc, tmp / "state"))
             if error is None:
-                # Collective (ZeRO-3 gathers for the export), so entered by every rank.
-                with distributed.gathered_parameters(acc, distributed.unwrap(self.model)):
-                    error = self._on_every_rank(lambda: self._write_rest(tmp, step))
+                # Collective (ZeRO-3 gathers for the export; the EMA shards meet on rank 0 and in
+                # the model for the export), so entered by every rank.
+                with distributed.gathered_parameters(acc, distributed.unwrap(self.model)), self._averaged():
+                    ema = self.ema.full_state_dict() if self.ema is not None else None
+                    error = self._on_every_rank(lambda: self._write_rest(tmp, step, ema))
             if error is not None:
                 if self.is_main:
                     shutil.rmtree(tmp, ignore_errors=True)
@@ -211,13 +213,13 @@ class Trainer:
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
 
-    def _write_rest(self, tmp: Path, step: int) -> None:
+    def _write_rest(self, tmp: Path, step: int, ema: dict[str, torch.Tensor] | None) -> None:
+        """Rank 0's part of a save; the model holds the EMA weights when on (see ``save``)."""
         if not self.is_main:
             return
-        with self._averaged():
-            self._export_policy(tmp / "policy")
-        if self.ema is not None:
-            self.ema.save(tmp)
+        self._export_policy(tmp / "policy")
+        if ema is not None:
+            EMA.save(ema, tmp)
         world = self.accelerator.num_processes
         ckpt_io.write_trainer_state(
             tmp, self.cfg, data_fingerprint(self.data), step, self.scheduler, self.stream.state_dict(), world
@@ -284,7 +286,7 @@ class Trainer:
         if cfg.trainer.ema.decay is None:
             return None
         check_ema_supported(cfg, accelerator)
-        return EMA(model, cfg.trainer.ema)
+        return EMA(model, cfg.trainer.ema, accelerator.process_index, accelerator.num_processes)
 
     def _averaged(self):
         """The EMA weights in the model for the body (live weights restored exactly after), or
