@@ -194,6 +194,8 @@ def test_bad_input_one_line_exit_2(tmp_path: Path, capsys, policy_dir: Path) -> 
         (["--policy", "hold", "--size", "31x40"], "--size: height and width must be even"),
         (["--policy", "hold", "--episodes", "0"], "--episodes: expected >= 1, got 0"),
         (["--policy", str(policy_dir), "--replan", "9"], "--replan 9 exceeds the policy's chunk length 8"),
+        (["--policy", "hold", "--merge-lora"], "--merge-lora: applies to a policy folder, not hold"),
+        (["--policy", str(policy_dir), "--merge-lora"], "this policy has no LoRA adapter to merge"),
         (["--policy", f"ws://127.0.0.1:{free_port()}", "--connect-timeout", "0.5"], "server unreachable"),
     ]
     for args, message in cases:

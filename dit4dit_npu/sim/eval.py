@@ -45,6 +45,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--videos", type=int, default=2, help="mp4s of the first N episodes")
     p.add_argument("--workers", type=int, default=1, help="parallel worker processes (each: scene + policy)")
     p.add_argument("--connect-timeout", type=float, default=30.0, help="seconds to wait for a ws:// server")
+    p.add_argument(
+        "--merge-lora", action="store_true", help="fold a LoRA policy folder's adapter into the base transformer at load"
+    )
     p.add_argument("--output", required=True, type=Path)
     return p.parse_args(argv)
 
@@ -85,6 +88,7 @@ def make_setup(a: argparse.Namespace) -> EvalSetup:
         video_seeds=tuple(seeds[: a.videos]),
         threads=max(1, cores // workers) if workers > 1 else None,
         connect_timeout_s=a.connect_timeout,
+        merge_lora=a.merge_lora,
     )
 
 

@@ -77,7 +77,7 @@ class FolderPolicy:
     """A policy folder loaded in this process (each eval worker loads its own copy: for a large
     model serve it once and point the workers at ``ws://``)."""
 
-    def __init__(self, path: str, threads: int | None = None) -> None:
+    def __init__(self, path: str, threads: int | None = None, merge_lora: bool = False) -> None:
         import torch
 
         from dit4dit_npu.policy import DiT4DiTPolicy
@@ -86,7 +86,7 @@ class FolderPolicy:
         if threads:
             torch.set_num_threads(threads)
         try:
-            self._policy = DiT4DiTPolicy.from_pretrained(path)
+            self._policy = DiT4DiTPolicy.from_pretrained(path, merge_lora=merge_lora)
         except (PolicyLoadError, FileNotFoundError, NotADirectoryError) as e:
             raise SimError(f"--policy {path}: {e}") from None
         self.name, self.metadata = path, self._policy.metadata
@@ -146,9 +146,11 @@ class RemotePolicy:
 
 
 def make_policy(
-    spec: str, threads: int | None = None, connect_timeout_s: float = CONNECT_TIMEOUT_S
+    spec: str, threads: int | None = None, connect_timeout_s: float = CONNECT_TIMEOUT_S, merge_lora: bool = False
 ) -> SimPolicy:
     """``expert`` | ``hold`` | ``ws://host:port`` | a policy folder -> a checked policy."""
+    if merge_lora and (spec in ("expert", "hold") or spec.startswith(("ws://", "wss://"))):
+        raise SimError(f"--merge-lora: applies to a policy folder, not {spec} (serve a LoRA policy with --merge-lora)")
     if spec == "expert":
         return ExpertPolicy()
     if spec == "hold":
@@ -156,7 +158,7 @@ def make_policy(
     if spec.startswith(("ws://", "wss://")):
         policy: SimPolicy = RemotePolicy(spec, connect_timeout_s)
     else:
-        policy = FolderPolicy(spec, threads)
+        policy = FolderPolicy(spec, threads, merge_lora)
     check_compatible(policy.name, policy.metadata)
     return policy
 

@@ -32,6 +32,7 @@ class EvalSetup:
     video_seeds: tuple[int, ...] = ()
     threads: int | None = None  # torch threads per worker (parallel workers share the cores)
     connect_timeout_s: float = 30.0
+    merge_lora: bool = False  # a LoRA policy folder: fold its adapter into the base at load
 
 
 def default_size(metadata: dict[str, Any]) -> tuple[int, int]:
@@ -48,7 +49,7 @@ class Worker:
         from dit4dit_npu.sim.scene import AlohaScene
 
         self.setup = setup
-        self.policy = make_policy(setup.policy, setup.threads, setup.connect_timeout_s)
+        self.policy = make_policy(setup.policy, setup.threads, setup.connect_timeout_s, setup.merge_lora)
         chunk = self.policy.metadata.get("chunk_length")
         if setup.replan is not None and chunk and setup.replan > chunk:
             raise SimError(f"--replan {setup.replan} exceeds the policy's chunk length {chunk}")
