@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from dit4dit_npu.config import Config
-from dit4dit_npu.policy.integrity import nonfinite_weights
+from dit4dit_npu.policy.integrity import read_weights
 
 ADAPTER_DIR = "adapter"
 ADAPTER_WEIGHTS = f"{ADAPTER_DIR}/adapter_model.safetensors"  # peft's SAFETENSORS_WEIGHTS_NAME
@@ -71,22 +71,4 @@ def adapter_problems(folder: Path, cfg: Config) -> str | None:
 def read_adapter(folder: Path, step: Any) -> tuple[dict[str, Any] | None, str | None]:
     """(adapter weights, None), or (None, one line saying what is wrong): readable, finite, and
     of the step ``policy.json`` records."""
-    from safetensors import safe_open
-
-    file = folder / ADAPTER_WEIGHTS
-    try:
-        with safe_open(str(file), framework="pt") as f:
-            meta = f.metadata() or {}
-            weights = {k: f.get_tensor(k) for k in f.keys()}
-    except Exception as e:  # safetensors raises its own error types for a truncated/damaged file
-        return None, f"{file}: not a readable safetensors file ({e})"
-    saved_step = meta.get("step")
-    if saved_step is not None and str(saved_step) != str(step):
-        return None, (
-            f"{file} holds the adapter of step {saved_step} but {folder / 'policy.json'} records step "
-            f"{step!r} (files of different checkpoints mixed?)"
-        )
-    bad = nonfinite_weights(weights)
-    if bad:
-        return None, f"{file}: {bad}; refusing a policy whose actions would be non-finite"
-    return weights, None
+    return read_weights(folder / ADAPTER_WEIGHTS, step, folder / "policy.json", "adapter")

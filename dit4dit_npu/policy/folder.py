@@ -29,7 +29,7 @@ from typing import Any
 
 from dit4dit_npu.config import Config, ConfigError, dump_yaml, load_config
 from dit4dit_npu.policy.adapter import ADAPTER_WEIGHTS, adapter_problems, read_adapter, write_adapter
-from dit4dit_npu.policy.integrity import config_io_problems, feature_names, nonfinite_stats, nonfinite_weights
+from dit4dit_npu.policy.integrity import config_io_problems, feature_names, nonfinite_stats, read_weights
 from dit4dit_npu.transforms.policy_io import PolicyIO, PolicyIOError
 
 FORMAT_VERSION = 2  # 2: policy_io.json replaces normalizer.json
@@ -254,22 +254,7 @@ def _check_io(path: Path, cfg: Config, io: PolicyIO) -> None:
 
 def _read_weights(path: Path, info: dict[str, Any]) -> dict[str, Any]:
     """model.safetensors, readable, finite, and of the step policy.json records."""
-    from safetensors import safe_open
-
-    file = path / WEIGHTS
-    try:
-        with safe_open(str(file), framework="pt") as f:
-            meta = f.metadata() or {}
-            weights = {k: f.get_tensor(k) for k in f.keys()}
-    except Exception as e:  # safetensors raises its own error types for a truncated/damaged file
-        raise PolicyLoadError(f"{file}: not a readable safetensors file ({e})") from None
-    saved_step = meta.get("step")
-    if saved_step is not None and str(saved_step) != str(info.get("step")):
-        raise PolicyLoadError(
-            f"{file} holds the weights of step {saved_step} but {path / POLICY_JSON} records step "
-            f"{info.get('step')!r} (files of different checkpoints mixed?)"
-        )
-    bad = nonfinite_weights(weights)
-    if bad:
-        raise PolicyLoadError(f"{file}: {bad}; refusing a policy whose actions would be non-finite")
+    weights, problem = read_weights(path / WEIGHTS, info.get("step"), path / POLICY_JSON, "weights")
+    if problem is not None:
+        raise PolicyLoadError(problem)
     return weights

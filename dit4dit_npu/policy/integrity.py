@@ -106,3 +106,27 @@ def feature_names(dataset_paths: Sequence[str | Path], key: str, dim: int) -> li
         if isinstance(names, list) and len(names) == dim and all(isinstance(n, str) for n in names):
             return names
     return None
+
+
+def read_weights(file: Path, step: Any, policy_json: Path, what: str) -> tuple[dict[str, Any] | None, str | None]:
+    """(weights, None), or (None, one line saying what is wrong): ``file`` is a readable
+    safetensors file of the step ``policy_json`` records, and every tensor in it is finite.
+    ``what`` names its content in the message ("weights", "adapter")."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(file), framework="pt") as f:
+            meta = f.metadata() or {}
+            weights = {k: f.get_tensor(k) for k in f.keys()}
+    except Exception as e:  # safetensors raises its own error types for a truncated/damaged file
+        return None, f"{file}: not a readable safetensors file ({e})"
+    saved_step = meta.get("step")
+    if saved_step is not None and str(saved_step) != str(step):
+        return None, (
+            f"{file} holds the {what} of step {saved_step} but {policy_json} records step {step!r} "
+            "(files of different checkpoints mixed?)"
+        )
+    bad = nonfinite_weights(weights)
+    if bad:
+        return None, f"{file}: {bad}; refusing a policy whose actions would be non-finite"
+    return weights, None
