@@ -203,3 +203,16 @@ def test_our_reader_reads_lerobots_stats_json(roots: dict[str, Path], tmp_path: 
     cam = stats["observation.images.cam_high"]
     assert sorted(cam) == sorted(STATS) and cam["q50"].shape == (3, 1, 1) and cam["count"].tolist() == [24]
     assert stats["frame_index"]["max"].dtype == np.float64 and stats["frame_index"]["max"].tolist() == [11.0]
+
+
+@pytest.mark.parametrize("version", ["v2.1", "v3.0"])
+def test_modality_json_names_the_14d_layout_and_real_video_keys(roots: dict[str, Path], version: str) -> None:
+    """starVLA/GR00T loaders slice state/action by modality.json and find videos by original_key."""
+    root = roots[version]
+    modality = json.loads((root / "meta" / "modality.json").read_text())
+    features = json.loads((root / "meta" / "info.json").read_text())["features"]
+    for part in ("state", "action"):
+        spans = sorted((r["start"], r["end"]) for r in modality[part].values())
+        assert spans == [(0, 6), (6, 7), (7, 13), (13, 14)]  # contiguous, covering all 14 dims
+    assert sorted(modality["video"]) == sorted(CAMERAS)
+    assert all(v["original_key"] in features for v in modality["video"].values())

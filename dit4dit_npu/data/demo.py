@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
-from dit4dit_npu.data.writer import DatasetSpec, Episode, LeRobotWriter
+from dit4dit_npu.data.writer import DatasetSpec, Episode, LeRobotWriter, aloha_modality
 
 ARM_JOINTS = ("waist", "shoulder", "elbow", "forearm_roll", "wrist_angle", "wrist_rotate")
 MOTORS = (
@@ -186,22 +186,6 @@ def render(
 # -- writing --------------------------------------------------------------------------------
 
 
-def _modality() -> dict:
-    """starVLA/GR00T's modality.json for RoboTwin (written so those loaders accept the demo too)."""
-    parts = {
-        "left_joints": (0, 6),
-        "left_gripper": (6, 7),
-        "right_joints": (7, 13),
-        "right_gripper": (13, 14),
-    }
-    return {
-        "state": {k: {"start": s, "end": e} for k, (s, e) in parts.items()},
-        "action": {k: {"start": s, "end": e} for k, (s, e) in parts.items()},
-        "video": {c: {"original_key": f"observation.images.{c}"} for c in CAMERAS},
-        "annotation": {"human.action.task_description": {"original_key": "task_index"}},
-    }
-
-
 def demo_frames(ep: Episode, first: int, size_hw: tuple[int, int], seed: int = 0) -> dict[str, np.ndarray]:
     """Every camera's uint8 (T, H, W, 3) frames of an episode whose first frame has ``index`` ``first``."""
     goals = [task_goal(ep.task_index, seed, phase) for phase in (0, 1)]
@@ -249,7 +233,7 @@ def write_demo_dataset(
         motors=MOTORS,
         codec=codec,
         gop=gop,
-        extra_meta={"modality.json": _modality()},
+        extra_meta={"modality.json": aloha_modality([f"observation.images.{c}" for c in CAMERAS])},
     )
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"

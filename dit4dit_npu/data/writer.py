@@ -33,6 +33,24 @@ from dit4dit_npu.data.video import Mp4Writer, write_mp4
 CODEC_NAMES = {"libx264": "h264", "libsvtav1": "av1", "libaom-av1": "av1", "mpeg4": "mpeg4"}
 
 
+def aloha_modality(video_keys: Sequence[str]) -> dict:
+    """starVLA/GR00T's ``modality.json`` for the 14-d bimanual layout (RoboTwin's aloha-agilex and
+    gym-aloha alike: [left 6, left gripper, right 6, right gripper]), so those loaders accept the
+    datasets written here too. ``video_keys``: full keys, ``observation.images.<name>``."""
+    parts = {"left_joints": (0, 6), "left_gripper": (6, 7), "right_joints": (7, 13), "right_gripper": (13, 14)}
+    return {
+        "state": {k: {"start": s, "end": e} for k, (s, e) in parts.items()},
+        "action": {k: {"start": s, "end": e} for k, (s, e) in parts.items()},
+        "video": {k.split(".")[-1]: {"original_key": k} for k in video_keys},
+        "annotation": {"human.action.task_description": {"original_key": "task_index"}},
+    }
+
+
+def _check_version(version: str) -> None:
+    if version not in ("v2.1", "v3.0"):
+        raise ValueError(f"version must be 'v2.1' or 'v3.0', got {version!r}")
+
+
 @dataclass
 class Episode:
     states: np.ndarray  # (T, D) float32
@@ -178,8 +196,7 @@ class LeRobotWriter:
         eps_per_video_file: int = 3,
         files_per_chunk: int = 2,
     ) -> None:
-        if version not in ("v2.1", "v3.0"):
-            raise ValueError(f"version must be 'v2.1' or 'v3.0', got {version!r}")
+        _check_version(version)
         self.root, self.version, self.spec = Path(root), version, spec
         self.per_data, self.per_video, self.chunk = eps_per_data_file, eps_per_video_file, files_per_chunk
         (self.root / "meta").mkdir(parents=True)
@@ -400,8 +417,7 @@ def write_lerobot_dataset(
     files_per_chunk: int = 2,
 ) -> None:
     """Write ``episodes`` and ``frames[video_key][episode]`` (uint8 (T, H, W, 3)) to a new ``root``."""
-    if version not in ("v2.1", "v3.0"):
-        raise ValueError(f"version must be 'v2.1' or 'v3.0', got {version!r}")
+    _check_version(version)
     if not episodes:
         raise ValueError("no episodes to write")
     with LeRobotWriter(root, version, spec, eps_per_data_file, eps_per_video_file, files_per_chunk) as writer:

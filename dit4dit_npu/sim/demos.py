@@ -29,22 +29,6 @@ from dit4dit_npu.sim.tasks import CAMERAS, FPS, MOTORS, TRAIN_SEED0, get_task, p
 MAX_CONSECUTIVE_FAILURES = 10
 
 
-def modality() -> dict:
-    """starVLA/GR00T's modality.json for the 14-d ALOHA layout (the RoboTwin demo writes the same)."""
-    parts = {
-        "left_joints": (0, 6),
-        "left_gripper": (6, 7),
-        "right_joints": (7, 13),
-        "right_gripper": (13, 14),
-    }
-    return {
-        "state": {k: {"start": s, "end": e} for k, (s, e) in parts.items()},
-        "action": {k: {"start": s, "end": e} for k, (s, e) in parts.items()},
-        "video": {k.split(".")[-1]: {"original_key": k} for k in CAMERAS},
-        "annotation": {"human.action.task_description": {"original_key": "task_index"}},
-    }
-
-
 def record_expert_episode(scene, seed: int, horizon: int) -> tuple[dict, int | None]:
     """One expert episode: ({"states", "actions", "frames": {key: (T, H, W, 3)}}, first success step);
     no frames from a scene without rendering."""
@@ -86,7 +70,7 @@ def write_demos(
     """Write ``episodes`` successful expert episodes to ``out`` (atomically); returns a summary."""
     from tqdm import tqdm
 
-    from dit4dit_npu.data.writer import DatasetSpec, Episode, LeRobotWriter
+    from dit4dit_npu.data.writer import DatasetSpec, Episode, LeRobotWriter, aloha_modality
     from dit4dit_npu.sim.experts import EXPERTS
     from dit4dit_npu.sim.scene import AlohaScene
 
@@ -108,7 +92,7 @@ def write_demos(
         video_keys=list(CAMERAS),
         motors=MOTORS,
         robot_type="aloha",
-        extra_meta={"modality.json": modality()},
+        extra_meta={"modality.json": aloha_modality(CAMERAS)},
     )
     kept, failed, first_steps = [], [], []
     out.parent.mkdir(parents=True, exist_ok=True)
