@@ -19,9 +19,9 @@ from serve_fixtures import TIMEOUT, RunningServer, SlowPolicy, concurrently, loa
 
 from dit4dit_npu.policy import DiT4DiTPolicy
 from dit4dit_npu.serve import msgpack_numpy
+from dit4dit_npu.serve.cli import main as serve_main
 from dit4dit_npu.serve.client import ServerError
 from dit4dit_npu.serve.server import PolicyServer, ServeError
-from dit4dit_npu.serve.server import main as serve_main
 
 
 @pytest.fixture(scope="module")

@@ -2,8 +2,8 @@
 
 One object, built once from the training data's statistics and the config, saved with every
 checkpoint and policy folder (``policy_io.json``), and called by the dataset (``encode_sample``),
-the policy (``encode_observation`` / ``decode_actions``) and evaluation alike, so training and
-deployment cannot drift apart. It owns:
+the policy and the server (``parse_observation`` / ``encode_parsed`` / ``decode_actions``) and
+evaluation alike, so training and deployment cannot drift apart. It owns:
 
 - camera_keys: which observation keys, in which order, at which size, tiled how (``images.py``);
 - state: raw robot state -> encoded (normalized / sin-cos / raw) and zero-padded (``vector.py``);
@@ -29,7 +29,7 @@ import torch
 from dit4dit_npu.batch import Batch, BatchSpec
 from dit4dit_npu.config import Config
 from dit4dit_npu.transforms.images import RESIZE_METHODS, VIEW_LAYOUTS, tile_views, tiled_size
-from dit4dit_npu.transforms.observation import parse_observation
+from dit4dit_npu.transforms.observation import Observation, parse_observation
 from dit4dit_npu.transforms.stats import FeatureStats
 from dit4dit_npu.transforms.vector import NORM_MODES, Normalize, Pad, SinCos, Step, VectorPipeline
 
@@ -222,17 +222,26 @@ class PolicyIO:
             "action_mask": torch.from_numpy(mask.copy()),
         }
 
-    def encode_observation(self, obs: dict[str, Any]) -> tuple[Batch, bool]:
-        """A robot observation (single or batched) -> (inference Batch with T = 1, batched?)."""
-        o = parse_observation(
+    def parse_observation(self, obs: Any) -> Observation:
+        """A robot observation dict (ours or openpi's layout, single or batched) -> checked arrays,
+        images resized to ``image_size`` the policy's way. The one place a wire or robot
+        observation is read: the policy and the server both call it, once per observation."""
+        return parse_observation(
             obs, self.camera_keys, self.image_size, self.state_dim, self.source_sizes, self.resize_method
         )
-        batch = Batch(
+
+    def encode_parsed(self, o: Observation) -> Batch:
+        """A parsed observation -> the inference Batch (T = 1): views tiled, state encoded and padded."""
+        return Batch(
             frames=self.frames(o.views)[:, None],
-            instruction=o.instructions,
+            instruction=list(o.instructions),
             state=self.encode_state(o.state) if self.state.out_dim else None,
         )
-        return batch, o.batched
+
+    def encode_observation(self, obs: dict[str, Any]) -> tuple[Batch, bool]:
+        """A robot observation (single or batched) -> (inference Batch with T = 1, batched?)."""
+        o = self.parse_observation(obs)
+        return self.encode_parsed(o), o.batched
 
     # ------------------------------------------------------------------ model -> robot
 
