@@ -103,16 +103,16 @@ REQUIRED = {"": ("format_version", "step", "model", "data"), "model.": ("framewo
 def parse_manifest(raw: Any, chunk_length: int) -> PolicyManifest:
     """A format_version 3 ``policy.json`` (parsed JSON) -> PolicyManifest; ``chunk_length`` is
     policy_io.json's, filled into the framework section the model is built from."""
-    if not isinstance(raw, dict):
-        raise ManifestError(f"expected a JSON object, got {type(raw).__name__}")
     for prefix, keys in REQUIRED.items():
-        node = raw.get(prefix.rstrip("."), {}) if prefix else raw
-        missing = [prefix + k for k in keys if isinstance(node, dict) and k not in node]
+        node = raw.get(prefix.rstrip(".")) if prefix else raw
+        if not isinstance(node, dict):
+            raise ManifestError(f"{prefix.rstrip('.') or 'the top level'}: expected a mapping, got {node!r}")
+        missing = [prefix + k for k in keys if k not in node]
         if missing:
             raise ManifestError(f"missing {missing}")
     framework = raw["model"]["framework"]
     for (section, key), owner in OWNED_ELSEWHERE.items():
-        if isinstance(framework, dict) and key in (framework.get(section) or {}):
+        if isinstance(framework, dict) and isinstance(framework.get(section), dict) and key in framework[section]:
             raise ManifestError(f"model.framework.{section}.{key} does not belong here: {owner}")
     return typed_manifest({k: v for k, v in raw.items() if k != "format_version"}, chunk_length)
 
@@ -123,7 +123,8 @@ def typed_manifest(raw: dict[str, Any], chunk_length: int) -> PolicyManifest:
     try:
         manifest = from_dict(PolicyManifest, raw)
     except ConfigError as e:
-        raise ManifestError(str(e).replace("config key", "key")) from None
+        # the loader's words for a run config ("config key", a section's prefix "a.b.: ...")
+        raise ManifestError(str(e).replace("config key", "key").replace(".: ", ": ")) from None
     manifest.model.framework.action_model.future_action_window_size = chunk_length - 1
     try:
         validate(inference_config(manifest.model))  # the framework's range checks, as at training
