@@ -173,13 +173,12 @@ def test_cli_converts_every_tensor_to_its_place(run, tmp_path):
     for name, tensor in run["trained"].items():
         assert torch.equal(weights[name], tensor), name
     info = json.loads((out / "policy.json").read_text())
-    assert info["step"] == 7 and info["base_model"] == str(run["base"].resolve())
+    c = info["model"]["framework"]["cosmos25"]
+    assert info["format_version"] == 3 and info["step"] == 7 and c["base_model"] == str(run["base"].resolve())
     io = json.loads((out / "policy_io.json").read_text())
     assert io["resize_method"] == "torch_bilinear"
     assert io["state"] == [{"kind": "sincos", "groups": [1] * 8}]
     assert [s["kind"] for s in io["action"]] == ["normalize", "binarize", "pad"]
-    cfg = yaml.safe_load((out / "config.yaml").read_text())
-    c = cfg["framework"]["cosmos25"]
     assert (c["condition_latent"], c["round_timesteps"], c["feature_noise_seed"]) == ("sample", True, None)
 
     from dit4dit_npu import DiT4DiTPolicy

@@ -14,6 +14,7 @@ import pytest
 from policy_fixtures import TINY_YAML, shared_tiny_setup
 
 from dit4dit_npu.eval import offline as ev
+from dit4dit_npu.policy.manifest import DatasetRecord
 
 REPO = Path(__file__).resolve().parents[1]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -93,15 +94,15 @@ def test_eval_cli_with_explicit_data_and_episodes(tmp_path: Path) -> None:
 def test_eval_errors_are_one_line(tmp_path: Path, capsys) -> None:
     assert ev.main(["--checkpoint", str(tmp_path)]) == 2
     assert "not a policy folder" in capsys.readouterr().err
-    info = {"held_out_episodes": {str(tmp_path / "moved"): [1]}}
+    records = {str(tmp_path / "moved"): DatasetRecord([1])}
     with pytest.raises(ev.EvalError, match="not found .* pass --data"):
-        ev.resolve_targets(info, None, None)
+        ev.resolve_targets(records, None, None)
 
 
 def test_resolve_targets(tmp_path: Path, caplog) -> None:
     a, b = tmp_path / "a", tmp_path / "b"
     a.mkdir()
-    info = {"held_out_episodes": {str(a): [3, 4], str(b): []}, "train_episodes": {str(a): [0, 1, 2]}}
+    info = {str(a): DatasetRecord([3, 4], [0, 1, 2]), str(b): DatasetRecord([])}
     assert ev.resolve_targets(info, None, None) == [(a, [3, 4])]  # b has none held out: skipped
     assert ev.resolve_targets(info, [str(a)], None) == [(a, [3, 4])]
     assert ev.resolve_targets(info, [str(tmp_path / "other")], None) == [(tmp_path / "other", None)]

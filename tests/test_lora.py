@@ -188,8 +188,9 @@ def test_eval_cli_merges_on_request(lora_run, tmp_path, capsys):
     plain = run.parent / "plain_policy"
     shutil.copytree(policy, plain)
     shutil.rmtree(plain / "adapter")
-    cfg_text = (plain / "config.yaml").read_text().replace("rank: 4", "rank: 0")
-    (plain / "config.yaml").write_text(cfg_text)
+    info = json.loads((plain / "policy.json").read_text())
+    info["model"]["framework"]["cosmos25"]["lora"]["rank"] = 0
+    (plain / "policy.json").write_text(json.dumps(info))
     capsys.readouterr()
     assert ev.main(["--checkpoint", str(plain), "--output", str(tmp_path / "c"), "--merge-lora", *args]) == 2
     assert capsys.readouterr().err.strip().endswith("this policy has no LoRA adapter to merge")

@@ -12,7 +12,8 @@ and VAE equal the base model's. Then the model is built from the config and ever
 tensor must land on a parameter of the same shape (none left over, none missing), and the policy
 folder is written atomically with the original's conventions as options: the conditioning latent
 a posterior sample, timesteps rounded to the compute dtype, unseeded feature noise (model, in
-config.yaml); its state/action encodings and image resize (PolicyIO, in policy_io.json).
+policy.json's model section); its state/action encodings and image resize (PolicyIO, in
+policy_io.json).
 """
 
 from __future__ import annotations

@@ -96,9 +96,12 @@ def compute_metrics(p: Predictions, io: Any) -> dict[str, Any]:
 # --------------------------------------------------------------------------------------------
 
 
-def resolve_targets(info: dict[str, Any], data: list[str] | None, episodes: list[int] | None) -> list[tuple[Path, list[int] | None]]:
-    """(dataset root, episodes or None = all) pairs from the flags and the policy's record."""
-    held_out: dict[str, list[int]] = info.get("held_out_episodes") or {}
+def resolve_targets(
+    records: dict[str, Any], data: list[str] | None, episodes: list[int] | None
+) -> list[tuple[Path, list[int] | None]]:
+    """(dataset root, episodes or None = all) pairs from the flags and the policy's record
+    (``records``: its manifest's datasets, path -> DatasetRecord)."""
+    held_out = {path: r.held_out_episodes for path, r in records.items()}
     if data:
         out = []
         for root in data:
@@ -106,7 +109,8 @@ def resolve_targets(info: dict[str, Any], data: list[str] | None, episodes: list
             recorded = held_out.get(str(p))
             if episodes is not None:
                 eps: list[int] | None = list(episodes)
-                seen = sorted(set(eps) & set((info.get("train_episodes") or {}).get(str(p), [])))
+                trained = records[str(p)].train_episodes if str(p) in records else None
+                seen = sorted(set(eps) & set(trained or []))
                 if seen:
                     log.warning("%s: episodes %s were used for training: their scores are not held-out", p, seen)
             elif recorded is None:
@@ -147,7 +151,7 @@ def sample_indices(n: int, max_frames: int, stride: int) -> np.ndarray:
 def build_eval_dataset(policy: Any, targets: list[tuple[Path, list[int] | None]]) -> Any:
     from dit4dit_npu.data import DatasetError, LeRobotDataset, RoboTwinDataset
 
-    d = policy.cfg.datasets.vla_data
+    d = policy.manifest.data
     try:
         datasets = [LeRobotDataset(root, episodes=eps, image_size=policy.io.image_size) for root, eps in targets]
         return RoboTwinDataset(datasets, policy.io, d.state_key, d.action_key)
@@ -294,21 +298,20 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
         args.checkpoint, device=args.device, base_model=args.base_model, merge_lora=args.merge_lora
     )
     policy_dir = policy.path
-    targets = resolve_targets(policy.info, args.data, args.episodes)
+    targets = resolve_targets(policy.manifest.data.datasets, args.data, args.episodes)
     ds = build_eval_dataset(policy, targets)
     if len(ds) == 0:
         raise EvalError("the selected episodes hold no frames")
     indices = sample_indices(len(ds), args.max_frames, args.stride)
     preds = run_predictions(policy, ds, indices, args.batch_size, args.seed)
-    d = policy.cfg.datasets.vla_data
     metrics = compute_metrics(preds, policy.io)
     check_finite(metrics)
-    names = joint_names(ds, d.action_key, policy.action_dim)
+    names = joint_names(ds, policy.manifest.data.action_key, policy.action_dim)
     strips = imagination_strips(policy, ds, preds, args.video_samples, args.video_steps, args.seed)
     plots = eval_plots.plot_all(out, ds, preds, metrics, names, plot_episodes=args.plot_episodes, strips=strips)
     report = {
         "checkpoint": str(policy_dir),
-        "step": policy.info.get("step"),
+        "step": policy.manifest.step,
         "datasets": {str(root): (eps if eps is not None else "all") for root, eps in targets},
         "num_frames": len(indices),
         "num_scored_steps": int(preds.valid.sum()),
