@@ -22,6 +22,8 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
+from dit4dit_npu.errors import DiT4DiTError
+
 NPU, CUDA, CPU = "npu", "cuda", "cpu"
 
 # Ascend defaults the seed documents use: the level-2 task queue hides host dispatch latency,
@@ -47,7 +49,7 @@ HOST_MALLOC_DEFAULTS = {
 }
 
 
-class DeviceError(RuntimeError):
+class DeviceError(DiT4DiTError, RuntimeError):
     """A device/launch problem with a one-line, user-facing message."""
 
 

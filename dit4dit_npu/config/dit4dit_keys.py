@@ -15,9 +15,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from dit4dit_npu.config.original_data import NAMED_MIXTURES
+from dit4dit_npu.errors import DiT4DiTError
 
 
-class MigrationError(ValueError):
+class MigrationError(DiT4DiTError, ValueError):
     """Raised as the loader's ConfigError (a subclass of ValueError there)."""
 
 

@@ -22,9 +22,10 @@ import yaml
 
 from dit4dit_npu.config import migrate
 from dit4dit_npu.config.schema import Config
+from dit4dit_npu.errors import DiT4DiTError
 
 
-class ConfigError(ValueError):
+class ConfigError(DiT4DiTError, ValueError):
     """A config problem with a one-line, user-facing message (no traceback needed)."""
 
 

@@ -8,8 +8,10 @@ and what was expected, so a user can fix the data without reading a traceback.
 
 from __future__ import annotations
 
+from dit4dit_npu.errors import DiT4DiTError
 
-class DatasetError(ValueError):
+
+class DatasetError(DiT4DiTError, ValueError):
     """A dataset problem with a one-line, user-facing message naming the file/key at fault."""
 
 

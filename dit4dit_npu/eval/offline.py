@@ -28,10 +28,12 @@ from typing import Any
 
 import numpy as np
 
+from dit4dit_npu.errors import DiT4DiTError
+
 log = logging.getLogger("dit4dit_npu.eval")
 
 
-class EvalError(RuntimeError):
+class EvalError(DiT4DiTError, RuntimeError):
     """A problem with the evaluation request (data, episodes, checkpoint): one-line message."""
 
 

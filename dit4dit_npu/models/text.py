@@ -20,6 +20,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from dit4dit_npu.errors import DiT4DiTError
+
 log = logging.getLogger(__name__)
 
 # The Cosmos-Predict2.5 pipeline's system prompt (diffusers ``_get_prompt_embeds``).
@@ -31,7 +33,7 @@ def _ids(encoded: Any) -> list[int]:
     return encoded["input_ids"] if not isinstance(encoded, list) and "input_ids" in encoded else encoded
 
 
-class PromptCacheError(ValueError):
+class PromptCacheError(DiT4DiTError, ValueError):
     """Cache miss, or embeddings made by another text encoder."""
 
 

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from dit4dit_npu.config import Config, ConfigError, dump_yaml, load_config
+from dit4dit_npu.errors import DiT4DiTError
 from dit4dit_npu.policy.adapter import ADAPTER_WEIGHTS, adapter_problems, read_adapter, write_adapter
 from dit4dit_npu.policy.integrity import config_io_problems, feature_names, nonfinite_stats, read_weights
 from dit4dit_npu.transforms.policy_io import PolicyIO, PolicyIOError
@@ -43,7 +44,7 @@ POLICY_JSON, CONFIG, WEIGHTS, POLICY_IO, PROMPTS = (
 REQUIRED_FILES = (POLICY_JSON, CONFIG, WEIGHTS, POLICY_IO, PROMPTS)
 
 
-class PolicyLoadError(RuntimeError):
+class PolicyLoadError(DiT4DiTError, RuntimeError):
     """A policy folder that cannot be loaded (missing files, other format version, bad base model)."""
 
 

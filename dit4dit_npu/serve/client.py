@@ -28,6 +28,7 @@ from typing import Any
 import websockets.sync.client
 from websockets.exceptions import InvalidMessage, InvalidURI
 
+from dit4dit_npu.errors import DiT4DiTError
 from dit4dit_npu.serve import msgpack_numpy
 
 logger = logging.getLogger(__name__)
@@ -37,7 +38,7 @@ logger = logging.getLogger(__name__)
 _CLIENT_MAX_SIZE = 64 * 1024 * 1024
 
 
-class ServerError(RuntimeError):
+class ServerError(DiT4DiTError, RuntimeError):
     """The server refused the request (its text frame is the message); the connection lives on."""
 
 

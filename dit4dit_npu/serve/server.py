@@ -38,6 +38,7 @@ import numpy as np
 import websockets
 import websockets.asyncio.server as ws_server
 
+from dit4dit_npu.errors import DiT4DiTError
 from dit4dit_npu.serve import msgpack_numpy, protocol
 from dit4dit_npu.serve.batching import Batcher
 from dit4dit_npu.serve.metadata import server_metadata
@@ -78,7 +79,7 @@ class ServablePolicy(Protocol):
     ) -> np.ndarray: ...
 
 
-class ServeError(RuntimeError):
+class ServeError(DiT4DiTError, RuntimeError):
     """The server cannot start (busy port, bad address); one line for the user."""
 
 

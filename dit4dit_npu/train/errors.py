@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from dit4dit_npu.errors import DiT4DiTError
 
-class TrainingError(RuntimeError):
+
+class TrainingError(DiT4DiTError, RuntimeError):
     """A training problem with a one-line, user-facing message."""
 
 
