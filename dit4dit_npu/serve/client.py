@@ -14,8 +14,8 @@ message; the connection stays usable for the next call. The server reports error
 does (a text frame), so openpi's own ``WebsocketClientPolicy`` works against it unchanged too,
 raising ``RuntimeError`` with the same message.
 
-Note: ``import dit4dit_npu`` itself is light (no torch); ``dit4dit_npu.client`` only touches
-``dit4dit_npu.msgpack_numpy``.
+Note: ``import dit4dit_npu`` itself is light (no torch); this module only touches
+``dit4dit_npu.serve.msgpack_numpy`` and ``dit4dit_npu.errors``.
 """
 
 from __future__ import annotations

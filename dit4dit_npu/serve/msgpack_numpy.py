@@ -11,7 +11,7 @@ peer's bytes. Decoding also checks that the byte count matches dtype x shape, so
 truncated message becomes a ``WireFormatError`` (a ``ValueError``) instead of a numpy crash
 deep in the policy.
 
-This module imports only numpy and msgpack: robots use it through ``dit4dit_npu.client``
+This module imports only numpy and msgpack: robots use it through ``dit4dit_npu.serve.client``
 without torch.
 """
 
