@@ -138,4 +138,6 @@ def _p90(xs: list[float]) -> float:
 
 
 if __name__ == "__main__":
-    main()
+    from dit4dit_npu.cli import run  # user errors: one line, exit code 2
+
+    raise SystemExit(run(main))

@@ -39,6 +39,7 @@ from pathlib import Path
 import torch
 from _common import FULL_SIZE, QWEN_VOCAB, bench_spec, full_size_text_config
 
+from dit4dit_npu.cli import run
 from dit4dit_npu.config import Config, load_config
 
 os.environ.setdefault("KINETO_LOG_LEVEL", "5")  # quiet profiler sessions (set before torch loads kineto)
@@ -306,4 +307,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(run(main))  # user errors: one line, exit code 2 (dit4dit_npu.cli)

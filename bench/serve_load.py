@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from dit4dit_npu.cli import run
 from dit4dit_npu.serve.client import WebsocketClientPolicy
 
 REPO = Path(__file__).resolve().parents[1]
@@ -242,4 +243,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(run(main))  # user errors: one line, exit code 2 (dit4dit_npu.cli)

@@ -22,6 +22,7 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
+from dit4dit_npu.cli import entry_point
 from dit4dit_npu.errors import DiT4DiTError
 
 NPU, CUDA, CPU = "npu", "cuda", "cpu"
@@ -367,6 +368,7 @@ USAGE = """usage: python -m dit4dit_npu.device [env [--ranks N]]
   -h, --help      this text"""
 
 
+@entry_point
 def main(argv: list[str] | None = None) -> int:
     import shlex
     import sys
@@ -375,24 +377,20 @@ def main(argv: list[str] | None = None) -> int:
     if args[:1] in (["-h"], ["--help"]):
         print(USAGE)
         return 0
-    try:
-        if not args:
-            print(describe())
-            return 0
-        if args[0] != "env" or len(args) not in (1, 3) or (len(args) == 3 and args[1] != "--ranks"):
-            print(USAGE, file=sys.stderr)
-            return 2
-        if len(args) == 3:
-            ranks = _positive_int(args[2], "--ranks")
-            warning = check_local_ranks(ranks)
-            if warning:
-                print(warning, file=sys.stderr)
-        for key, value in launch_env().items():
-            print(f"export {key}={shlex.quote(value)}")
+    if not args:
+        print(describe())
         return 0
-    except DeviceError as e:
-        print(f"error: {e}", file=sys.stderr)
+    if args[0] != "env" or len(args) not in (1, 3) or (len(args) == 3 and args[1] != "--ranks"):
+        print(USAGE, file=sys.stderr)
         return 2
+    if len(args) == 3:
+        ranks = _positive_int(args[2], "--ranks")
+        warning = check_local_ranks(ranks)
+        if warning:
+            print(warning, file=sys.stderr)
+    for key, value in launch_env().items():
+        print(f"export {key}={shlex.quote(value)}")
+    return 0
 
 
 def _positive_int(text: str, name: str) -> int:

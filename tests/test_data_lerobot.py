@@ -226,7 +226,7 @@ def test_demo_cli_and_refusal_to_overwrite(tmp_path: Path, capsys) -> None:
     assert ds.meta.codebase_version == "v3.0" and len(ds) == 30 and ds.meta.video_size(HIGH) == (16, 24)
     assert check_dataset(out) == []
     before = snapshot(out)
-    with pytest.raises(FileExistsError, match="non-empty"):
+    with pytest.raises(DatasetError, match="non-empty"):
         write_demo_dataset(out)
     assert snapshot(out) == before and not list(tmp_path.glob(".*tmp*"))
 

@@ -12,23 +12,23 @@ training-set mean action. Steps past the episode end are excluded (no recorded a
 
 Writes ``metrics.json`` (MSE/MAE overall, per joint and per horizon step for the model and both
 baselines, the model/baseline ratios; < 1 means better than the baseline) and PNG plots
-(``eval_plots.py``). The original's offline G1 evaluator normalized state differently from
+(``eval/plots.py``). The original's offline G1 evaluator normalized state differently from
 training (SPEC A7); here the same PolicyIO as training is applied, inside the policy.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from dit4dit_npu.cli import entry_point
 from dit4dit_npu.errors import DiT4DiTError
+from dit4dit_npu.files import atomic_write_json
 
 log = logging.getLogger("dit4dit_npu.eval")
 
@@ -323,22 +323,15 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
         **metrics,
         "plots": [p.name for p in plots],
     }
-    (out / "metrics.json").write_text(json.dumps(report, indent=1))
+    atomic_write_json(out / "metrics.json", report)
     return report
 
 
+@entry_point
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
-    from dit4dit_npu.data import DatasetError
-    from dit4dit_npu.models import PromptCacheError
-    from dit4dit_npu.policy import NonFiniteActionError, PolicyInputError, PolicyLoadError
-
-    try:
-        report = evaluate(args)
-    except (EvalError, PolicyLoadError, DatasetError, NonFiniteActionError, PolicyInputError, PromptCacheError) as e:
-        print(f"error: {e}", file=sys.stderr)  # bad input or an unusable policy: one line, no traceback
-        return 2
+    report = evaluate(args)
     m = report["model"]
     line = f"model mse {m['mse']:.5g} mae {m['mae']:.5g}"
     for name in ("hold_position", "dataset_mean"):

@@ -21,14 +21,13 @@ half-written policy that looks complete.
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from dit4dit_npu.config import Config, ConfigError, dump_yaml, load_config
 from dit4dit_npu.errors import DiT4DiTError
+from dit4dit_npu.files import atomic_folder
 from dit4dit_npu.policy.adapter import ADAPTER_WEIGHTS, adapter_problems, read_adapter, write_adapter
 from dit4dit_npu.policy.integrity import config_io_problems, feature_names, nonfinite_stats, read_weights
 from dit4dit_npu.transforms.policy_io import PolicyIO, PolicyIOError
@@ -76,11 +75,8 @@ def export_policy(
     from dit4dit_npu.policy.prompts import save_prompt_cache
 
     out = Path(out_dir)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    try:
+    # replaces an existing folder: the old one is moved aside first so `out` is never half-new
+    with atomic_folder(out) as tmp:
         # Own, contiguous CPU storage per tensor: safetensors refuses shared/strided storage.
         weights = {k: v.detach().cpu().clone().contiguous() for k, v in model.trainable_state_dict().items()}
         save_file(weights, str(tmp / WEIGHTS), metadata={"format": "dit4dit_npu.policy", "step": str(step)})
@@ -110,15 +106,6 @@ def export_policy(
             "action_names": feature_names(paths, cfg.datasets.vla_data.action_key, io.action_dim),
         }
         (tmp / POLICY_JSON).write_text(json.dumps(info, indent=1))
-        if out.exists():  # replace: move the old folder aside first so `out` is never half-new
-            old = out.parent / f".{out.name}.old-{os.getpid()}"
-            os.replace(out, old)
-            os.replace(tmp, out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 

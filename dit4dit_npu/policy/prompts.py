@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from dit4dit_npu.files import atomic_path
 from dit4dit_npu.models.text import PromptCache, PromptCacheError
 
 
@@ -18,9 +19,8 @@ def save_prompt_cache(cache: PromptCache, path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tensors, meta = cache.to_tensors()
-    tmp = path.with_name(path.name + ".tmp")
-    save_file(tensors, str(tmp), metadata=meta)
-    tmp.replace(path)
+    with atomic_path(path) as tmp:
+        save_file(tensors, str(tmp), metadata=meta)
     return path
 
 

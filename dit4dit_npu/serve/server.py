@@ -38,6 +38,7 @@ import numpy as np
 import websockets
 import websockets.asyncio.server as ws_server
 
+from dit4dit_npu.cli import entry_point
 from dit4dit_npu.errors import DiT4DiTError
 from dit4dit_npu.serve import msgpack_numpy, protocol
 from dit4dit_npu.serve.batching import Batcher
@@ -385,6 +386,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+@entry_point
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")

@@ -13,9 +13,6 @@ class SimError(DiT4DiTError, RuntimeError):
     """Unknown task, mismatched policy, unreachable server, renderer that cannot start, ..."""
 
 
-EXIT_BAD_INPUT = 2
-
-
 class EpisodeError(DiT4DiTError, RuntimeError):
     """This episode cannot go on (non-finite action, diverged physics): it counts as a failure
     and the evaluation continues with the next one."""

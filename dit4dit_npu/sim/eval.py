@@ -16,14 +16,15 @@ W > 1 runs episodes in W processes, each with its own scene and policy.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from dit4dit_npu.sim.errors import EXIT_BAD_INPUT, SimError
+from dit4dit_npu.cli import entry_point
+from dit4dit_npu.files import atomic_write_json
+from dit4dit_npu.sim.errors import SimError
 from dit4dit_npu.sim.rollout import EvalSetup
 from dit4dit_npu.sim.stats import format_rate, wilson_interval
 from dit4dit_npu.sim.tasks import EPISODE_STEPS, GYM_MAX_STEPS, TRAIN_SEED0, get_task, parse_size
@@ -222,35 +223,32 @@ def summarize(
     }
 
 
+@entry_point
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
-    try:
-        setup = make_setup(a)
-        from dit4dit_npu.sim.backend import require_simulator
+    setup = make_setup(a)
+    from dit4dit_npu.sim.backend import require_simulator
 
-        require_simulator()
-        seeds = list(range(a.seed, a.seed + a.episodes))
-        if seeds[-1] >= TRAIN_SEED0:
-            print(f"warning: seeds >= {TRAIN_SEED0} are the demo (training) seeds", file=sys.stderr)
-        results: list[dict] = []
+    require_simulator()
+    seeds = list(range(a.seed, a.seed + a.episodes))
+    if seeds[-1] >= TRAIN_SEED0:
+        print(f"warning: seeds >= {TRAIN_SEED0} are the demo (training) seeds", file=sys.stderr)
+    results: list[dict] = []
 
-        def on_result(r: dict) -> None:
-            results.append(r)
-            print(episode_line(len(results) - 1, len(seeds), r), flush=True)
+    def on_result(r: dict) -> None:
+        results.append(r)
+        print(episode_line(len(results) - 1, len(seeds), r), flush=True)
 
-        t0 = time.perf_counter()
-        workers = min(a.workers, a.episodes)
-        if workers == 1:
-            info = run_serial(setup, seeds, a.output, on_result)
-        else:
-            info = run_parallel(setup, seeds, workers, a.output, on_result)
-        wall = time.perf_counter() - t0
-    except SimError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+    t0 = time.perf_counter()
+    workers = min(a.workers, a.episodes)
+    if workers == 1:
+        info = run_serial(setup, seeds, a.output, on_result)
+    else:
+        info = run_parallel(setup, seeds, workers, a.output, on_result)
+    wall = time.perf_counter() - t0
     results.sort(key=lambda r: r["seed"])
     summary = summarize(a, setup, info, results, wall)
-    (a.output / "results.json").write_text(json.dumps({"summary": summary, "episodes": results}, indent=1))
+    atomic_write_json(a.output / "results.json", {"summary": summary, "episodes": results})
     print(f"success {format_rate(summary['successes'], len(results))}")
     print(
         f"success within {GYM_MAX_STEPS} steps (gym-aloha's limit): "
