@@ -210,13 +210,18 @@ def test_bad_input_is_one_line_and_exit_code_2(target: str, args: list[str], lin
     assert list(tmp_path.iterdir()) == []
 
 
+def _main(script: str):
+    module, func = SCRIPTS[script].split(":")
+    return getattr(importlib.import_module(module), func)
+
+
 def test_device_error_from_the_environment_is_one_line(monkeypatch, capsys) -> None:
     from dit4dit_npu import device
 
     monkeypatch.setenv("DIT4DIT_DEVICE", "tpu")
     device.reset_cache()
     try:
-        assert importlib.import_module("dit4dit_npu.device").main([]) == 2
+        assert _main("dit4dit-device")([]) == 2
     finally:
         device.reset_cache()
     assert capsys.readouterr().err.splitlines() == ["error: DIT4DIT_DEVICE='tpu': expected one of npu, cuda, cpu"]

@@ -1,7 +1,7 @@
 """DiT4DiT model: Cosmos-Predict2.5 video backbone, prompt cache, DiT flow-matching action head.
 
 Pure torch modules with model-local configs: no data loading, no distributed code, no file I/O,
-no device names (see device.py), no knowledge of the run config. ``build.py`` is the one adapter
+no device names (see dit4dit_npu/device/), no knowledge of the run config. ``build.py`` is the one adapter
 from the run config (plus the ``BatchSpec`` PolicyIO promises) and the one place weights load.
 """
 

@@ -47,7 +47,7 @@ class DiT4DiTConfig:
     training: Training = "joint"
     # Original behaviour (SPEC A1): the action loss never reaches the video transformer.
     backprop_action_to_backbone: bool = False
-    # bf16 autocast on the device type (device.py) around the backbone; the head stays fp32.
+    # bf16 autocast on the device type (dit4dit_npu.device) around the backbone; the head stays fp32.
     autocast: bool = True
 
 
