@@ -24,7 +24,7 @@ from dit4dit_npu.data.latents import CacheKey, LatentCache
 from dit4dit_npu.data.lerobot import LeRobotDataset
 from dit4dit_npu.data.mixture import MixtureSampler, split_episodes
 from dit4dit_npu.data.robotwin import RoboTwinDataset
-from dit4dit_npu.data.stats import compute_stats
+from dit4dit_npu.data.training_stats import compute_stats
 from dit4dit_npu.data.validate import episode_length_problems, feature_problems, raise_first
 from dit4dit_npu.data.video import decoded_size
 from dit4dit_npu.transforms.policy_io import PolicyIO, PolicyIOError

@@ -166,7 +166,7 @@ def summarize(root: str | Path) -> str:
             lines.append(f"  {k}: {f.get('dtype')} {f.get('shape')}  {names if names else ''}")
     try:
         from dit4dit_npu.data.lerobot import LeRobotDataset
-        from dit4dit_npu.transforms.stats import FeatureStats
+        from dit4dit_npu.transforms.feature_stats import FeatureStats
 
         ds = LeRobotDataset(root)
         lines.append("stats (from parquet, all episodes)")

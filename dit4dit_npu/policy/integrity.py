@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 
 from dit4dit_npu.config import Config
+from dit4dit_npu.transforms.feature_stats import STAT_FIELDS
 from dit4dit_npu.transforms.policy_io import PolicyIO
-from dit4dit_npu.transforms.stats import STAT_FIELDS
 from dit4dit_npu.transforms.vector import Normalize, Pad, SinCos, VectorPipeline
 
 

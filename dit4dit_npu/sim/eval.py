@@ -26,7 +26,7 @@ from dit4dit_npu.cli import entry_point
 from dit4dit_npu.files import atomic_write_json
 from dit4dit_npu.sim.errors import SimError
 from dit4dit_npu.sim.rollout import EvalSetup
-from dit4dit_npu.sim.stats import format_rate, wilson_interval
+from dit4dit_npu.sim.success_rate import format_rate, wilson_interval
 from dit4dit_npu.sim.tasks import EPISODE_STEPS, GYM_MAX_STEPS, TRAIN_SEED0, get_task, parse_size
 
 

@@ -29,9 +29,9 @@ import torch
 from dit4dit_npu.batch import Batch, BatchSpec
 from dit4dit_npu.config import Config
 from dit4dit_npu.errors import DiT4DiTError
+from dit4dit_npu.transforms.feature_stats import FeatureStats
 from dit4dit_npu.transforms.images import RESIZE_METHODS, VIEW_LAYOUTS, tile_views, tiled_size
 from dit4dit_npu.transforms.observation import parse_observation
-from dit4dit_npu.transforms.stats import FeatureStats
 from dit4dit_npu.transforms.vector import NORM_MODES, Normalize, Pad, SinCos, Step, VectorPipeline
 
 FORMAT = "dit4dit_npu.policy_io/1"
