@@ -200,8 +200,9 @@ def test_eval_cli_merges_on_request(lora_run, tmp_path, capsys):
 def test_adapters_get_gradients_base_does_not(checkpointing):
     """One real forward + backward: every adapter (in every block, also under diffusers'
     gradient checkpointing) gets a gradient, no base transformer weight does."""
-    from dit4dit_npu.models import PromptCache, build_dit4dit, build_prompt_encoder
+    from dit4dit_npu.models import build_dit4dit, build_prompt_encoder
     from dit4dit_npu.models.testing import make_batch, small_spec
+    from dit4dit_npu.prompt_cache import PromptCache
 
     cfg = load_config(TINY, [f"trainer.enable_gradient_checkpointing={str(checkpointing).lower()}",
                              *(f"{k}={v}" for k, v in LORA.items())])

@@ -72,7 +72,7 @@ def export_policy(
     from safetensors.torch import save_file
 
     from dit4dit_npu.models.lora import has_lora
-    from dit4dit_npu.policy.prompts import save_prompt_cache
+    from dit4dit_npu.prompt_cache import save_prompt_cache
 
     out = Path(out_dir)
     # replaces an existing folder: the old one is moved aside first so `out` is never half-new
@@ -167,7 +167,7 @@ def load_policy_folder(policy_dir: str | Path, base_model: str | None = None, me
     from dit4dit_npu.models import build_dit4dit, text_identity
     from dit4dit_npu.models.lora import load_adapter_state_dict
     from dit4dit_npu.models.lora import merge_lora as merge
-    from dit4dit_npu.policy.prompts import load_prompt_cache
+    from dit4dit_npu.prompt_cache import load_prompt_cache
 
     path = find_policy_dir(policy_dir)
     info = read_policy_info(path)
