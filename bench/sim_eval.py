@@ -89,7 +89,7 @@ def eval_rate(spec: str, episodes: int, workers: int, size: str, root: Path) -> 
         size,
         "--videos",
         "0",
-        "--output",
+        "--out",
         str(out),
     ]
     if eval_main(args) != 0:

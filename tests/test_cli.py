@@ -30,7 +30,7 @@ def _call(target: str, args: list[str], prelude: str = "") -> subprocess.Complet
 def test_every_entry_point_has_a_console_script() -> None:
     assert set(SCRIPTS) == {
         "dit4dit-train", "dit4dit-eval", "dit4dit-serve", "dit4dit-data-inspect", "dit4dit-data-demo",
-        "dit4dit-data-encode-latents", "dit4dit-convert", "dit4dit-device",
+        "dit4dit-data-encode-latents", "dit4dit-convert", "dit4dit-device", "dit4dit-sim-demos", "dit4dit-sim-eval",
     }
 
 
@@ -145,12 +145,12 @@ BAD_INPUT = {
         (["--config", str(TINY), "trainer.max_train_steps=0"], "config error: trainer.max_train_steps: got 0, expected >= 1"),
     ],
     "dit4dit-eval": [
-        (["--checkpoint", NOPE], f"error: policy folder not found: {NOPE}"),
-        (["--checkpoint", "{tmp}", "--max-frames", "0"], "error: --max-frames: got 0, expected an integer >= 1"),
+        (["--policy", NOPE], f"error: policy folder not found: {NOPE}"),
+        (["--policy", "{tmp}", "--max-frames", "0"], "error: --max-frames: got 0, expected an integer >= 1"),
     ],
     "dit4dit-serve": [
-        (["--checkpoint", NOPE], f"error: policy folder not found: {NOPE}"),
-        (["--checkpoint", "{tmp}"], "error: {tmp} is not a policy folder: no policy.json in it, in {tmp}/policy or "
+        (["--policy", NOPE], f"error: policy folder not found: {NOPE}"),
+        (["--policy", "{tmp}"], "error: {tmp} is not a policy folder: no policy.json in it, in {tmp}/policy or "
          "under {tmp}/checkpoints (an exported policy has policy.json, config.yaml, model.safetensors, "
          "policy_io.json, prompt_cache.safetensors)"),
     ],
@@ -177,15 +177,12 @@ BAD_INPUT = {
         (["env", "--ranks", "0"], "error: --ranks='0': expected a positive integer (ranks per node)"),
         (["env", "--ranks", "x"], "error: --ranks='x': expected a positive integer (ranks per node)"),
     ],
-}
-# The simulation tools are no console scripts yet; their mains go through the same wrapper.
-SIM_BAD_INPUT = {
-    "dit4dit_npu.sim.eval:main": [
+    "dit4dit-sim-eval": [
         (["--policy", "hold", "--task", "fold", "--out", "{tmp}/eval"],
          "error: unknown task 'fold'; expected one of ['insertion', 'transfer_cube']"),
         (["--policy", "hold", "--episodes", "0", "--out", "{tmp}/eval"], "error: --episodes: expected >= 1, got 0"),
     ],
-    "dit4dit_npu.sim.demos:main": [
+    "dit4dit-sim-demos": [
         (["--task", "fold", "--out", "{tmp}/demos"], "error: unknown task 'fold'; expected one of ['insertion', 'transfer_cube']"),
         (["--size", "big", "--out", "{tmp}/demos"], "error: --size: expected HxW such as 240x320, got 'big'"),
     ],
@@ -198,8 +195,7 @@ def test_every_console_script_has_bad_input_cases() -> None:
 
 @pytest.mark.parametrize(
     "target, args, line",
-    [(SCRIPTS[s], a, line) for s in sorted(BAD_INPUT) for a, line in BAD_INPUT[s]]
-    + [(t, a, line) for t in sorted(SIM_BAD_INPUT) for a, line in SIM_BAD_INPUT[t]],
+    [(SCRIPTS[s], a, line) for s in sorted(BAD_INPUT) for a, line in BAD_INPUT[s]],
 )
 def test_bad_input_is_one_line_and_exit_code_2(target: str, args: list[str], line: str, tmp_path: Path, capsys) -> None:
     """In-process, through the same function the console script calls; nothing is written."""
@@ -281,3 +277,51 @@ def test_every_user_error_class_is_a_dit4dit_error_and_keeps_its_builtin_base() 
     }
     for c in subclasses(DiT4DiTError) - {DiT4DiTError}:
         assert issubclass(c, ValueError | RuntimeError), c  # `except ValueError` callers keep working
+
+
+@pytest.mark.parametrize(
+    "script, argv, old, new, error",
+    [
+        ("dit4dit-eval", ["--checkpoint", NOPE], "--checkpoint", "--policy", f"policy folder not found: {NOPE}"),
+        ("dit4dit-serve", ["--checkpoint", NOPE], "--checkpoint", "--policy", f"policy folder not found: {NOPE}"),
+        ("dit4dit-eval", ["--policy", NOPE, "--output", "{tmp}/o"], "--output", "--out", f"policy folder not found: {NOPE}"),
+        ("dit4dit-eval", ["--policy", NOPE, "--episodes", "1", "2"], "--episodes", "--episode-indices",
+         f"policy folder not found: {NOPE}"),
+        ("dit4dit-sim-eval", ["--policy", "hold", "--task", "fold", "--output", "{tmp}/o"], "--output", "--out",
+         "unknown task 'fold'; expected one of ['insertion', 'transfer_cube']"),
+    ],
+)
+def test_a_renamed_flag_keeps_its_old_spelling_hidden_with_one_notice(
+    script: str, argv: list[str], old: str, new: str, error: str, tmp_path: Path, capsys
+) -> None:
+    """One name per concept (--policy: a policy folder; --out: the folder a command writes); users'
+    scripts with the former name keep working, told once, and --help shows only the new name."""
+    main = _main(script)
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    shown = capsys.readouterr().out.split()
+    assert new in shown and old not in shown
+    assert main([a.replace("{tmp}", str(tmp_path)) for a in argv]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [f"notice: {old} is deprecated, use {new}", f"error: {error}"]
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("script", ["dit4dit-eval", "dit4dit-serve", "dit4dit-sim-eval"])
+def test_a_required_flag_with_a_former_name_is_still_required(script: str, capsys) -> None:
+    with pytest.raises(SystemExit) as e:
+        _main(script)(["--policy", "hold"] if script == "dit4dit-sim-eval" else [])
+    assert e.value.code == 2
+    flag = "--out" if script == "dit4dit-sim-eval" else "--policy"
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith(f"error: the following arguments are required: {flag}")
+
+
+def test_demo_size_and_its_former_halves(tmp_path: Path, capsys) -> None:
+    main = _main("dit4dit-data-demo")
+    base = ["--out", str(tmp_path / "d"), "--episodes", "1", "--length", "10"]
+    assert main([*base, "--size", "32x15"]) == 2
+    assert capsys.readouterr().err.strip() == "error: image_size must be even and >= 16, got (32, 15)"
+    assert main([*base, "--width", "15"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "notice: --height/--width are deprecated, use --size HxW", "error: image_size must be even and >= 16, got (32, 15)"
+    ]
+    assert not (tmp_path / "d").exists()

@@ -250,6 +250,6 @@ def test_eval_refuses_a_device_the_host_lacks_in_one_line(monkeypatch, capsys):
 
     monkeypatch.setenv("DIT4DIT_DEVICE", "cpu")
     device.reset_cache()
-    assert eval_main(["--checkpoint", "nowhere", "--device", "cuda"]) == 2
+    assert eval_main(["--policy", "nowhere", "--device", "cuda"]) == 2
     err = capsys.readouterr().err.strip()
     assert err == "error: --device: device 'cuda': this host has no cuda (detected: cpu)", err

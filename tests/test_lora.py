@@ -180,8 +180,8 @@ def test_eval_cli_merges_on_request(lora_run, tmp_path, capsys):
     run, _ = lora_run
     policy = run / "checkpoints/step_000004/policy"
     args = ["--max-frames", "16", "--video-samples", "0", "--plot-episodes", "0"]
-    assert ev.main(["--checkpoint", str(policy), "--output", str(tmp_path / "a"), *args]) == 0
-    assert ev.main(["--checkpoint", str(policy), "--output", str(tmp_path / "b"), "--merge-lora", *args]) == 0
+    assert ev.main(["--policy", str(policy), "--out", str(tmp_path / "a"), *args]) == 0
+    assert ev.main(["--policy", str(policy), "--out", str(tmp_path / "b"), "--merge-lora", *args]) == 0
     adapter, merged = (json.loads((tmp_path / x / "metrics.json").read_text())["model"]["mse"] for x in "ab")
     assert merged == pytest.approx(adapter, rel=1e-4)
 
@@ -191,7 +191,7 @@ def test_eval_cli_merges_on_request(lora_run, tmp_path, capsys):
     cfg_text = (plain / "config.yaml").read_text().replace("rank: 4", "rank: 0")
     (plain / "config.yaml").write_text(cfg_text)
     capsys.readouterr()
-    assert ev.main(["--checkpoint", str(plain), "--output", str(tmp_path / "c"), "--merge-lora", *args]) == 2
+    assert ev.main(["--policy", str(plain), "--out", str(tmp_path / "c"), "--merge-lora", *args]) == 2
     assert capsys.readouterr().err.strip().endswith("this policy has no LoRA adapter to merge")
     shutil.rmtree(plain)
 

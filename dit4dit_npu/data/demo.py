@@ -19,12 +19,13 @@ detected; parquet values are ``demo_episode(...)`` of (seed, episode), recomputa
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 import numpy as np
 from tqdm.auto import tqdm
 
-from dit4dit_npu.cli import entry_point
+from dit4dit_npu.cli import entry_point, size_hw
 from dit4dit_npu.data.errors import DatasetError
 from dit4dit_npu.data.writer import DatasetSpec, Episode, LeRobotWriter, aloha_modality
 from dit4dit_npu.files import atomic_folder, is_out_of_space
@@ -260,8 +261,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--episodes", type=int, default=16, help="number of episodes (default: %(default)s)")
     p.add_argument("--length", type=int, default=48, help="frames per episode (default: %(default)s)")
     p.add_argument("--fps", type=int, default=15, help="frames per second (default: %(default)s)")
-    p.add_argument("--height", type=int, default=32, help="frame height in pixels, even, >= 16 (default: %(default)s)")
-    p.add_argument("--width", type=int, default=32, help="frame width in pixels, even, >= 16 (default: %(default)s)")
+    p.add_argument("--size", default="32x32", help="HxW of every camera, even, >= 16 (default: %(default)s)")
+    for half in ("--height", "--width"):  # the former spelling of --size, one half each
+        p.add_argument(half, type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument(
         "--tasks", type=int, default=4, help=f"number of distinct tasks, 1..{len(TASKS)} (default: %(default)s)"
     )
@@ -269,13 +271,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--codec", default="libx264", help="libx264 (default) or libsvtav1 (lerobot's default)")
     p.add_argument("--gop", type=int, default=8, help="keyframe interval in frames (default: %(default)s)")
     a = p.parse_args(argv)
+    h, w = size_hw(a.size)
+    if a.height is not None or a.width is not None:
+        print("notice: --height/--width are deprecated, use --size HxW", file=sys.stderr)
+        h, w = a.height if a.height is not None else h, a.width if a.width is not None else w
     # bad arguments, a non-empty --out, an unknown codec: one line (the temp folder is removed)
-    out = write_demo_dataset(
-        a.out, a.version, a.episodes, a.length, a.fps, (a.height, a.width), a.seed, a.tasks, a.gop, a.codec
-    )
+    out = write_demo_dataset(a.out, a.version, a.episodes, a.length, a.fps, (h, w), a.seed, a.tasks, a.gop, a.codec)
     print(
         f"wrote {a.version} demo dataset: {a.episodes} episodes x {a.length} frames, 3 cameras "
-        f"{a.height}x{a.width} @ {a.fps} fps -> {out}"
+        f"{h}x{w} @ {a.fps} fps -> {out}"
     )
     return 0
 

@@ -1,4 +1,4 @@
-"""Policy server: ``python -m dit4dit_npu.serve --checkpoint DIR [--host 127.0.0.1 --port 8000]``.
+"""Policy server: ``python -m dit4dit_npu.serve --policy DIR [--host 127.0.0.1 --port 8000]``.
 
 Wire format: websocket + msgpack with numpy arrays (``msgpack_numpy``, openpi's encoding).
 
@@ -38,7 +38,7 @@ import numpy as np
 import websockets
 import websockets.asyncio.server as ws_server
 
-from dit4dit_npu.cli import entry_point
+from dit4dit_npu.cli import entry_point, former_names, require
 from dit4dit_npu.errors import DiT4DiTError
 from dit4dit_npu.serve import msgpack_numpy, protocol
 from dit4dit_npu.serve.batching import Batcher
@@ -354,7 +354,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         description="Serve an exported DiT4DiT policy over websocket + msgpack (openpi wire format; "
         "DiT4DiT's own {'examples': [...]} requests too).",
     )
-    p.add_argument("--checkpoint", required=True, help="exported policy folder (contains policy.json)")
+    policy = p.add_argument("--policy", help="exported policy folder (contains policy.json; required)")
+    former_names(p, policy, "--checkpoint")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default: localhost only)")
     p.add_argument("--port", type=int, default=8000, help="TCP port (0 = any free port)")
     p.add_argument("--base-model", default=None, help="override the base model path recorded at export")
@@ -374,6 +375,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="answer only the instructions the policy was trained with")
     p.add_argument("--log-level", default="INFO", help="DEBUG, INFO (default), WARNING or ERROR")
     args = p.parse_args(argv)
+    require(p, args, policy)
     for name, low in (("max_batch", 1), ("max_new_instructions", 0)):
         if getattr(args, name) < low:
             p.error(f"--{name.replace('_', '-')} must be >= {low}, got {getattr(args, name)}")
@@ -402,7 +404,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     try:
         policy = DiT4DiTPolicy.from_pretrained(
-            args.checkpoint, base_model=args.base_model, backbone_dtype=torch.bfloat16 if args.bf16 else None,
+            args.policy, base_model=args.base_model, backbone_dtype=torch.bfloat16 if args.bf16 else None,
             merge_lora=args.merge_lora,
         )
     except PolicyLoadError as e:

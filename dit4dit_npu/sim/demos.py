@@ -138,11 +138,11 @@ def write_demos(
 
 @entry_point
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--task", default="transfer_cube")
-    p.add_argument("--episodes", type=int, default=50)
+    p = argparse.ArgumentParser(prog="python -m dit4dit_npu.sim.demos", description=__doc__.splitlines()[0])
+    p.add_argument("--task", default="transfer_cube", help="the scene and its scripted expert (default: %(default)s)")
+    p.add_argument("--episodes", type=int, default=50, help="how many successful episodes to keep (default: %(default)s)")
     p.add_argument("--size", default="240x320", help="HxW of every camera (RoboTwin: 240x320)")
-    p.add_argument("--out", required=True, type=Path)
+    p.add_argument("--out", required=True, type=Path, help="new (or empty) folder to write the dataset into")
     p.add_argument("--seed", type=int, default=TRAIN_SEED0, help=f"first training seed (>= {TRAIN_SEED0})")
     p.add_argument(
         "--horizon",
@@ -150,7 +150,9 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="steps per episode (default: the expert's: transfer_cube 320, insertion 300)",
     )
-    p.add_argument("--version", default="v3.0", choices=["v2.1", "v3.0"])
+    p.add_argument(
+        "--version", default="v3.0", choices=["v2.1", "v3.0"], help="LeRobot format version (default: %(default)s)"
+    )
     a = p.parse_args(argv)
     get_task(a.task)
     size_hw = parse_size(a.size)
