@@ -41,9 +41,11 @@ from reference import ReferenceDiT4DiT
 
 from dit4dit_npu import device as dev
 from dit4dit_npu.batch import Batch, BatchSpec
+from dit4dit_npu.cli import run
 from dit4dit_npu.config import Config, load_config
-from dit4dit_npu.models import DiT4DiT, PromptCache, build_dit4dit, build_prompt_encoder
+from dit4dit_npu.models import DiT4DiT, build_dit4dit, build_prompt_encoder
 from dit4dit_npu.models.testing import make_batch
+from dit4dit_npu.prompt_cache import PromptCache
 
 REPO = Path(__file__).resolve().parents[1]
 STAGES = ("text", "vae_encode", "feature_pass", "action_sampling")
@@ -260,4 +262,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(run(main))  # user errors: one line, exit code 2 (dit4dit_npu.cli)

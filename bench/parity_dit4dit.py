@@ -147,4 +147,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from dit4dit_npu.cli import run  # user errors: one line, exit code 2
+
+    raise SystemExit(run(main))

@@ -14,7 +14,7 @@ import pytest
 from dit4dit_npu import device
 
 ROOT = Path(__file__).resolve().parents[1]
-GLIBC = device._glibc_mallopt() is not None
+GLIBC = device.host._glibc_mallopt() is not None
 
 
 @pytest.fixture

@@ -180,8 +180,8 @@ def test_eval_cli_merges_on_request(lora_run, tmp_path, capsys):
     run, _ = lora_run
     policy = run / "checkpoints/step_000004/policy"
     args = ["--max-frames", "16", "--video-samples", "0", "--plot-episodes", "0"]
-    assert ev.main(["--checkpoint", str(policy), "--output", str(tmp_path / "a"), *args]) == 0
-    assert ev.main(["--checkpoint", str(policy), "--output", str(tmp_path / "b"), "--merge-lora", *args]) == 0
+    assert ev.main(["--policy", str(policy), "--out", str(tmp_path / "a"), *args]) == 0
+    assert ev.main(["--policy", str(policy), "--out", str(tmp_path / "b"), "--merge-lora", *args]) == 0
     adapter, merged = (json.loads((tmp_path / x / "metrics.json").read_text())["model"]["mse"] for x in "ab")
     assert merged == pytest.approx(adapter, rel=1e-4)
 
@@ -192,7 +192,7 @@ def test_eval_cli_merges_on_request(lora_run, tmp_path, capsys):
     info["model"]["framework"]["cosmos25"]["lora"]["rank"] = 0
     (plain / "policy.json").write_text(json.dumps(info))
     capsys.readouterr()
-    assert ev.main(["--checkpoint", str(plain), "--output", str(tmp_path / "c"), "--merge-lora", *args]) == 2
+    assert ev.main(["--policy", str(plain), "--out", str(tmp_path / "c"), "--merge-lora", *args]) == 2
     assert capsys.readouterr().err.strip().endswith("this policy has no LoRA adapter to merge")
     shutil.rmtree(plain)
 
@@ -201,8 +201,9 @@ def test_eval_cli_merges_on_request(lora_run, tmp_path, capsys):
 def test_adapters_get_gradients_base_does_not(checkpointing):
     """One real forward + backward: every adapter (in every block, also under diffusers'
     gradient checkpointing) gets a gradient, no base transformer weight does."""
-    from dit4dit_npu.models import PromptCache, build_dit4dit, build_prompt_encoder
+    from dit4dit_npu.models import build_dit4dit, build_prompt_encoder
     from dit4dit_npu.models.testing import make_batch, small_spec
+    from dit4dit_npu.prompt_cache import PromptCache
 
     cfg = load_config(TINY, [f"trainer.enable_gradient_checkpointing={str(checkpointing).lower()}",
                              *(f"{k}={v}" for k, v in LORA.items())])

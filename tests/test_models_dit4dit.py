@@ -10,12 +10,11 @@ from dit4dit_npu.batch import BatchError, BatchSpec
 from dit4dit_npu.models import (
     DiT4DiT,
     ModelConfigError,
-    PromptCache,
-    PromptCacheError,
     build_dit4dit,
     build_prompt_encoder,
 )
 from dit4dit_npu.models.testing import INSTRUCTIONS, make_batch, small_config, small_spec
+from dit4dit_npu.prompt_cache import PromptCache, PromptCacheError
 
 
 @pytest.fixture(scope="module")

@@ -334,7 +334,7 @@ def test_train_8p_script_refuses_bad_counts_with_one_line(tmp_path, args, messag
     assert not (tmp_path / "logs").exists()  # refused before anything was started or written
 
 
-def test_train_8p_script_checks_ranks_against_cards_via_device_py(tmp_path):
+def test_train_8p_script_checks_ranks_against_cards_via_the_device_layer(tmp_path):
     # DIT4DIT_DEVICE=cuda on this host: one card more than it shows (none on a CPU host).
     n = torch.cuda.device_count() + 1
     r = run_script([f"--num_processes={n}"], tmp_path, DIT4DIT_DEVICE="cuda")
@@ -344,7 +344,7 @@ def test_train_8p_script_checks_ranks_against_cards_via_device_py(tmp_path):
     assert not (tmp_path / "logs").exists()
 
 
-def test_train_8p_script_dry_run_takes_the_host_env_from_device_py(tmp_path):
+def test_train_8p_script_dry_run_takes_the_host_env_from_the_device_layer(tmp_path):
     cores = len(os.sched_getaffinity(0))
     env = {"TASK_QUEUE_ENABLE": "7", "LD_LIBRARY_PATH": "/opt/mine"}
     r = run_script(["--dry_run", f"--num_processes={cores + 1}", "--num_machines=2", "a.b=c"], tmp_path, **env)

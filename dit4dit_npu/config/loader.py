@@ -22,10 +22,14 @@ import yaml
 
 from dit4dit_npu.config import migrate
 from dit4dit_npu.config.schema import Config
+from dit4dit_npu.errors import DiT4DiTError
+from dit4dit_npu.files import atomic_write_text
 
 
-class ConfigError(ValueError):
+class ConfigError(DiT4DiTError, ValueError):
     """A config problem with a one-line, user-facing message (no traceback needed)."""
+
+    cli_prefix = "config error"  # what dit4dit_npu.cli prints before the message
 
 
 # Keys earlier versions had: an old config fails on them with where the concept went (the table
@@ -310,4 +314,4 @@ def dump_yaml(cfg: Config) -> str:
 
 
 def save_config(cfg: Config, path: str | Path) -> None:
-    Path(path).write_text(dump_yaml(cfg))
+    atomic_write_text(path, dump_yaml(cfg))

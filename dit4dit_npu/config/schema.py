@@ -245,7 +245,7 @@ class TrainerConfig:
     gradient_clipping: float = 1.0
     gradient_accumulation_steps: int = 1
     enable_gradient_checkpointing: bool = False
-    # bf16 autocast on the device type from device.py; "no" = fp32 (default on CPU runs).
+    # bf16 autocast on the device type from dit4dit_npu.device; "no" = fp32 (default on CPU runs).
     mixed_precision: Literal["bf16", "no"] = "bf16"
     # Path of an accelerate/DeepSpeed json (relative to the repo or absolute); null = no DeepSpeed.
     deepspeed_config: str | None = "configs/deepspeed/zero2.json"

@@ -24,8 +24,8 @@ import numpy as np
 from dit4dit_npu.config import Config
 from dit4dit_npu.config.original_data import ROBOT_TYPES, RobotType
 from dit4dit_npu.convert.checkpoint import ConversionError
+from dit4dit_npu.transforms.feature_stats import STAT_FIELDS, FeatureStats
 from dit4dit_npu.transforms.policy_io import PolicyIO
-from dit4dit_npu.transforms.stats import STAT_FIELDS, FeatureStats
 from dit4dit_npu.transforms.vector import Binarize, Normalize, Pad, Reorder, SinCos, Step, VectorPipeline
 
 

@@ -1,7 +1,7 @@
-"""DiT4DiT model: Cosmos-Predict2.5 video backbone, prompt cache, DiT flow-matching action head.
+"""DiT4DiT model: Cosmos-Predict2.5 video backbone, prompt encoder, DiT flow-matching action head.
 
 Pure torch modules with model-local configs: no data loading, no distributed code, no file I/O,
-no device names (see device.py), no knowledge of the run config. ``build.py`` is the one adapter
+no device names (see dit4dit_npu/device/), no knowledge of the run config. ``build.py`` is the one adapter
 from the run config (plus the ``BatchSpec`` PolicyIO promises) and the one place weights load.
 """
 
@@ -26,7 +26,7 @@ from dit4dit_npu.models.cosmos import BackboneConfig, CosmosBackbone
 from dit4dit_npu.models.dit4dit import DiT4DiT, DiT4DiTConfig
 from dit4dit_npu.models.errors import ModelConfigError
 from dit4dit_npu.models.pixels import FrameInputError, to_uint8, to_vae_range
-from dit4dit_npu.models.text import PromptCache, PromptCacheError, PromptEncoder
+from dit4dit_npu.models.text import PromptEncoder
 
 __all__ = [
     "ActionHeadConfig",
@@ -37,8 +37,6 @@ __all__ = [
     "FlowMatchingActionHead",
     "FrameInputError",
     "ModelConfigError",
-    "PromptCache",
-    "PromptCacheError",
     "PromptEncoder",
     "action_head_config",
     "backbone_config",

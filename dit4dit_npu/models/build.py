@@ -24,8 +24,6 @@ import hashlib
 import json
 import logging
 import os
-import shutil
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -36,6 +34,7 @@ import torch
 from dit4dit_npu import device as dev
 from dit4dit_npu.batch import BatchSpec
 from dit4dit_npu.config import Config, ConfigError
+from dit4dit_npu.files import atomic_folder
 from dit4dit_npu.models import tiny
 from dit4dit_npu.models.action_head import PRESETS, ActionHeadConfig, FlowMatchingActionHead
 from dit4dit_npu.models.cosmos import BackboneConfig, CosmosBackbone
@@ -371,24 +370,18 @@ def tiny_base_model(sizes: tiny.TinySizes) -> Path:
         # elsewhere), so the other ranks wait for rank 0's folder instead of racing it with a broken one
         return _wait_for_folder(folder)
     try:
-        root.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=root))
+        with atomic_folder(folder, replace=False) as tmp:
+            with _as_config_error():
+                write_tiny_base_model(sizes, tmp)
+            check_base_model(tmp)  # never publish an incomplete folder
+    except FileExistsError:
+        if not (folder / "model_index.json").is_file():  # not just another process winning the race
+            raise
     except OSError as e:
         raise ConfigError(
-            f"framework.cosmos25.base_model=tiny: cannot write the tiny model cache {root} ({e.strerror}); "
+            f"framework.cosmos25.base_model=tiny: cannot write the tiny model cache {root} ({e.strerror or e}); "
             f"set {TINY_CACHE_ENV} to a writable folder"
         ) from None
-    try:
-        with _as_config_error():
-            write_tiny_base_model(sizes, tmp)
-        check_base_model(tmp)  # never publish an incomplete folder
-        try:
-            os.replace(tmp, folder)
-        except OSError:
-            if not (folder / "model_index.json").is_file():  # not just another process winning the race
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return folder
 
 

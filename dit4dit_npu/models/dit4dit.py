@@ -34,7 +34,7 @@ from dit4dit_npu.models.imagine import imagine
 from dit4dit_npu.models.lora import has_lora
 from dit4dit_npu.models.noise import InferenceNoise, TrainingNoise, noise_from
 from dit4dit_npu.models.pixels import to_vae_range
-from dit4dit_npu.models.text import PromptCache, PromptCacheError
+from dit4dit_npu.prompt_cache import PromptCache, PromptCacheError
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ class DiT4DiTConfig:
     training: Training = "joint"
     # Original behaviour (SPEC A1): the action loss never reaches the video transformer.
     backprop_action_to_backbone: bool = False
-    # bf16 autocast on the device type (device.py) around the backbone; the head stays fp32.
+    # bf16 autocast on the device type (dit4dit_npu.device) around the backbone; the head stays fp32.
     autocast: bool = True
 
 

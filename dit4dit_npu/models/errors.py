@@ -7,8 +7,10 @@ key filled that field, and re-raises the problem as a ``ConfigError`` naming the
 
 from __future__ import annotations
 
+from dit4dit_npu.errors import DiT4DiTError
 
-class ModelConfigError(ValueError):
+
+class ModelConfigError(DiT4DiTError, ValueError):
     """``field``: the model-local field at fault (e.g. ``extract_layer``); ``detail``: what was expected."""
 
     def __init__(self, field: str, detail: str) -> None:

@@ -23,14 +23,13 @@ training schema; folders of format_version 2 load through ``legacy.py``.
 from __future__ import annotations
 
 import json
-import os
-import shutil
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from dit4dit_npu.config import Config, ConfigError, dump_yaml
+from dit4dit_npu.errors import DiT4DiTError
+from dit4dit_npu.files import atomic_folder
 from dit4dit_npu.policy.adapter import ADAPTER_WEIGHTS, adapter_problems, read_adapter, write_adapter
 from dit4dit_npu.policy.integrity import feature_names, nonfinite_stats, read_weights, width_problem
 from dit4dit_npu.policy.legacy import CONFIG_V2, read_v2
@@ -57,7 +56,7 @@ TRAIN_CONFIG_NOTE = "the run's config, kept for the record; loading the policy n
 READABLE_VERSIONS = {2: (*REQUIRED_FILES, CONFIG_V2), FORMAT_VERSION: REQUIRED_FILES}
 
 
-class PolicyLoadError(RuntimeError):
+class PolicyLoadError(DiT4DiTError, RuntimeError):
     """A policy folder that cannot be loaded (missing files, other format version, bad base model)."""
 
 
@@ -79,7 +78,7 @@ def export_policy(
     from safetensors.torch import save_file
 
     from dit4dit_npu.models.lora import has_lora
-    from dit4dit_npu.policy.prompts import save_prompt_cache
+    from dit4dit_npu.prompt_cache import save_prompt_cache
 
     paths = [str(Path(p).resolve()) for p in dataset_paths]
     d = cfg.datasets.vla_data
@@ -90,7 +89,8 @@ def export_policy(
         action_names=feature_names(paths, d.action_key, io.action_dim),
     )
 
-    def write(tmp: Path) -> None:
+    # replaces an existing folder: the old one is moved aside first so `out` is never half-new
+    with atomic_folder(Path(out_dir)) as tmp:
         # Own, contiguous CPU storage per tensor: safetensors refuses shared/strided storage.
         weights = {k: v.detach().cpu().clone().contiguous() for k, v in model.trainable_state_dict().items()}
         save_file(weights, str(tmp / WEIGHTS), metadata={"format": "dit4dit_npu.policy", "step": str(step)})
@@ -100,29 +100,7 @@ def export_policy(
         save_prompt_cache(prompt_cache, tmp / PROMPTS)
         (tmp / TRAIN_CONFIG).write_text(f"# {TRAIN_CONFIG_NOTE}\n" + dump_yaml(cfg))
         (tmp / POLICY_JSON).write_text(json.dumps(manifest.to_json(), indent=1))
-
-    return write_folder_atomically(Path(out_dir), write)
-
-
-def write_folder_atomically(out: Path, write: Callable[[Path], None]) -> Path:
-    """``write(tmp)`` fills a temporary sibling folder, which then replaces ``out`` by rename: a
-    crash leaves the old folder or the new one, never half of either."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    try:
-        write(tmp)
-        if out.exists():  # replace: move the old folder aside first so `out` is never half-new
-            old = out.parent / f".{out.name}.old-{os.getpid()}"
-            os.replace(out, old)
-            os.replace(tmp, out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return out
+    return Path(out_dir)
 
 
 # --------------------------------------------------------------------------------------------
@@ -208,7 +186,7 @@ def load_policy_folder(policy_dir: str | Path, base_model: str | None = None, me
     from dit4dit_npu.models import build_dit4dit, text_identity
     from dit4dit_npu.models.lora import load_adapter_state_dict
     from dit4dit_npu.models.lora import merge_lora as merge
-    from dit4dit_npu.policy.prompts import load_prompt_cache
+    from dit4dit_npu.prompt_cache import load_prompt_cache
 
     path = find_policy_dir(policy_dir)
     raw = read_policy_json(path)  # version and files first: a newer format is refused before its parts are read

@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from dit4dit_npu.transforms.feature_stats import STAT_FIELDS
 from dit4dit_npu.transforms.policy_io import PolicyIO
-from dit4dit_npu.transforms.stats import STAT_FIELDS
 
 # (weight, axis of its shape, what it is the width of): the action head's ends, which PolicyIO's
 # widths must fit (models/action_head.py: state MLP, action encoder W1, action decoder).

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from dit4dit_npu.config import Config, ConfigError, FrameworkConfig, TrainerConfig, from_dict, validate
+from dit4dit_npu.errors import DiT4DiTError
 
 FORMAT_VERSION = 3  # 2: policy_io.json replaces normalizer.json; 3: one manifest, no config.yaml
 # The run config's declaration of the precision setting (not a second list of its values).
@@ -47,7 +48,7 @@ OWNED_ELSEWHERE = {
 }
 
 
-class ManifestError(ValueError):
+class ManifestError(DiT4DiTError, ValueError):
     """A manifest that does not parse (one line naming the key)."""
 
 

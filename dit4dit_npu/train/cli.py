@@ -13,7 +13,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from dit4dit_npu.config import Config, ConfigError, dump_yaml, load_config
+from dit4dit_npu.cli import entry_point
+from dit4dit_npu.config import Config, dump_yaml, load_config
+from dit4dit_npu.errors import DiT4DiTError
+from dit4dit_npu.files import atomic_write_text, is_out_of_space
 from dit4dit_npu.train.metrics import check_trackers
 
 USAGE_EPILOG = """overrides:
@@ -86,40 +89,30 @@ def check_model_build(cfg: Config) -> None:
     param_groups(model, cfg.trainer.learning_rate)
 
 
+@entry_point
 def main(argv: list[str] | None = None) -> int:
     args, overrides = parse_args(argv)
-    try:
-        cfg = load_config(args.config, overrides, on_notices=print_notices)
-        check_trackers(cfg.trackers)  # now, not after the imports and the data loading
-        if args.migrate_config is not None:
-            args.migrate_config.parent.mkdir(parents=True, exist_ok=True)
-            args.migrate_config.write_text(dump_yaml(cfg))
-            print(f"wrote {args.migrate_config}", file=sys.stderr)
-            return 0
-        if args.dry_run:
-            check_model_build(cfg)
-    except ConfigError as e:
-        print(f"config error: {e}", file=sys.stderr)
-        return 2
-    except OSError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    cfg = load_config(args.config, overrides, on_notices=print_notices)
+    check_trackers(cfg.trackers)  # now, not after the imports and the data loading
+    if args.migrate_config is not None:
+        write_migrated(cfg, args.migrate_config)
+        print(f"wrote {args.migrate_config}", file=sys.stderr)
+        return 0
     if args.dry_run:
+        check_model_build(cfg)
         print(dump_yaml(cfg), end="")
         return 0
-    from dit4dit_npu.train.errors import user_errors  # heavy imports only when training
-    from dit4dit_npu.train.loop import train
+    from dit4dit_npu.train.loop import train  # heavy imports only when training
 
-    try:
-        train(cfg)
-    except user_errors() as e:  # bad input: one line, no traceback; anything else is a bug
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except OSError as e:  # a full disk outside a checkpoint save (metrics, logs): still one line
-        from dit4dit_npu.train.checkpoint import is_out_of_space
-
-        if not is_out_of_space(e):
-            raise
-        print(f"error: no space left: {e}", file=sys.stderr)
-        return 2
+    train(cfg)
     return 0
+
+
+def write_migrated(cfg: Config, out: Path) -> None:
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(out, dump_yaml(cfg))
+    except OSError as e:
+        if is_out_of_space(e):
+            raise
+        raise DiT4DiTError(f"--migrate-config {out}: cannot write ({e.strerror or e})") from None

@@ -13,15 +13,15 @@ from pathlib import Path
 
 from dit4dit_npu import device
 from dit4dit_npu.config import Config
+from dit4dit_npu.prompt_cache import prepare_prompt_cache
 from dit4dit_npu.train.distributed import build_accelerator, building_outside_deepspeed
-from dit4dit_npu.train.errors import TrainingError, user_errors
+from dit4dit_npu.train.errors import TrainingError
 from dit4dit_npu.train.optim import freeze_modules
-from dit4dit_npu.train.prompt_cache import prepare_prompt_cache
 from dit4dit_npu.train.resume import check_data
 from dit4dit_npu.train.run_folder import RunFolder, discard_if_unused, open_run, record_config
 from dit4dit_npu.train.trainer import Trainer, check_ema_supported, data_fingerprint
 
-__all__ = ["TrainingError", "train", "user_errors"]
+__all__ = ["TrainingError", "train"]
 
 
 def train(cfg: Config) -> Path:

@@ -28,20 +28,21 @@ import torch
 
 from dit4dit_npu.batch import Batch, BatchSpec
 from dit4dit_npu.config import Config
+from dit4dit_npu.errors import DiT4DiTError
+from dit4dit_npu.transforms.feature_stats import FeatureStats
 from dit4dit_npu.transforms.images import RESIZE_METHODS, VIEW_LAYOUTS, tile_views, tiled_size
 from dit4dit_npu.transforms.observation import Observation, parse_observation
-from dit4dit_npu.transforms.stats import FeatureStats
 from dit4dit_npu.transforms.vector import NORM_MODES, Normalize, Pad, SinCos, Step, VectorPipeline
 
 FORMAT = "dit4dit_npu.policy_io/1"
 STATE_MODES = (*NORM_MODES, "sincos", "none")
 
 
-class PolicyIOError(ValueError):
+class PolicyIOError(DiT4DiTError, ValueError):
     """A PolicyIO that cannot be built or read (one line naming the setting or file)."""
 
 
-class NonFiniteActionError(RuntimeError):
+class NonFiniteActionError(DiT4DiTError, RuntimeError):
     """The model computed NaN/inf actions: they are never returned to a robot."""
 
 

@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from dit4dit_npu.transforms.stats import FeatureStats
+from dit4dit_npu.transforms.feature_stats import FeatureStats
 
 # A range or std this small carries no signal (rad, m): the dim normalizes to 0 and
 # unnormalizes to its constant, so nothing ever divides by ~0 (openpi#814, lerobot#211).
