@@ -1,8 +1,11 @@
-"""Issue 10 for training: resume always finds a whole checkpoint, a full disk or a kill -9 never
-costs a complete checkpoint, changed data is refused, each fault is one clear line.
+"""Issues 10 and 22 for training: resume always finds a whole checkpoint (verified by content: a
+file damaged in place is found by its hash, non-finite weights or EMA once loaded), a full disk or
+a kill -9 never costs a complete checkpoint, a diverged state is never saved, changed data is
+refused, each fault is one clear line.
 
 Real training processes on the shared demo data (tests/policy_fixtures.py), without DeepSpeed
-(it is not what these tests are about) and one step at a time; damage is done to real files.
+(it is not what these tests are about), with an EMA (so checkpoints hold ema.safetensors) and one
+step at a time; damage is done to real files.
 """
 
 from __future__ import annotations
@@ -21,7 +24,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import torch
 from policy_fixtures import shared_tiny_setup
+from safetensors import safe_open
+from safetensors.torch import save_file
 
 from dit4dit_npu.config import ConfigError, load_config
 from dit4dit_npu.train import checkpoint as ckpt_io
@@ -46,7 +52,7 @@ def overrides(runs: Path, data_root: Path, **extra) -> list[str]:
         "datasets.vla_data.generate_demo_if_missing": "false", "datasets.vla_data.per_device_batch_size": 2,
         "trainer.deepspeed_config": "null", "trainer.max_train_steps": 3, "trainer.save_interval": 1,
         "trainer.logging_frequency": 1, "trainer.eval_interval": 100, "trainer.num_warmup_steps": 1,
-        "trainer.keep_last_checkpoints": 10,
+        "trainer.keep_last_checkpoints": 10, "trainer.ema.decay": 0.9,
     }
     return [f"{k}={v}" for k, v in {**base, **extra}.items()]
 
@@ -144,6 +150,10 @@ def test_resume_falls_back_past_damaged_checkpoints_exactly(base_runs, tmp_path,
         ("delete fingerprint.json", r"{c}/fingerprint.json is missing"),
         ("delete state/random_states_0.pkl",
          r"{c}/state/random_states_0.pkl is missing \(the RNG state: the run would not continue exactly\)"),
+        *[(f"flip {rel}", rf"{{c}}/{re.escape(rel)} does not match the content hash recorded when it was saved "
+           r"\(damaged in place: same size, other bytes\)")
+          for rel in ("state/model.safetensors", "state/optimizer.bin", "state/random_states_0.pkl", "ema.safetensors",
+                      "trainer_state.pt", "policy/model.safetensors")],
         ("legacy scramble trainer_state.pt", r"{c}/trainer_state.pt is unreadable \(.+\)"),
         ("legacy delete fingerprint.json", r"{c}/fingerprint.json is missing"),
         ("legacy delete state/random_states_0.pkl",
@@ -151,8 +161,9 @@ def test_resume_falls_back_past_damaged_checkpoints_exactly(base_runs, tmp_path,
     ],
 )
 def test_each_damaged_file_is_named_and_skipped(base_runs, tmp_path, damage, expected):
-    """One damaged file in the newest checkpoint: named, and the one before is chosen. "legacy":
-    a checkpoint without a manifest (older versions), checked by reading its files."""
+    """One damaged file in the newest checkpoint: named, and the one before is chosen. "flip": one
+    byte changed in place (same size: only the content hash can tell). "legacy": a checkpoint
+    without a manifest (older versions), checked by reading its files."""
     ck = tmp_path / RUN / "checkpoints"
     for name in ("step_000002", "step_000003"):
         shutil.copytree(base_runs / RUN / "checkpoints" / name, ck / name)
@@ -164,6 +175,10 @@ def test_each_damaged_file_is_named_and_skipped(base_runs, tmp_path, damage, exp
         os.truncate(c / rel, (c / rel).stat().st_size - 1)
     elif verb == "delete":
         (c / rel).unlink()
+    elif verb == "flip":  # one byte in the middle
+        data = bytearray((c / rel).read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        (c / rel).write_bytes(bytes(data))
     else:  # same size, other bytes
         (c / rel).write_bytes(bytes(reversed((c / rel).read_bytes())))
     point = resume.choose(tmp_path / RUN)
@@ -349,3 +364,113 @@ def test_a_start_refused_after_the_folder_check_leaves_no_run_folder(tmp_path, d
     r = train(overrides(tmp_path / "runs2", data_root, **bad))
     assert r.returncode != 0
     assert sorted(p.name for p in mine.iterdir()) == ["notes.txt"]
+
+
+# -- issue 22: checkpoints verified by content ----------------------------------------------------
+
+
+def rewrite_tensors(path: Path, change) -> str:
+    """Apply ``change(tensors) -> key`` to a safetensors file (its metadata kept); returns the key."""
+    with safe_open(str(path), "pt") as f:
+        meta = f.metadata()
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    key = change(tensors)
+    save_file(tensors, str(path), metadata=meta)
+    return key
+
+
+def nan_in_a_head_weight(tensors: dict[str, torch.Tensor]) -> str:
+    key = sorted(k for k in tensors if k.startswith("action_model.") and k.endswith(".weight"))[0]
+    tensors[key].view(-1)[0] = float("nan")
+    return key
+
+
+@pytest.mark.slow
+def test_non_finite_weights_or_ema_once_loaded_set_the_checkpoint_aside(base_runs, tmp_path, data_root):
+    """Checkpoints holding NaN whose manifests agree with their bytes (saved so by a version that did
+    not check): only loading tells. Step 3's EMA and step 2's trained weights: each is named and set
+    aside, and the run continues exactly from step 1."""
+    runs, ck = copy_runs(base_runs, tmp_path)
+    ema_key = rewrite_tensors(ck / "step_000003/ema.safetensors", nan_in_a_head_weight)
+    weight_key = rewrite_tensors(ck / "step_000002/state/model.safetensors", nan_in_a_head_weight)
+    for step in (2, 3):
+        ckpt_io.write_manifest(ck / f"step_{step:06d}")
+    assert all_whole(ck) == [1, 2, 3]  # whole on disk
+    r = train(overrides(runs, data_root, **{"trainer.max_train_steps": 4, "trainer.resume": "auto"}))
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = (r.stdout + r.stderr).splitlines()
+    for line in (
+        f"resume: {ck}/step_000003 holds non-finite values in the EMA (1 tensor(s), e.g. {ema_key!r}) (a checkpoint "
+        "of a diverged run); moved step_000003 to damaged-step_000003",
+        f"resume: falling back to {ck}/step_000002",
+        f"resume: {ck}/step_000002 holds non-finite values in the trained weights (1 tensor(s), e.g. {weight_key!r}) "
+        "(a checkpoint of a diverged run); moved step_000002 to damaged-step_000002",
+        f"resume: falling back to {ck}/step_000001",
+        f"resumed from {ck}/step_000001 at step 1",
+    ):
+        assert line in out, (line, out[-30:])
+    assert all_whole(ck) == [1, 2, 3, 4]
+    resumed, original = losses(runs / RUN), losses(base_runs / RUN)
+    assert all(resumed[s] == original[s] for s in (1, 2, 3))  # the loads it fell back past left no trace
+
+
+@pytest.mark.slow
+def test_a_diverged_state_is_never_saved_nor_pruned_for(base_runs, tmp_path, data_root):
+    """Step 3's optimizer state holds NaN (its manifest agreeing): the weights load finite and the
+    first step's loss is finite, but that step's update turns a weight, and so its EMA, to NaN. The
+    save refuses, naming the checkpoint; before, it saved the diverged state and pruning (keep 1)
+    then deleted step 3, the last healthy checkpoint."""
+    runs, ck = copy_runs(base_runs, tmp_path)
+    optimizer = torch.load(ck / "step_000003/state/optimizer.bin", weights_only=False)
+    next(iter(optimizer["state"].values()))["exp_avg"].fill_(float("nan"))
+    torch.save(optimizer, ck / "step_000003/state/optimizer.bin")
+    ckpt_io.write_manifest(ck / "step_000003")
+    before = files(ck)
+    r = train(overrides(runs, data_root, **{"trainer.max_train_steps": 4, "trainer.resume": "auto",
+                                            "trainer.keep_last_checkpoints": 1}))
+    assert re.fullmatch(
+        r"error: checkpoint step 4 not saved: non-finite values in the trained weights \(1 tensor\(s\), e\.g\. '.+'\) "
+        r"and in the EMA \(1 tensor\(s\), e\.g\. '.+'\) \(within the first steps after resuming from "
+        + re.escape(f"{ck}/step_000003: that checkpoint is the likelier cause (a state that loads but diverges at "
+                    f"once); move it aside (e.g. to {ck}/damaged-step_000003) to resume from the one before); the "
+                    f"latest checkpoint is still {ck}/step_000003"),
+        one_line_error(r),
+    ), r.stderr[-2000:]
+    assert files(ck) == before and not list(ck.glob(".tmp-*"))
+
+
+@pytest.mark.slow
+def test_a_non_finite_loss_right_after_a_resume_names_the_checkpoint(base_runs, tmp_path, data_root):
+    """Finite weights that diverge at once (scaled x1e30, manifest agreeing): the stop names the
+    checkpoint it resumed from instead of suggesting a lower learning rate; nothing is changed."""
+    runs, ck = copy_runs(base_runs, tmp_path)
+
+    def blow_up(tensors):
+        for k, t in tensors.items():
+            if k.startswith("action_model.") and t.is_floating_point():
+                t.mul_(1e30)
+        return ""
+
+    rewrite_tensors(ck / "step_000003/state/model.safetensors", blow_up)
+    ckpt_io.write_manifest(ck / "step_000003")
+    before = files(ck)
+    r = train(overrides(runs, data_root, **{"trainer.max_train_steps": 4, "trainer.resume": "auto"}))
+    assert one_line_error(r) == (
+        f"error: non-finite loss at or before step 4, within the first steps after resuming from {ck}/step_000003: "
+        "that checkpoint is the likelier cause (a state that loads but diverges at once); move it aside (e.g. to "
+        f"{ck}/damaged-step_000003) to resume from the one before; stopping without saving (no checkpoint was changed)"
+    )
+    assert files(ck) == before
+
+
+def test_pruning_never_removes_the_checkpoint_just_saved(base_runs, tmp_path):
+    """A run resumed from an earlier checkpoint than its folder's newest (trainer.resume=PATH) saves
+    step 2 while step 3 exists: keeping 1 by step number alone would delete the one just saved and
+    checked, and keep the unverified step 3."""
+    ck = tmp_path / RUN / "checkpoints"
+    for name in ("step_000001", "step_000002", "step_000003"):
+        shutil.copytree(base_runs / RUN / "checkpoints" / name, ck / name)
+    ckpt_io.prune(tmp_path / RUN, 1, protect=ck / "step_000002")
+    assert [s for s, _ in ckpt_io.step_folders(tmp_path / RUN)] == [2, 3]
+    ckpt_io.prune(tmp_path / RUN, 1)
+    assert [s for s, _ in ckpt_io.step_folders(tmp_path / RUN)] == [3]

@@ -10,7 +10,7 @@ Layout of a run folder::
         fingerprint.json                config and data a resume must agree with
         trainer_state.pt                step, LR scheduler, data cursor, world size
         ema.safetensors                 the EMA of the trainable weights (trainer.ema on only)
-        manifest.json                   every file above with its size (written last)
+        manifest.json                   every file above with its size and content hash (written last)
     <run_dir>/checkpoints/.tmp-step_000100/       a save in progress; never read
     <run_dir>/checkpoints/.old-step_000100/       the copy a commit is replacing
     <run_dir>/checkpoints/.deleting-step_000100/  a checkpoint being pruned
@@ -20,6 +20,11 @@ Every change of a ``step_*`` folder is one rename, so a kill at any moment leave
 either complete or absent: a crash during a save leaves only ``.tmp-*``, during pruning only
 ``.deleting-*``, and between the two renames of a replacing commit the ``.old-*`` copy, which
 the next start puts back (``clean_stale``). Which checkpoint a resume may use is ``resume.py``.
+
+The manifest's hashes (``files.hash_files``: sha256 in 64 MiB pieces, hashed by parallel
+threads) find a file damaged in place, same size and other bytes, which sizes alone cannot;
+they are computed once per save, after the files are written (read back from the page cache),
+and checked only for the checkpoint a resume is about to use.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ from typing import Any
 import torch
 
 from dit4dit_npu.config import Config, to_dict
-from dit4dit_npu.files import publish_folder
+from dit4dit_npu.files import HASH_SCHEME, hash_files, publish_folder
 
 STEP_DIR = re.compile(r"^step_(\d+)$")
 TRAINER_STATE, FINGERPRINT, MANIFEST = "trainer_state.pt", "fingerprint.json", "manifest.json"
@@ -124,14 +129,28 @@ def read_trainer_state(ckpt: Path) -> dict:
 
 
 def write_manifest(folder: Path) -> None:
-    """Every file of the finished checkpoint with its size: a truncated or missing file is found
-    at resume without reading tens of GB."""
+    """Every file of the finished checkpoint with its size and content hash: a truncated or
+    missing file is found at resume from its size alone, one damaged in place from its hash."""
+    paths = [p for p in sorted(folder.rglob("*")) if p.is_file() and p.name != MANIFEST]
+    digests = hash_files(paths)
     files = {
-        p.relative_to(folder).as_posix(): p.stat().st_size
-        for p in sorted(folder.rglob("*"))
-        if p.is_file() and p.name != MANIFEST
+        p.relative_to(folder).as_posix(): {"size": p.stat().st_size, "sha256": digests[p]} for p in paths
     }
-    (folder / MANIFEST).write_text(json.dumps({"files": files}, indent=1))
+    (folder / MANIFEST).write_text(json.dumps({"hash": HASH_SCHEME, "files": files}, indent=1))
+
+
+def read_manifest(ckpt: Path) -> tuple[dict[str, int], dict[str, str]]:
+    """(size of each file, content hash of each file that has one): manifests of older versions
+    list sizes only. Raises ValueError for a manifest that is not one."""
+    d = json.loads((ckpt / MANIFEST).read_text())
+    files = d["files"]
+    if not isinstance(files, dict):
+        raise ValueError("'files' is not a mapping")
+    sizes = {rel: int(v["size"] if isinstance(v, dict) else v) for rel, v in files.items()}
+    if d.get("hash", HASH_SCHEME) != HASH_SCHEME:
+        raise ValueError(f"hash scheme {d.get('hash')!r}, this version checks {HASH_SCHEME!r}")
+    hashes = {rel: str(v["sha256"]) for rel, v in files.items() if isinstance(v, dict) and "sha256" in v}
+    return sizes, hashes
 
 
 def commit(tmp: Path, final: Path) -> None:
@@ -141,10 +160,15 @@ def commit(tmp: Path, final: Path) -> None:
     publish_folder(tmp, final, aside=final.with_name(OLD + final.name))
 
 
-def prune(run_dir: Path, keep: int) -> None:
-    """Keep the newest ``keep`` checkpoints. Each doomed folder is renamed before it is deleted,
-    so a kill half-way through a deletion never leaves a half-deleted ``step_*``."""
+def prune(run_dir: Path, keep: int, protect: Path | None = None) -> None:
+    """Keep the newest ``keep`` checkpoints, and ``protect``: the newest checkpoint known to be
+    good (the one just saved, whose weights were checked finite and whose files were hashed),
+    even when newer step numbers exist (a run resumed from an earlier checkpoint than the run
+    folder's latest). Each doomed folder is renamed before it is deleted, so a kill half-way
+    through a deletion never leaves a half-deleted ``step_*``."""
     for _, path in list_checkpoints(run_dir)[:-keep]:
+        if protect is not None and path == protect:
+            continue
         doomed = path.with_name(DELETING + path.name)
         shutil.rmtree(doomed, ignore_errors=True)  # a leftover of the same name would block the rename
         os.replace(path, doomed)

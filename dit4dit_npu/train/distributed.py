@@ -201,6 +201,17 @@ def global_grad_norm(accelerator, model, last_clip_norm):
     return model.get_global_grad_norm() if uses_deepspeed(accelerator) else last_clip_norm
 
 
+def share_from_main(accelerator, obj: Any) -> Any:
+    """Rank 0's ``obj`` on every rank (a picklable value; collective: every rank calls it)."""
+    if accelerator.num_processes == 1:
+        return obj
+    from accelerate.utils import broadcast_object_list
+
+    box = [obj]
+    broadcast_object_list(box, from_process=0)
+    return box[0]
+
+
 def save_state(accelerator, folder: Path) -> None:
     """Model, optimizer (each rank's ZeRO shard) and every rank's RNG. Collective: all ranks call."""
     accelerator.save_state(str(folder))

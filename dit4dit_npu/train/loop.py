@@ -3,8 +3,9 @@
 Open the run folder (refusing before anything is written, choosing a whole checkpoint), build
 the data (a resume refuses data that changed since its checkpoint) and the model (the prompt
 cache is filled once, here, never per step), hand them to a ``Trainer`` (optimizer,
-schedule, accelerate + DeepSpeed), resume if asked, then step until ``max_train_steps``, logging,
-evaluating and saving on their intervals. The verbs are in ``trainer.py``.
+schedule, accelerate + DeepSpeed), resume if asked (falling back past a checkpoint whose weights
+turn out non-finite once loaded), then step until ``max_train_steps``, logging, evaluating and
+saving on their intervals. The verbs are in ``trainer.py``.
 """
 
 from __future__ import annotations
@@ -14,11 +15,11 @@ from pathlib import Path
 from dit4dit_npu import device
 from dit4dit_npu.config import Config
 from dit4dit_npu.prompt_cache import prepare_prompt_cache
-from dit4dit_npu.train.distributed import build_accelerator, building_outside_deepspeed
+from dit4dit_npu.train.distributed import build_accelerator, building_outside_deepspeed, share_from_main
 from dit4dit_npu.train.errors import TrainingError
 from dit4dit_npu.train.optim import freeze_modules
-from dit4dit_npu.train.resume import check_data
-from dit4dit_npu.train.run_folder import RunFolder, discard_if_unused, open_run, record_config
+from dit4dit_npu.train.resume import check_config, check_data
+from dit4dit_npu.train.run_folder import RunFolder, discard_if_unused, fall_back, open_run, record_config
 from dit4dit_npu.train.trainer import Trainer, check_ema_supported, data_fingerprint
 
 __all__ = ["TrainingError", "train"]
@@ -38,7 +39,9 @@ def train(cfg: Config) -> Path:
 
 def _train(cfg: Config, accelerator) -> Path:
     check_ema_supported(cfg, accelerator)  # before the run folder is touched
-    run = open_run(cfg, accelerator.is_main_process, accelerator.wait_for_everyone)
+    run = open_run(
+        cfg, accelerator.is_main_process, accelerator.wait_for_everyone, lambda x: share_from_main(accelerator, x)
+    )
     try:
         return _run(cfg, accelerator, run)
     except BaseException:
@@ -61,7 +64,7 @@ def _run(cfg: Config, accelerator, run: RunFolder) -> Path:
     model, prompt_cache = build_model(cfg, accelerator, data, run.path)
     trainer = Trainer(cfg, accelerator, model, data, prompt_cache, run.path)
     if run.resume_from is not None:
-        trainer.resume(run.resume_from)
+        resume(trainer, cfg, accelerator, data, run)
     else:
         trainer.start_fresh()
 
@@ -77,6 +80,21 @@ def _run(cfg: Config, accelerator, run: RunFolder) -> Path:
                 trainer.save()
     trainer.finish()
     return run.path
+
+
+def resume(trainer: Trainer, cfg: Config, accelerator, data, run: RunFolder) -> None:
+    """Load ``run.resume_from``; a checkpoint that loads but holds non-finite weights or EMA is
+    set aside and the next whole one is loaded instead (checked against the config and data like
+    the first)."""
+    while (problem := trainer.resume(run.resume_from)) is not None:
+        run = fall_back(
+            cfg, run, run.resume_from, problem, accelerator.is_main_process, accelerator.wait_for_everyone,
+            lambda x: share_from_main(accelerator, x),
+        )
+        check_config(run.resume_from, cfg)
+        note = check_data(run.resume_from, data_fingerprint(data))
+        if note:
+            accelerator.print(note)
 
 
 def build_data(cfg: Config, accelerator):

@@ -2,11 +2,16 @@
 
 ``trainer.resume=auto`` takes the newest checkpoint that passes ``checkpoint_problem``; a damaged
 newer one is named, set aside as ``damaged-step_N`` (nothing is deleted) and the run falls back,
-saying so. A checkpoint is whole when every file its manifest lists is there at its size, its
-trainer state and fingerprint read back, and it has the RNG state of every rank that saved it
-(accelerate would otherwise skip a missing RNG file silently and the run would continue
-inexactly). Then ``check_config`` and ``check_data`` refuse a resume whose config or training
-data differ from the checkpoint's, before anything is built or written.
+saying so. A checkpoint is whole when every file its manifest lists is there at its size and
+with its content hash (a file damaged in place keeps its size: model, optimizer, RNG state, EMA,
+trainer state alike), its trainer state and fingerprint read back, and it has the RNG state of
+every rank that saved it (accelerate would otherwise skip a missing RNG file silently and the run
+would continue inexactly). Hashing reads the whole checkpoint, so only the candidate is hashed
+(newest first, stopping at the first whole one), on rank 0 (``run_folder``). Once loaded, the
+weights and the EMA must be finite too (``Trainer.resume``); a checkpoint that fails there is set
+aside the same way (``run_folder.fall_back``). Then ``check_config`` and ``check_data`` refuse a
+resume whose config or training data differ from the checkpoint's, before anything is built or
+written.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from dit4dit_npu.config import Config, ConfigError
+from dit4dit_npu.files import hash_files
 from dit4dit_npu.train import checkpoint as ckpt_io
 from dit4dit_npu.train.errors import TrainingError
 
@@ -33,20 +39,32 @@ class ResumePoint:
     damaged: list[tuple[Path, str]] = field(default_factory=list)  # newer ones skipped, with why
 
 
-def checkpoint_problem(ckpt: Path) -> str | None:
-    """None if ``ckpt`` can be resumed from, else one line naming the bad file and what is wrong."""
+HASH_MISMATCH = "does not match the content hash recorded when it was saved (damaged in place: same size, other bytes)"
+
+
+def checkpoint_problem(ckpt: Path, content: bool = True) -> str | None:
+    """None if ``ckpt`` can be resumed from, else one line naming the bad file and what is wrong.
+    ``content=False`` skips the hashes (reading every byte): sizes and small files only."""
     manifest = ckpt / ckpt_io.MANIFEST
     if manifest.is_file():
         try:
-            files = json.loads(manifest.read_text())["files"]
+            sizes, hashes = ckpt_io.read_manifest(ckpt)
         except (OSError, ValueError, KeyError, TypeError) as e:
-            return f"{manifest} is unreadable ({type(e).__name__})"
-        for rel, size in files.items():
+            return f"{manifest} is unreadable ({type(e).__name__}: {ckpt_io.one_line(e, 120)})"
+        for rel, size in sizes.items():
             p = ckpt / rel
             if not p.is_file():
                 return f"{p} {RNG_MISSING if rel.startswith('state/random_states_') else 'is missing'}"
             if p.stat().st_size != size:
                 return f"{p} is truncated or damaged ({p.stat().st_size} bytes, {size} when saved)"
+        if content and hashes:
+            try:
+                now = hash_files([ckpt / rel for rel in hashes])
+            except OSError as e:
+                return f"{ckpt} cannot be read to verify it ({ckpt_io.one_line(e, 120)})"
+            for rel in sorted(hashes):
+                if now[ckpt / rel] != hashes[rel]:
+                    return f"{ckpt / rel} {HASH_MISMATCH}"
     # Checked also when a manifest exists: a manifest-less checkpoint (older versions) has only these.
     state_path = ckpt / ckpt_io.TRAINER_STATE
     if not state_path.is_file():

@@ -5,7 +5,9 @@ another run's checkpoints, and a resumed run's checkpoint must be whole (``resum
 newest one is named and the run falls back to the newest whole one) and made with a compatible
 config. Then rank 0 finishes what a killed run left half-done (partial ``.tmp-*`` saves,
 half-pruned folders, a half-replaced checkpoint) and sets damaged checkpoints aside. Every rank
-waits for that before it reads the folder again. ``config.yaml`` is written by ``record_config``
+waits for that before it reads the folder again. Rank 0 alone verifies the candidates (hashing
+reads every byte of a checkpoint: once, not once per rank) and ``share`` hands its choice, or its
+refusal, to every rank, so all continue from the same checkpoint or all stop with the same line. ``config.yaml`` is written by ``record_config``
 once the data has been checked too (a resume on changed data is refused after ``open_run``).
 """
 
@@ -14,12 +16,17 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from dit4dit_npu.config import Config, ConfigError, save_config
+from dit4dit_npu.errors import DiT4DiTError
 from dit4dit_npu.train import checkpoint as ckpt_io
 from dit4dit_npu.train import resume
+from dit4dit_npu.train.errors import TrainingError
+
+Share = Callable[[Any], Any]  # rank 0's value on every rank (collective); identity for one process
 
 
 @dataclass(frozen=True)
@@ -29,7 +36,9 @@ class RunFolder:
     created: bool = False  # this run made the folder (it may take it away again, see discard_if_unused)
 
 
-def open_run(cfg: Config, is_main: bool, barrier: Callable[[], None] = lambda: None) -> RunFolder:
+def open_run(
+    cfg: Config, is_main: bool, barrier: Callable[[], None] = lambda: None, share: Share = lambda x: x
+) -> RunFolder:
     path = cfg.run_dir
     created = not path.exists()
     barrier()  # every rank looked before any rank creates it
@@ -43,17 +52,58 @@ def open_run(cfg: Config, is_main: bool, barrier: Callable[[], None] = lambda: N
             f"{path} already has checkpoints: continue it with trainer.resume=auto, "
             "or choose another run_id (nothing was overwritten)"
         )
-    point = resume.find_resume(cfg)
-    if point.path is not None:
-        resume.check_config(point.path, cfg)
-    barrier()  # every rank has chosen before rank 0 renames anything
+    return RunFolder(path, _choose(cfg, is_main, barrier, share), created)
+
+
+def _choose(
+    cfg: Config, is_main: bool, barrier: Callable[[], None], share: Share, falling_back: bool = False
+) -> Path | None:
+    """The checkpoint to continue from (rank 0 verifies, every rank gets its answer), damaged
+    newer ones set aside; raises on every rank alike."""
+    outcome: Any = None
     if is_main:
-        for line in resume.set_aside(point.damaged):
+        try:
+            point = resume.find_resume(cfg)
+            if point.path is not None:
+                resume.check_config(point.path, cfg)
+            outcome = point
+        except DiT4DiTError as e:
+            outcome = e
+    outcome = share(outcome)
+    if isinstance(outcome, BaseException):
+        raise outcome
+    if is_main:
+        for line in resume.set_aside(outcome.damaged):
             _say(line)
-        if point.damaged:
-            _say(f"resume: falling back to {point.path}")
+        if (outcome.damaged or falling_back) and outcome.path is not None:
+            _say(f"resume: falling back to {outcome.path}")
     barrier()
-    return RunFolder(path, point.path, created)
+    return outcome.path
+
+
+def fall_back(
+    cfg: Config, run: RunFolder, bad: Path, problem: str, is_main: bool,
+    barrier: Callable[[], None] = lambda: None, share: Share = lambda x: x,
+) -> RunFolder:
+    """``bad`` passed every check on disk but failed once loaded (``problem``: non-finite weights
+    or EMA, saved by a version that did not check them): set it aside like any damaged
+    checkpoint and choose again. Only ``trainer.resume=auto`` falls back; a checkpoint named
+    explicitly is refused. With nothing left to fall back to, the run stops (a fresh start in a
+    folder of set-aside checkpoints is not what a resume asked for)."""
+    if cfg.trainer.resume != "auto":
+        raise ConfigError(f"trainer.resume: {bad} cannot be resumed from: {problem}")
+    barrier()  # every rank has stopped reading it before rank 0 renames it
+    if is_main:
+        for line in resume.set_aside([(bad, problem)]):
+            _say(line)
+    barrier()
+    path = _choose(cfg, is_main, barrier, share, falling_back=True)
+    if path is None:
+        raise TrainingError(
+            f"no checkpoint left to resume in {ckpt_io.checkpoints_dir(run.path)}: {problem} "
+            "(move the damaged-* folders away to start the run fresh)"
+        )
+    return replace(run, resume_from=path)
 
 
 def record_config(cfg: Config, run: RunFolder, is_main: bool) -> None:

@@ -72,19 +72,25 @@ class Trainer:
         self._nonfinite = torch.zeros((), device=dev)  # micro-batches with a non-finite loss, ever
         self._clip_norm = None  # accelerate's grad norm of the last update (unused under DeepSpeed)
         self._window = Window()
+        # The checkpoint this run resumed from, and the step of the first check (log or save)
+        # after it: divergence found there points at the checkpoint rather than at the run.
+        self._resumed_from: Path | None = None
+        self._first_check: int | None = None
         self._logger: MetricsLogger | None = None
         self._progress = None
 
     # ------------------------------------------------------------------ the verbs
 
-    def resume(self, ckpt: Path) -> None:
+    def resume(self, ckpt: Path) -> str | None:
         """Continue exactly where ``ckpt`` left off: weights, optimizer, every rank's RNG, the LR
         schedule, the data cursor. Metrics rows logged after that checkpoint (and a line torn
-        by a kill) are dropped. ``ckpt`` was checked whole by ``resume.py``."""
+        by a kill) are dropped. ``ckpt`` was checked whole by ``resume.py``; what only loading
+        shows is checked here: the weights and the EMA must be finite (a checkpoint saved by a
+        version that did not check them). Returns None, or that problem as one line, before
+        anything else is changed (the caller sets ``ckpt`` aside and falls back: the next load
+        replaces every piece of state this one touched). Collective."""
         distributed.load_state(self.accelerator, ckpt / "state")
         state = ckpt_io.read_trainer_state(ckpt)
-        self.global_step = state["step"]
-        self.scheduler.load_state_dict(state["scheduler"])
         if self.ema is not None:
             if not (ckpt / EMA_FILE).is_file():
                 raise TrainingError(
@@ -92,6 +98,11 @@ class Trainer:
                     "trainer.ema.decay=null, or start a new run (another run_id)"
                 )
             self.ema.load(ckpt)
+        bad = self._nonfinite_state()
+        if bad is not None:
+            return f"{ckpt} holds {bad} (a checkpoint of a diverged run)"
+        self.global_step = state["step"]
+        self.scheduler.load_state_dict(state["scheduler"])
         self.stream.load_state_dict(state["sampler"])
         saved_world = int(state.get("world_size", self.accelerator.num_processes))
         if saved_world != self.accelerator.num_processes:
@@ -100,7 +111,9 @@ class Trainer:
                 f"{self.accelerator.num_processes}: the data order does not continue exactly"
             )
         self._truncate_metrics(self.global_step)
+        self._resumed_from = ckpt
         self.accelerator.print(f"resumed from {ckpt} at step {self.global_step}")
+        return None
 
     def start_fresh(self) -> None:
         """A fresh run in a folder without checkpoints: rows of an earlier attempt that died
@@ -189,6 +202,11 @@ class Trainer:
         self._stop_if_nonfinite()
         with self._window.paused():
             acc, step = self.accelerator, self.global_step
+            bad = self._nonfinite_state()  # collective: every rank stops alike
+            if bad is not None:
+                suspect = self._suspect()
+                why = _blame(suspect) if suspect else "the run diverged; try a lower learning rate"
+                raise TrainingError(f"checkpoint step {step} not saved: {bad} ({why}); {self._latest()}")
             tmp = ckpt_io.tmp_dir_for(self.run_dir, step)
             error = self._on_every_rank(lambda: self._make_folder(tmp))
             if error is None:
@@ -205,8 +223,10 @@ class Trainer:
                 if self.is_main:
                     shutil.rmtree(tmp, ignore_errors=True)
                 raise self._save_error(error, tmp)
-            if self.is_main:
-                ckpt_io.prune(self.run_dir, self.cfg.trainer.keep_last_checkpoints)
+            if self.is_main:  # the checkpoint just saved was checked: it is never pruned
+                ckpt_io.prune(
+                    self.run_dir, self.cfg.trainer.keep_last_checkpoints, protect=ckpt_io.final_dir_for(self.run_dir, step)
+                )
             acc.wait_for_everyone()
 
     def _make_folder(self, tmp: Path) -> None:
@@ -246,12 +266,14 @@ class Trainer:
         """One line for a full disk; any other failure is re-raised as it is (a bug)."""
         if not is_out_of_space(error):
             return error
-        done = ckpt_io.list_checkpoints(self.run_dir)
-        latest = f"the latest checkpoint is still {done[-1][1]}" if done else "no checkpoint was saved yet"
         return TrainingError(
             f"checkpoint step {self.global_step} not saved: no space left writing {tmp} "
-            f"({ckpt_io.one_line(error)}); removed the partial folder, {latest}"
+            f"({ckpt_io.one_line(error)}); removed the partial folder, {self._latest()}"
         )
+
+    def _latest(self) -> str:
+        done = ckpt_io.list_checkpoints(self.run_dir)
+        return f"the latest checkpoint is still {done[-1][1]}" if done else "no checkpoint was saved yet"
 
     @contextlib.contextmanager
     def session(self) -> Iterator[None]:
@@ -297,11 +319,43 @@ class Trainer:
     def _stop_if_nonfinite(self) -> None:
         # Collective (every rank reaches it at the same steps): one diverged rank stops them all,
         # before anything is logged or saved, so the last checkpoint stays the last good one.
-        if float(self.accelerator.reduce(self._nonfinite, "sum")) > 0:
-            raise TrainingError(
-                f"non-finite loss at or before step {self.global_step}; stopping without saving "
-                "(last valid checkpoint is kept; try a lower learning rate)"
-            )
+        suspect = self._suspect()
+        if float(self.accelerator.reduce(self._nonfinite, "sum")) == 0:
+            return
+        where = f"non-finite loss at or before step {self.global_step}"
+        if suspect is not None:
+            raise TrainingError(f"{where}, {_blame(suspect)}; stopping without saving (no checkpoint was changed)")
+        raise TrainingError(
+            f"{where}; stopping without saving (last valid checkpoint is kept; try a lower learning rate)"
+        )
+
+    def _suspect(self) -> Path | None:
+        """The checkpoint this run resumed from while the run is at its first check (a log or a
+        save) since: divergence found there likelier comes from the checkpoint than from training."""
+        if self._resumed_from is not None and self._first_check is None:
+            self._first_check = self.global_step
+        return self._resumed_from if self._first_check == self.global_step else None
+
+    def _nonfinite_state(self) -> str | None:
+        """Where the trainable weights or the EMA hold NaN/inf, as a phrase, else None: a policy
+        exported from them is refused by the loader, and a checkpoint of them only spreads the
+        damage. Collective: every rank checks the EMA shard it owns; the weights are whole on
+        every rank under ZeRO-1/2 (and gathered under ZeRO-3)."""
+        model = distributed.unwrap(self.model)
+        with distributed.gathered_parameters(self.accelerator, model):
+            weights = _nonfinite_names({n: p for n, p in model.named_parameters() if p.requires_grad})
+        ema = _nonfinite_names(self.ema.shadow) if self.ema is not None else []
+        local = torch.tensor([float(len(weights)), float(len(ema))], device=self.accelerator.device)
+        n_weights, n_ema = (int(v) for v in self.accelerator.reduce(local, "sum").tolist())
+        if n_weights == 0 and n_ema == 0:
+            return None
+        parts = []
+        if n_weights:
+            parts.append(f"the trained weights ({len(weights)} tensor(s), e.g. {weights[0]!r})" if weights
+                         else "the trained weights")
+        if n_ema:
+            parts.append(f"the EMA ({n_ema} tensor(s){f', e.g. {ema[0]!r}' if ema else ''})")
+        return "non-finite values in " + " and in ".join(parts)
 
     def _forward(self, batch) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         losses = self._losses(self.model(batch))
@@ -340,3 +394,20 @@ class Trainer:
             folder, distributed.unwrap(self.model), self.cfg, d.io, self.prompt_cache, d.split,
             d.dataset_paths, self.global_step,
         )
+
+
+def _blame(ckpt: Path) -> str:
+    return (
+        f"within the first steps after resuming from {ckpt}: that checkpoint is the likelier cause (a state that "
+        f"loads but diverges at once); move it aside (e.g. to {ckpt.with_name(ckpt_io.DAMAGED + ckpt.name)}) to "
+        "resume from the one before"
+    )
+
+
+def _nonfinite_names(tensors: dict[str, torch.Tensor]) -> list[str]:
+    """Names of the tensors holding NaN/inf (one host sync for all of them)."""
+    if not tensors:
+        return []
+    finite = torch.stack([torch.isfinite(t).all() for t in tensors.values()])
+    names = list(tensors)
+    return [names[i] for i in (~finite).nonzero().flatten().tolist()]
