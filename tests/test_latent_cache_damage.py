@@ -1,20 +1,23 @@
-"""A damaged latent cache (garbage manifest, truncated or edited episode files, NaN latents) is named
-in one line, never read past or trained on, and the encoder replaces damaged files it finds."""
+"""A damaged latent cache (garbage manifest, truncated or edited episode files, NaN latents, latents
+scaled far outside the VAE's range, a changed source video) is named in one line, never read past
+or trained on, and the encoder replaces what it finds damaged or changed (and only that)."""
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
 import pytest
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from dit4dit_npu.config import load_config
 from dit4dit_npu.data import DatasetError, build_training_data
 from dit4dit_npu.data.encode_latents import main as encode_main
-from dit4dit_npu.data.latents import LatentCache
+from dit4dit_npu.data.latents import FORMAT, LatentCache
 from dit4dit_npu.models import vae_identity
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,6 +54,19 @@ def episode_files(cache: Path) -> list[Path]:
     return sorted(cache.glob("*/episode_*.safetensors"))
 
 
+def edit_latents(path: Path, change, metadata: bool = True, forge_mtime: bool = False) -> None:
+    """Rewrite an episode file with ``change(tensors)`` applied: keeping its metadata (a careful
+    edit) or not (``save_file`` as is), and with its recorded mtime set back (``forge_mtime``: an
+    edit the start-up check cannot see, only the per-read checks)."""
+    with safe_open(str(path), "pt") as f:
+        meta = f.metadata()
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    change(tensors)
+    save_file(tensors, str(path), metadata=meta if metadata else None)
+    if forge_mtime:
+        os.utime(path, ns=(int(meta["mtime_ns"]),) * 2)
+
+
 def train_data(made: Path, cache: Path):
     cfg = load_config(TINY, overrides(made, f"datasets.vla_data.latent_cache={cache}"))
     return build_training_data(cfg, vae_identity=vae_identity(cfg))
@@ -68,7 +84,7 @@ def encode(made: Path, cache: Path, capsys) -> tuple[int, str, str]:
 
 
 def test_a_manifest_whose_key_is_not_a_mapping_is_one_line(made, cache):
-    (cache / "manifest.json").write_text(json.dumps({"format": "dit4dit_npu.latent_cache/1", "key": [1, 2]}))
+    (cache / "manifest.json").write_text(json.dumps({"format": FORMAT, "key": [1, 2]}))
     with pytest.raises(DatasetError, match="manifest.json has no valid key") as e:
         train_data(made, cache)
     one_line(e)
@@ -105,9 +121,7 @@ def test_a_damaged_episode_file_is_named_at_start_and_encoded_again(made, cache,
 
 def test_non_finite_latents_are_never_read(made, cache):
     victim = episode_files(cache)[0]
-    d = load_file(victim)
-    d["latents"][4, 0, 1, 2, 3] = float("nan")
-    save_file(d, victim)
+    edit_latents(victim, lambda d: d["latents"][4, 0, 1, 2, 3].fill_(float("nan")), forge_mtime=True)
     ds = train_data(made, cache).train_dataset
     episode = int(victim.stem.split("_")[1])
     assert ds.latents.read(0, episode, 3).isfinite().all()
@@ -126,7 +140,7 @@ def test_non_finite_latents_are_never_written(made, cache):
     latents = torch.zeros(len(clips), 16, 2, 4, 12)
     latents[5, 1] = float("inf")
     with pytest.raises(DatasetError, match=r"the VAE gave non-finite latents for 1 of its 12 clips \(e.g. sample 5") as e:
-        lc.write_episode(0, episode, latents, clips, ds.datasets[0].root)
+        lc.write_episode(0, episode, latents, clips, ds.datasets[0])
     one_line(e)
     assert path.read_bytes() == before and not list(path.parent.glob(".*.tmp"))
 
@@ -156,3 +170,89 @@ def test_a_corrupt_video_read_in_a_loader_worker_is_one_line(tmp_path, capsys):
     assert sorted(p.name for p in (tmp_path / "cache").glob("*/episode_*")) == [
         f"episode_{e:06d}.safetensors" for e in range(3)
     ]
+
+
+# -- issue 22: the cache fingerprints content --------------------------------------------------
+
+
+def scale_x100(tensors: dict[str, torch.Tensor]) -> None:
+    tensors["latents"].mul_(100)
+
+
+def flip_a_latent_byte(path: Path) -> None:
+    """One byte of the latents changed in place: same size, same header, another value."""
+    data = bytearray(path.read_bytes())
+    data[-100] ^= 0x40
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        ("x100 keeping its metadata", r"was changed since it was encoded \(its latents do not match their recorded sha256\)"),
+        ("x100 by save_file", r"has no content fingerprint \(written by another tool, or edited\)"),
+        ("one byte in place", r"was changed since it was encoded \(its latents do not match their recorded sha256\)"),
+    ],
+)
+def test_edited_latents_are_refused_at_start_and_encoded_again(made, cache, capsys, edit, message):
+    """The issue's case (one episode scaled x100 was trained on, and kept by the encoder)."""
+    victim = episode_files(cache)[2]
+    good = {k: v.clone() for k, v in load_file(victim).items()}
+    if edit == "one byte in place":
+        flip_a_latent_byte(victim)
+    else:
+        edit_latents(victim, scale_x100, metadata=edit == "x100 keeping its metadata")
+    episode = int(victim.stem.split("_")[1])
+    with pytest.raises(DatasetError, match=f"episode {episode} of .*robotwin_demo {message}; python -m dit4dit_npu") as e:
+        train_data(made, cache)
+    one_line(e)
+    rc, out, err = encode(made, cache, capsys)
+    assert rc == 0 and f"re-encoding {victim}: it " in err and "encoded 12 clips (1 episodes)" in out, (out, err)
+    torch.testing.assert_close(load_file(victim)["latents"], good["latents"], rtol=1e-5, atol=1e-5)
+    train_data(made, cache)  # whole again
+
+
+def test_latents_far_outside_the_vae_range_are_refused_when_read_and_written(made, cache):
+    """An edit the start-up check cannot see (metadata kept, mtime set back): the per-read bound
+    (the VAE's probe range x10, in the manifest) refuses the x100 episode; the writer refuses such
+    latents from the VAE too."""
+    victim = episode_files(cache)[1]
+    edit_latents(victim, scale_x100, forge_mtime=True)
+    ds = train_data(made, cache).train_dataset
+    lc: LatentCache = ds.latents
+    episode = int(victim.stem.split("_")[1])
+    assert 0 < lc.bound < 100 * float(load_file(episode_files(cache)[0])["latents"].abs().max())
+    with pytest.raises(DatasetError, match=rf"latent cache file {victim}: episode {episode} sample 0 has latents up to "
+                                           r"[\d.]+, far outside the VAE's range \(\|x\| <= [\d.]+\)") as e:
+        ds.latents.read(0, episode, 0)
+    one_line(e)
+    clips = ds.episode_clips(0, episode)
+    with pytest.raises(DatasetError, match=rf"episode {episode} of .*: the VAE gave latents up to [\d.]+ for sample \d+ "
+                                           r".*beyond its range") as e:
+        lc.write_episode(0, episode, load_file(victim)["latents"], clips, ds.datasets[0])
+    one_line(e)
+
+
+def test_a_changed_source_video_is_found_for_its_episode_only(made, cache, tmp_path, capsys):
+    """A video replaced by another of the same length (the dataset fingerprint, meta and file
+    names, does not change): its episode is refused and encoded again, the others are kept. A
+    video only touched (new mtime, same bytes) is accepted."""
+    data = tmp_path / "data"
+    shutil.copytree(made / "data", data)
+    cfg_root = tmp_path
+    videos = data / "robotwin_demo" / "videos"
+    touched = sorted(videos.rglob("episode_000001.mp4"))[0]
+    os.utime(touched, ns=(touched.stat().st_mtime_ns + 10**9,) * 2)
+    victim = sorted(videos.rglob("episode_000003.mp4"))[0]
+    shutil.copyfile(sorted(videos.rglob("episode_000004.mp4"))[0], victim)
+    cfg = load_config(TINY, overrides(cfg_root, f"datasets.vla_data.latent_cache={cache}"))
+    with pytest.raises(DatasetError, match=rf"episode 3 of .*robotwin_demo its source {victim} changed since it was "
+                                           r"encoded \(.*\); python -m dit4dit_npu") as e:
+        build_training_data(cfg, vae_identity=vae_identity(cfg))
+    one_line(e)
+    before = {p: p.stat().st_mtime_ns for p in episode_files(cache)}
+    rc = encode_main(["--config", str(TINY), "--out", str(cache), *overrides(cfg_root)])
+    out, err = capsys.readouterr()
+    assert rc == 0 and "encoded 12 clips (1 episodes)" in out, (out, err)
+    assert [p.name for p in episode_files(cache) if p.stat().st_mtime_ns != before[p]] == ["episode_000003.safetensors"]
+    build_training_data(cfg, vae_identity=vae_identity(cfg))

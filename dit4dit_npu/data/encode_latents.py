@@ -33,7 +33,7 @@ from dit4dit_npu import device as dev
 from dit4dit_npu.cli import entry_point
 from dit4dit_npu.config import Config, ConfigError, load_config
 from dit4dit_npu.data.build import build_training_data
-from dit4dit_npu.data.latents import CacheKey, LatentCache
+from dit4dit_npu.data.latents import MANIFEST, CacheKey, LatentCache
 from dit4dit_npu.data.robotwin import RoboTwinDataset
 
 
@@ -79,29 +79,31 @@ def encode_latents(cfg: Config, out: Path, batch_size: int = 16, progress: bool 
     ds = data.train_dataset
     key = CacheKey.of(data.io, vae_identity(cfg))
     LatentCache.create(out, key, ds.datasets, write=False)  # every rank refuses a stale or foreign folder
+    vae = build_vae(cfg).to(device)
+
+    def encode(frames: torch.Tensor) -> torch.Tensor:
+        return vae_latents(vae, video_input(frames.to(device))).cpu()
+
     barrier()
-    if rank == 0:
-        LatentCache.create(out, key, ds.datasets)
+    if rank == 0 and not (out / MANIFEST).is_file():  # the probe only for a new cache
+        LatentCache.create(out, key, ds.datasets, bound=latent_bound(encode, len(data.io.clip_offsets), data.io.frame_size))
     barrier()
     cache = LatentCache.open(out, key, ds.datasets)
     work = [(k, e) for k in range(len(ds.datasets)) for e in ds.episodes(k)]
     # Shard before filtering: every rank agrees on the shares whatever is already on disk. A file
-    # that is there but damaged (truncated by a full disk, edited) is encoded again, not kept.
+    # that is there but damaged (truncated by a full disk, edited, its source video changed) is
+    # encoded again, not kept.
     mine = [w for w in work[rank::world] if not _cached(cache, ds, *w)]
     samples = sum(len(ds.episode_clips(k, e)) for k, e in mine)
-    vae = build_vae(cfg).to(device)
     from tqdm.auto import tqdm
 
     bar = tqdm(total=samples, desc=f"encode latents (rank {rank})", unit="clip", disable=not progress or rank != 0)
     t0 = time.perf_counter()
 
-    def encode(frames: torch.Tensor) -> torch.Tensor:
-        return vae_latents(vae, video_input(frames.to(device))).cpu()
-
     workers = cfg.datasets.vla_data.num_workers
     try:
         for k, e, latents in _episodes(ds, mine, batch_size, workers, bar.update, encode):
-            cache.write_episode(k, e, latents, ds.episode_clips(k, e), ds.datasets[k].root)
+            cache.write_episode(k, e, latents, ds.episode_clips(k, e), ds.datasets[k])
     finally:
         bar.close()  # an error (a corrupt video) then starts a line of its own
     counts = {"episodes": len(mine), "samples": samples, "cached_before": len(work[rank::world]) - len(mine)}
@@ -113,11 +115,42 @@ def encode_latents(cfg: Config, out: Path, batch_size: int = 16, progress: bool 
     return {**counts, "seconds": int(time.perf_counter() - t0)}
 
 
+# How far beyond the extremes of its input range a posterior mean may plausibly lie (see latent_bound).
+LATENT_MARGIN = 10.0
+
+
+@torch.no_grad()
+def latent_bound(encode: Callable[[torch.Tensor], torch.Tensor], frames: int, size: tuple[int, int]) -> float:
+    """The largest |latent| this VAE plausibly gives: ``LATENT_MARGIN`` x the largest it gives for
+    probe clips at the extremes of its input (black, white, saturated red/green/blue, uniform
+    noise, a one-pixel checkerboard), one clip at a time, through the encoder's own path.
+
+    Why a probe and not the VAE config's ``latents_mean``/``latents_std``: those describe the real
+    VAE's latents of natural video, not a tiny or other VAE's, whose raw scale can be far smaller
+    (the tiny VAE's posterior means stay below 1 where the real one's spread is ~2-3), so a bound
+    from them would be loose enough to let a scaled episode through there. Saturated and
+    high-frequency inputs drive a VAE hardest; real frames, inside the same pixel range, stay
+    within a small multiple of them, so 10x refuses only gross corruption (an episode scaled x100,
+    bytes that are not latents) and never a real clip."""
+    h, w = size
+    g = torch.Generator().manual_seed(0)
+    checker = ((torch.arange(h)[:, None] + torch.arange(w)[None, :]) % 2 * 255).to(torch.uint8)
+    planes = [
+        torch.zeros(3, h, w, dtype=torch.uint8),
+        torch.full((3, h, w), 255, dtype=torch.uint8),
+        *[torch.zeros(3, h, w, dtype=torch.uint8).index_fill_(0, torch.tensor([c]), 255) for c in range(3)],
+        torch.randint(0, 256, (3, h, w), generator=g, dtype=torch.uint8),
+        checker.expand(3, h, w),
+    ]
+    peak = max(float(encode(p.expand(1, frames, 3, h, w).contiguous()).abs().max()) for p in planes)
+    return LATENT_MARGIN * peak
+
+
 def _cached(cache: LatentCache, ds: RoboTwinDataset, k: int, episode: int) -> bool:
     """Whether the episode's file is there and serves exactly its samples; says so when not."""
     if not cache.has_episode(k, episode):
         return False
-    problem = cache.episode_problem(k, episode, ds.episode_clips(k, episode))
+    problem = cache.episode_problem(k, episode, ds.episode_clips(k, episode), ds.datasets[k], restamp=True)
     if problem is not None:
         print(f"re-encoding {cache.episode_path(k, episode)}: it {problem}", file=sys.stderr)
     return problem is None

@@ -8,20 +8,29 @@ the loader's main cost, and the model skips its VAE encode, about a fifth of a f
 
 What the latents depend on, and how each is keyed (a change of any one is refused, never used):
 
-- the clip's pixels: the dataset's files (``dataset_fingerprint``: meta/ contents + the names and
-  sizes of every data and video file; one sub-folder per fingerprint) and each sample's frame
+- the clip's pixels: the dataset (``dataset_fingerprint``: its meta/ contents and the names of
+  its data and video files; one sub-folder per fingerprint), each episode's source files (its
+  data file, whose timestamps pick the frames, and its camera videos: size, mtime and a hash of
+  their first and last MiB recorded per episode, see ``source_problem``) and each sample's frame
   rows (stored per episode, compared with what the dataset would read now);
 - how the frames become the VAE input: cameras, image size, view layout, clip offsets (the
   manifest's ``CacheKey``);
 - the VAE: its weights and the dtype it runs in (``models.vae_identity``, in the key).
 
+The latents themselves are fingerprinted too: each episode file records the sha256 of its latent
+bytes, and its own mtime is set to a value it records, so a start-up sees from one ``stat`` that
+a file was not rewritten since it was encoded, and hashes (and refuses, naming the episode) only
+a file that was. A value far outside the VAE's range (``latent_bound`` in the manifest: the
+encoder's probe of the VAE, ``encode_latents.latent_bound``) is refused when written and when read.
+
 Layout::
 
-    DIR/manifest.json                                  format + CacheKey
+    DIR/manifest.json                                  format + CacheKey + latent_bound
     DIR/<fingerprint>/dataset.json                     where the dataset was (information only)
     DIR/<fingerprint>/episode_000012.safetensors       latents (n, 16, T_lat, h, w) in the VAE's dtype,
                                                        clips (n, T) int64: the frame rows of each of
-                                                       the episode's n samples, in row order
+                                                       the episode's n samples, in row order; metadata:
+                                                       the latents' sha256, the file's mtime, sources
 
 An episode file is written whole (temp file + rename), so an interrupted encode resumes at the
 first missing episode and a reader never sees half a file.
@@ -32,6 +41,8 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
+import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -42,9 +53,9 @@ import numpy as np
 import torch
 
 from dit4dit_npu.data.errors import DatasetError
-from dit4dit_npu.files import atomic_path, atomic_write_json
+from dit4dit_npu.files import atomic_path, atomic_write_json, edges_hash
 
-FORMAT = "dit4dit_npu.latent_cache/1"
+FORMAT = "dit4dit_npu.latent_cache/2"  # 2: content hashes and the VAE's latent bound
 MANIFEST = "manifest.json"
 ENCODE_HINT = "python -m dit4dit_npu.data.encode_latents --config FILE --out DIR"
 _OPEN_FILES = 32  # episode files kept open per process (each is an mmap; reads are ~15 us)
@@ -78,31 +89,73 @@ class CacheKey:
 
 
 def dataset_fingerprint(root: str | Path) -> str:
-    """A dataset's identity: its meta/ files' contents and the names and sizes of its data and
-    video files. Path-independent (a moved dataset keeps its cache), cheap (no video is read)."""
+    """A dataset's identity: its meta/ files' contents and the names of its data and video files.
+    Path-independent (a moved dataset keeps its cache), cheap (no video is read). An edited data or
+    video file is found per episode (``source_problem``), so only its episodes are encoded again."""
     root = Path(root)
     h = hashlib.sha256()
     for sub, content in (("meta", True), ("data", False), ("videos", False)):
         for f in sorted(p for p in (root / sub).rglob("*") if p.is_file()):
             rel = f.relative_to(root).as_posix().encode()
-            h.update(rel + (f.read_bytes() if content else str(f.stat().st_size).encode()))
+            h.update(rel + (f.read_bytes() if content else b""))
     return h.hexdigest()[:20]
+
+
+def latents_sha256(latents: torch.Tensor) -> str:
+    """sha256 of a latent tensor's bytes as stored (any dtype, bf16 included)."""
+    flat = latents.detach().contiguous().cpu().reshape(-1)
+    return hashlib.sha256(flat.view(torch.uint8).numpy()).hexdigest()
+
+
+def episode_sources(dataset: Any, episode: int, camera_keys: Sequence[str]) -> list[str]:
+    """The files an episode's cached clips come from, relative to the dataset root: its data file
+    (its timestamps pick the frames) and the video of each camera."""
+    ep = dataset.meta.episode(int(episode))
+    return sorted({Path(ep["data_path"]).as_posix(), *(Path(ep["videos"][k]["path"]).as_posix() for k in camera_keys)})
+
+
+def source_record(path: Path) -> dict[str, Any]:
+    st = path.stat()
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "edges": edges_hash(path)}
+
+
+def source_problem(path: Path, saved: dict[str, Any]) -> str | None:
+    """Whether a source file is still the one an episode was encoded from. Same size and mtime:
+    unchanged (one ``stat``). Another mtime (a copy that did not keep times, a touch, an edit):
+    its first and last MiB must hash the same (``files.edges_hash``, at most 2 MiB read). Hashing
+    every video whole at every start-up would read the whole dataset (hundreds of GB at 100k
+    episodes) each time; this is as strong against re-encoded or edited videos, whose size or
+    index changes, and misses only a deliberate same-size edit of a file's middle."""
+    try:
+        st = path.stat()
+    except OSError:
+        return f"its source {path} is missing"
+    if st.st_size != saved.get("size"):
+        return f"its source {path} changed since it was encoded ({st.st_size} bytes, {saved.get('size')} then)"
+    if st.st_mtime_ns != saved.get("mtime_ns") and edges_hash(path) != saved.get("edges"):
+        return f"its source {path} changed since it was encoded (same size, other content)"
+    return None
 
 
 class LatentCache:
     """A cache folder whose manifest matches ``key``; ``fingerprints[k]`` names dataset k of the run."""
 
-    def __init__(self, root: Path, key: CacheKey, fingerprints: Sequence[str]) -> None:
+    def __init__(self, root: Path, key: CacheKey, fingerprints: Sequence[str], bound: float) -> None:
         self.root, self.key, self.fingerprints = Path(root), key, list(fingerprints)
+        self.bound = float(bound)  # the largest |latent| the VAE plausibly gives (manifest's latent_bound)
         self._files: OrderedDict[Path, Any] = OrderedDict()
+        self._sources: dict[Path, dict[str, Any]] = {}  # source file -> its record, once per process
 
     # ------------------------------------------------------------------ opening
 
     @classmethod
-    def create(cls, root: str | Path, key: CacheKey, datasets: Sequence[Any], write: bool = True) -> LatentCache | None:
-        """Open ``root`` for writing: a new folder gets a manifest; an existing cache must have
-        this key (adding datasets or episodes to it is fine; another VAE or image size is not).
-        ``write=False`` only checks (every rank does, so all fail alike before rank 0 writes)."""
+    def create(
+        cls, root: str | Path, key: CacheKey, datasets: Sequence[Any], bound: float | None = None, write: bool = True
+    ) -> LatentCache | None:
+        """Open ``root`` for writing: a new folder gets a manifest with ``bound`` (the VAE's latent
+        bound); an existing cache must have this key (adding datasets or episodes to it is fine;
+        another VAE or image size is not). ``write=False`` only checks (every rank does, so all
+        fail alike before rank 0 writes)."""
         root = Path(root)
         if (root / MANIFEST).is_file():
             return cls.open(root, key, datasets)
@@ -110,12 +163,14 @@ class LatentCache:
             raise DatasetError(f"--out {root}: exists and is not a latent cache (no {MANIFEST}); choose an empty folder")
         if not write:
             return None
+        if bound is None or not np.isfinite(bound) or bound <= 0:
+            raise ValueError(f"a new latent cache needs the VAE's latent bound (> 0), got {bound}")
         try:
             root.mkdir(parents=True, exist_ok=True)
-            atomic_write_json(root / MANIFEST, {"format": FORMAT, "key": key.to_dict()})
+            atomic_write_json(root / MANIFEST, {"format": FORMAT, "key": key.to_dict(), "latent_bound": float(bound)})
         except OSError as e:
             raise DatasetError(f"--out {root}: cannot create the cache folder ({e.strerror or e})") from None
-        return cls(root, key, [dataset_fingerprint(ds.root) for ds in datasets])
+        return cls(root, key, [dataset_fingerprint(ds.root) for ds in datasets], bound)
 
     @classmethod
     def open(cls, root: str | Path, key: CacheKey, datasets: Sequence[Any]) -> LatentCache:
@@ -138,7 +193,10 @@ class LatentCache:
         diff = saved.difference(key)
         if diff is not None:
             raise DatasetError(f"{where} is stale ({diff}); re-encode into a new folder with {ENCODE_HINT}")
-        return cls(root, key, [dataset_fingerprint(ds.root) for ds in datasets])
+        bound = manifest.get("latent_bound")
+        if isinstance(bound, bool) or not isinstance(bound, int | float) or not 0 < bound < float("inf"):
+            raise DatasetError(f"{where}: {MANIFEST} has no valid latent_bound (got {bound!r}); re-encode with {ENCODE_HINT}")
+        return cls(root, key, [dataset_fingerprint(ds.root) for ds in datasets], bound)
 
     # ------------------------------------------------------------------ episodes
 
@@ -148,29 +206,52 @@ class LatentCache:
     def has_episode(self, k: int, episode: int) -> bool:
         return self.episode_path(k, episode).is_file()
 
-    def write_episode(self, k: int, episode: int, latents: torch.Tensor, clips: np.ndarray, source: Path) -> None:
-        """All samples of one episode: latents (n, C, T_lat, h, w) and their frame rows (n, T).
-        Non-finite latents (a VAE overflowing in bf16, say) are refused, not cached for training."""
+    def write_episode(self, k: int, episode: int, latents: torch.Tensor, clips: np.ndarray, dataset: Any) -> None:
+        """All samples of one episode: latents (n, C, T_lat, h, w) and their frame rows (n, T),
+        with the sha256 of the latents and the records of its source files. Non-finite latents (a
+        VAE overflowing in bf16, say) and latents beyond the VAE's bound are refused, not cached
+        for training."""
         from safetensors.torch import save_file
 
-        bad = (~torch.isfinite(latents)).flatten(1).any(1).nonzero().flatten().tolist()
+        source = Path(dataset.root)
+        peak = latents.detach().abs().flatten(1).amax(1).float()
+        bad = (~torch.isfinite(peak)).nonzero().flatten().tolist()
         if bad:
             raise DatasetError(
                 f"episode {int(episode)} of {source}: the VAE gave non-finite latents for {len(bad)} of its "
                 f"{len(latents)} clips (e.g. sample {bad[0]}, frame rows {np.asarray(clips)[bad[0]].tolist()}); "
                 "nothing written for it"
             )
+        if float(peak.max()) > self.bound:
+            i = int(peak.argmax())
+            raise DatasetError(
+                f"episode {int(episode)} of {source}: the VAE gave latents up to {float(peak[i]):.4g} for sample {i} "
+                f"(frame rows {np.asarray(clips)[i].tolist()}), beyond its range (|x| <= {self.bound:.4g}); "
+                "nothing written for it"
+            )
+        sources = {rel: self._source(source / rel) for rel in episode_sources(dataset, episode, self.key.camera_keys)}
         path = self.episode_path(k, episode)
         path.parent.mkdir(parents=True, exist_ok=True)
         info = path.parent / "dataset.json"
         if not info.is_file():
             atomic_write_json(info, {"path": str(source), "fingerprint": self.fingerprints[k]}, indent=None)
+        latents = latents.contiguous().cpu()
+        stamp = time.time_ns() // 10**9 * 10**9  # whole seconds: every file system stores them exactly
         with atomic_path(path) as tmp:  # a failed save (disk full) leaves no partial file behind
             save_file(
-                {"latents": latents.contiguous().cpu(), "clips": torch.from_numpy(np.ascontiguousarray(clips, np.int64))},
+                {"latents": latents, "clips": torch.from_numpy(np.ascontiguousarray(clips, np.int64))},
                 str(tmp),
-                metadata={"format": FORMAT, "episode": str(int(episode))},
+                metadata={
+                    "format": FORMAT, "episode": str(int(episode)), "latents_sha256": latents_sha256(latents),
+                    "mtime_ns": str(stamp), "sources": json.dumps(sources),
+                },
             )
+        os.utime(path, ns=(stamp, stamp))
+
+    def _source(self, path: Path) -> dict[str, Any]:
+        if path not in self._sources:  # a v3.0 video file holds many episodes: recorded once
+            self._sources[path] = source_record(path)
+        return self._sources[path]
 
     def check_episodes(self, k: int, dataset: Any, episodes: Sequence[int], clips_of: Any) -> None:
         """Every listed episode of dataset ``k`` is cached, for the same frame rows ``clips_of(ep)``
@@ -188,16 +269,19 @@ class LatentCache:
                 f"(e.g. {missing[:5]}); run {ENCODE_HINT} (it encodes only what is missing)"
             )
         for e in episodes:
-            problem = self.episode_problem(k, e, clips_of(e))
+            problem = self.episode_problem(k, e, clips_of(e), dataset)
             if problem is not None:
                 raise DatasetError(
                     f"{where}: episode {e} of {dataset.root} {problem}; {ENCODE_HINT} encodes it again"
                 )
 
-    def episode_problem(self, k: int, episode: int, want: np.ndarray) -> str | None:
+    def episode_problem(self, k: int, episode: int, want: np.ndarray, dataset: Any, restamp: bool = False) -> str | None:
         """Why the cached file of ``episode`` cannot serve samples with frame rows ``want`` (n, T),
-        or None. Reads only the header and the small ``clips`` tensor, but checks that every
-        sample has its latents (else a read fails mid-training, far from the cause)."""
+        or None. Checks that every sample has its latents (else a read fails mid-training, far from
+        the cause), that its source files are the ones it was encoded from, and that its latents
+        are the bytes encoded: from the file's mtime when it is the one recorded (one ``stat``),
+        else by hashing them. ``restamp`` (the encoder) sets the recorded mtime back on a file
+        whose latents hash right (a cache copied without its times), so later checks are cheap."""
         from safetensors import SafetensorError, safe_open
 
         path = self.episode_path(k, episode)
@@ -206,14 +290,29 @@ class LatentCache:
                 names = set(f.keys())
                 if names != {"latents", "clips"}:
                     return f"is damaged (its file holds {sorted(names)}, expected ['clips', 'latents'])"
+                meta = f.metadata() or {}
                 stored = f.get_tensor("clips").numpy()
                 shape = list(f.get_slice("latents").get_shape())
-        except (SafetensorError, OSError) as err:
-            return f"is unreadable ({err})"
+                stamp = int(meta.get("mtime_ns", "-1"))
+                sources = json.loads(meta.get("sources", "null"))
+                latents = None if path.stat().st_mtime_ns == stamp else f.get_tensor("latents")
+        except (SafetensorError, OSError, ValueError) as err:
+            return f"is unreadable ({' '.join(str(err).split())})"
         if len(shape) != 5 or shape[0] != len(stored):
             return f"is damaged (latents {shape} for {len(stored)} clips, expected ({len(stored)}, C, T, h, w))"
         if stored.shape != want.shape or not np.array_equal(stored, want):
             return f"was cached for other frames ({stored.shape[0]} samples, now {want.shape[0]})"
+        if "latents_sha256" not in meta or not isinstance(sources, dict):
+            return "has no content fingerprint (written by another tool, or edited)"
+        if latents is not None:
+            if latents_sha256(latents) != meta["latents_sha256"]:
+                return "was changed since it was encoded (its latents do not match their recorded sha256)"
+            if restamp:
+                os.utime(path, ns=(stamp, stamp))
+        for rel, record in sources.items():
+            problem = source_problem(Path(dataset.root) / rel, record if isinstance(record, dict) else {})
+            if problem is not None:
+                return problem
         return None
 
     def _cached_before(self, source: Path) -> bool:
@@ -228,13 +327,21 @@ class LatentCache:
 
     def read(self, k: int, episode: int, i: int) -> torch.Tensor:
         """Latents (C, T_lat, h, w) of sample ``i`` (its row within the episode) of dataset ``k``.
-        Non-finite values are refused here, naming the file (a NaN would otherwise surface steps
-        later as a non-finite loss, or as a step DeepSpeed silently skips)."""
+        Non-finite values and values beyond the VAE's bound are refused here, naming the file (a
+        NaN would otherwise surface steps later as a non-finite loss, or as a step DeepSpeed
+        silently skips; a scaled episode would be trained on). One reduction per sample: the
+        start-up check only hashes files whose mtime moved, so this is the backstop."""
         path = self.episode_path(k, episode)
         latents = self._file(path).get_slice("latents")[i]
-        if not bool(torch.isfinite(latents).all()):
+        peak = float(latents.abs().max())
+        if peak != peak or peak == float("inf"):
             raise DatasetError(
                 f"latent cache file {path}: sample {i} has non-finite latents; delete it and re-encode with {ENCODE_HINT}"
+            )
+        if peak > self.bound:
+            raise DatasetError(
+                f"latent cache file {path}: episode {int(episode)} sample {i} has latents up to {peak:.4g}, far "
+                f"outside the VAE's range (|x| <= {self.bound:.4g}); delete it and re-encode with {ENCODE_HINT}"
             )
         return latents
 
