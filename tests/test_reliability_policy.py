@@ -6,7 +6,6 @@ Every case damages a copy of a real exported policy folder (tests/policy_fixture
 from __future__ import annotations
 
 import json
-import logging
 import shutil
 from pathlib import Path
 
@@ -17,7 +16,14 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from dit4dit_npu.eval import offline as ev
-from dit4dit_npu.policy import DiT4DiTPolicy, NonFiniteActionError, PolicyLoadError
+from dit4dit_npu.policy import (
+    DiT4DiTPolicy,
+    NonFiniteActionError,
+    PolicyInputError,
+    PolicyLoadError,
+    StateOutOfRangeError,
+    StateRangeWarning,
+)
 from dit4dit_npu.policy import policy as policy_module
 
 
@@ -90,26 +96,63 @@ def test_nan_normalizer_stats_are_refused_at_load(setup, tmp_path):
     )
 
 
-def test_non_finite_actions_never_leave_predict_action(setup, caplog, monkeypatch):
+def test_non_finite_actions_never_leave_predict_action(setup):
     policy = DiT4DiTPolicy.from_pretrained(setup.policy_dir)
-    monkeypatch.setattr(policy_module, "_warned_state_range", False)
     o = obs(setup)
     assert np.isfinite(policy.predict_action(o, seed=0)).all()
-    with caplog.at_level(logging.WARNING, logger="dit4dit_npu.policy.policy"):
-        far = {**o, "state": np.full(policy.state_dim, 1e30)}  # the issue's absurd state
+    far = {**o, "state": np.full(policy.state_dim, 1e30)}  # the issue's absurd state, allowed through
+    with pytest.warns(StateRangeWarning, match="state far outside the training range"):
         with pytest.raises(NonFiniteActionError) as e:
-            policy.predict_action(far, seed=0)
-        n = policy.chunk_length * policy.action_dim
-        assert str(e.value) == (
-            f"predict_action produced {n} NaN/inf value(s) of {n} (joints ['left_waist', 'left_shoulder', 'left_elbow', "
-            "'left_forearm_roll', 'left_wrist_angle', 'left_wrist_rotate']); refusing to return them: the observation "
-            "is far outside the training data, or the policy's weights/normalizer are damaged"
-        )
-        with pytest.raises(NonFiniteActionError):
-            policy.predict_action(far, seed=0)
-    warnings = [r.getMessage() for r in caplog.records if "training range" in r.getMessage()]
-    assert len(warnings) == 1, warnings  # once per process, naming the joints
-    assert "'left_waist'" in warnings[0] and "'right_gripper'" in warnings[0]
+            policy.predict_action(far, seed=0, allow_out_of_range=True)
+    n = policy.chunk_length * policy.action_dim
+    assert str(e.value) == (
+        f"predict_action produced {n} NaN/inf value(s) of {n} (joints ['left_waist', 'left_shoulder', 'left_elbow', "
+        "'left_forearm_roll', 'left_wrist_angle', 'left_wrist_rotate']); refusing to return them: the observation "
+        "is far outside the training data, or the policy's weights/normalizer are damaged"
+    )
+
+
+def test_a_state_in_degrees_is_refused_naming_the_dims_or_allowed_with_a_warning(setup):
+    """Issue 22: a state sent in degrees instead of radians got normal-looking actions (one log line
+    per process). Refused by default, one line naming the dims, values and training ranges; allowed
+    on request, the same line comes back to the caller as a StateRangeWarning."""
+    policy = DiT4DiTPolicy.from_pretrained(setup.policy_dir)
+    o = obs(setup)
+    degrees = {**o, "state": np.degrees(o["state"])}
+    stats = setup.data.io.stats["state"]
+    far = policy_module.state_out_of_range(stats, degrees["state"])
+    assert far  # some joints leave the range widened by a whole range on each side
+    names = policy.manifest.data.state_names
+    first = far[0]
+    with pytest.raises(StateOutOfRangeError) as e:
+        policy.predict_action(degrees, seed=0)
+    line = str(e.value)
+    assert "\n" not in line and line.startswith(
+        f"state far outside the training range (beyond it by more than its width) in {names[first]} = "
+        f"{degrees['state'][first]:.4g} (trained on [{stats.min[first]:.4g}, {stats.max[first]:.4g}])"
+    ), line
+    assert line.endswith("check the robot's units (degrees for radians?) and joint order; refused "
+                         "(allow_out_of_range=True acts on it anyway)"), line
+    with pytest.warns(StateRangeWarning) as w:
+        actions = policy.predict_action(degrees, seed=0, allow_out_of_range=True)
+    assert np.isfinite(actions).all() and str(w[0].message) == line.removesuffix(
+        "; refused (allow_out_of_range=True acts on it anyway)")
+    in_range = {**o, "state": (stats.min + stats.max) / 2 + 0.99 * (stats.max - stats.min) * 1.5}  # 2.98 half-ranges out
+    policy.predict_action(in_range, seed=0)  # a whole training range of margin: not refused
+
+
+@pytest.mark.parametrize("seed, message", [
+    (1.5, "seed: expected an int in [0, 2**63), got float 1.5"),
+    (2**70, f"seed: {2**70} is out of range, expected an int in [0, 2**63)"),
+    (-1, "seed: -1 is out of range, expected an int in [0, 2**63)"),
+    (True, "seed: expected an int in [0, 2**63), got bool True"),
+])
+def test_a_bad_seed_is_one_line(setup, seed, message):
+    policy = DiT4DiTPolicy.from_pretrained(setup.policy_dir)
+    with pytest.raises(PolicyInputError) as e:
+        policy.predict_action(obs(setup), seed=seed)
+    assert str(e.value) == message
+    assert policy.predict_action(obs(setup), seed=np.int64(7)).shape == (policy.chunk_length, policy.action_dim)
 
 
 def test_out_of_range_state_is_found_per_joint(setup):

@@ -1,7 +1,8 @@
 """The server's request handlers: each kind dispatched to its own handler, an observation parsed
 once on its way to the model (a real PolicyIO subclass counts), non-finite actions refused in
 each kind's own format, unknown message shapes answered in one line on a connection that stays
-usable. Real websockets, the real tiny policy."""
+usable, requests over the row or decoded-size caps and states far outside the training range
+refused before any work (issue 22). Real websockets, the real tiny policy."""
 
 from __future__ import annotations
 
@@ -21,8 +22,9 @@ from serve_fixtures import (
 )
 
 from dit4dit_npu.batch import Batch
-from dit4dit_npu.policy import DiT4DiTPolicy
+from dit4dit_npu.policy import DiT4DiTPolicy, StateRangeWarning
 from dit4dit_npu.serve import msgpack_numpy, protocol
+from dit4dit_npu.serve.client import ServerError
 from dit4dit_npu.serve.handlers import Handlers, InstructionGate
 from dit4dit_npu.transforms.observation import Observation
 from dit4dit_npu.transforms.policy_io import PolicyIO
@@ -139,7 +141,7 @@ def test_non_finite_actions_are_refused_in_each_kinds_format(policy: DiT4DiTPoli
     # One owner of the check (the policy), whatever the kind: robot units and normalized alike.
     obs = observations[0]
     absurd = {**obs, "state": np.full(policy.state_dim, 1e30)}
-    with RunningServer(policy) as srv:
+    with RunningServer(policy, allow_out_of_range_state=True) as srv:
         with srv.raw() as ws:
             ws.send(msgpack_numpy.packb(absurd))
             reply = ws.recv(timeout=TIMEOUT)
@@ -153,3 +155,74 @@ def test_non_finite_actions_are_refused_in_each_kinds_format(policy: DiT4DiTPoli
             assert ok["status"] == "ok" and np.isfinite(ok["data"]["normalized_actions"]).all()
         finally:
             client.close()
+
+
+# -- issue 22: a server that cannot be flooded, states that are not plausible ---------------------
+
+
+def _flood(policy: DiT4DiTPolicy, obs: dict[str, Any], rows: int) -> dict[str, Any]:
+    """The issue's request: ``rows`` tiny images per camera (92 KB at 1024 rows), each to be
+    upscaled to the training size."""
+    return {**{k: np.zeros((rows, 2, 2, 3), np.uint8) for k in policy.camera_keys},
+            "state": np.repeat(obs["state"][None], rows, 0), "instruction": obs["instruction"]}
+
+
+def test_rows_and_decoded_size_of_a_request_are_capped_before_any_work(observations) -> None:
+    fresh = load_policy()
+    fresh.io = io = CountingIO.from_dict(fresh.io.to_dict())
+    obs = observations[0]
+    h, w = fresh.image_size
+    cams = len(fresh.camera_keys)
+    with RunningServer(fresh, max_batch=8) as srv, srv.raw() as ws:
+        def ask(msg: dict[str, Any]) -> Any:
+            ws.send(msgpack_numpy.packb(msg))
+            reply = ws.recv(timeout=TIMEOUT)
+            return reply if isinstance(reply, str) else msgpack_numpy.unpackb(reply)
+
+        io.reset()
+        assert ask(_flood(fresh, obs, 1024)) == (
+            "request has 1024 rows; this server answers at most 8 per request (--max-rows): split it into requests "
+            "of at most 8"
+        )
+        many = [_example(fresh, obs["instruction"])] * 9  # DiT4DiT's examples count as rows too
+        assert ask({"examples": many})["error"]["message"].startswith("request has 9 rows; this server answers at most 8")
+        assert io.parsed == 0  # refused from the shapes alone: nothing decoded or resized
+        assert ask({**obs, "seed": 1})["actions"].shape == (fresh.chunk_length, fresh.action_dim)  # still usable
+        assert ask(_flood(fresh, obs, 8))["actions"].shape == (8, fresh.chunk_length, fresh.action_dim)
+    # Rows raised by the operator: the decoded size still bounds the request's memory.
+    limit = 2**20
+    with RunningServer(fresh, max_rows=1024, max_decoded_bytes=limit) as srv, srv.client() as client:
+        io.reset()
+        size = 1024 * cams * (2 * 2 * 3 + h * w * 3)
+        with pytest.raises(ServerError) as e:
+            client.infer(_flood(fresh, obs, 1024))
+        assert str(e.value) == (
+            f"request would take {size / 2**20:.1f} MiB once decoded and resized to {h}x{w} (1024 row(s) x {cams} "
+            "camera(s)), over this server's limit of 1.0 MiB (--max-decoded-mb); send fewer rows per request"
+        )
+        assert io.parsed == 0
+        assert client.infer(obs)["actions"].shape == (fresh.chunk_length, fresh.action_dim)
+        meta = client.get_server_metadata()
+        assert meta["request_limits"] == {"max_rows": 1024, "max_decoded_bytes": limit}
+
+
+def test_a_state_far_outside_the_training_range_is_refused_or_answered_with_a_warning(
+    policy: DiT4DiTPolicy, observations
+) -> None:
+    obs = observations[0]
+    degrees = {**obs, "state": np.degrees(obs["state"])}
+    expected = policy.state_range_problem(np.degrees(obs["state"])[None])
+    assert expected is not None
+    with RunningServer(policy) as srv, srv.client() as client:
+        with pytest.raises(ServerError) as e:
+            client.infer({**degrees, "seed": 0})
+        assert str(e.value) == (f"{expected}; refused (a server started with --allow-out-of-range-state answers it, "
+                                "with this warning in the reply)")
+        assert "warnings" not in client.infer(obs) and client.get_server_metadata()["out_of_range_state"] == "refused"
+    with RunningServer(policy, allow_out_of_range_state=True) as srv, srv.client() as client:
+        with pytest.warns(StateRangeWarning):
+            want = policy.predict_action(degrees, seed=0, allow_out_of_range=True)
+        reply = client.infer({**degrees, "seed": 0})
+        assert reply["warnings"] == [expected]
+        np.testing.assert_array_equal(reply["actions"], want)
+        assert "warnings" not in client.infer(obs)

@@ -10,9 +10,15 @@ PolicyIO for robots, servers and evaluation.
 
 from dit4dit_npu.policy.folder import PolicyLoadError, export_policy
 from dit4dit_npu.policy.manifest import FORMAT_VERSION, PolicyManifest
-from dit4dit_npu.policy.policy import DiT4DiTPolicy, NonFiniteActionError, PolicyInputError
+from dit4dit_npu.policy.policy import (
+    DiT4DiTPolicy,
+    NonFiniteActionError,
+    PolicyInputError,
+    StateOutOfRangeError,
+    StateRangeWarning,
+)
 
 __all__ = [
     "FORMAT_VERSION", "DiT4DiTPolicy", "NonFiniteActionError", "PolicyInputError", "PolicyLoadError",
-    "PolicyManifest", "export_policy",
+    "PolicyManifest", "StateOutOfRangeError", "StateRangeWarning", "export_policy",
 ]

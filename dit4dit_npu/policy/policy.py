@@ -17,7 +17,9 @@ actions and left unnormalization to each client, SPEC 5.1, A19). Only ``predict_
 does, for the server's DiT4DiT protocol, whose clients un-normalize themselves.
 ``predict_action(obs)`` is ``predict_parsed(io.parse_observation(obs))``; the server calls the two
 halves apart, parsing each request once on arrival. Neither ever returns NaN/inf
-(``NonFiniteActionError``).
+(``NonFiniteActionError``), and neither acts on a state far outside the training range
+(``StateOutOfRangeError``) unless the caller allows it (``allow_out_of_range=True``: then a
+``StateRangeWarning`` says so).
 
 The folder format is defined by ``folder.py`` (files) and ``manifest.py`` (policy.json).
 """
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import warnings
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any
@@ -37,20 +40,29 @@ from dit4dit_npu import device as dev
 from dit4dit_npu.batch import Batch
 from dit4dit_npu.policy.folder import load_policy_folder
 from dit4dit_npu.policy.manifest import FORMAT_VERSION, PolicyManifest, inference_config
-from dit4dit_npu.transforms.observation import Observation, PolicyInputError
+from dit4dit_npu.transforms.observation import Observation, PolicyInputError, parse_seed
 from dit4dit_npu.transforms.policy_io import NonFiniteActionError, PolicyIO
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DiT4DiTPolicy", "NonFiniteActionError", "PolicyInputError"]
+__all__ = ["DiT4DiTPolicy", "NonFiniteActionError", "PolicyInputError", "StateOutOfRangeError", "StateRangeWarning"]
 
-# A live state whose min-max position (training range -> [-1, 1]) exceeds this is warned about:
-# one whole training range beyond either edge.
-STATE_RANGE_WARNING = 3.0
-_warned_state_range = False
+# A live state whose min-max position (training range -> [-1, 1]) exceeds this in some dim is
+# implausible: it lies more than a whole training range beyond either edge. A robot in its normal
+# workspace never gets there (its training data covered it); a state in other units (degrees for
+# radians: x57) or another joint order does, and the model's actions there are extrapolation.
+STATE_RANGE_LIMIT = 3.0
 
 
-def state_out_of_range(stats: Any, state: np.ndarray, limit: float = STATE_RANGE_WARNING) -> list[int]:
+class StateOutOfRangeError(PolicyInputError):
+    """A state far outside the training range, refused (``allow_out_of_range=True`` acts on it)."""
+
+
+class StateRangeWarning(UserWarning):
+    """A state far outside the training range that the caller allowed."""
+
+
+def state_out_of_range(stats: Any, state: np.ndarray, limit: float = STATE_RANGE_LIMIT) -> list[int]:
     """Dims of ``state`` (..., D) whose min-max normalized value exceeds ``limit`` in magnitude,
     whatever the policy's state encoding (dims constant in training are skipped)."""
     center, half = (stats.min + stats.max) / 2, (stats.max - stats.min) / 2
@@ -216,9 +228,16 @@ class DiT4DiTPolicy:
     # ------------------------------------------------------------------ inference
 
     @torch.inference_mode()
-    def predict_action(self, obs: dict[str, Any], seed: int | None = None, noise: Any = None) -> np.ndarray:
+    def predict_action(
+        self, obs: dict[str, Any], seed: int | None = None, noise: Any = None, allow_out_of_range: bool = False
+    ) -> np.ndarray:
         """Observation -> action chunk in robot units: (chunk, action_dim), or (B, chunk, action_dim)
-        for batched input. Same ``seed`` and input -> same output.
+        for batched input. Same ``seed`` (an int in [0, 2**63)) and input -> same output.
+
+        A state more than a whole training range beyond it in some dim (``STATE_RANGE_LIMIT``) is
+        refused with ``StateOutOfRangeError`` naming the dims, values and ranges; with
+        ``allow_out_of_range=True`` the actions are returned and a ``StateRangeWarning`` carries the
+        same line.
 
         ``noise``: the call's random draws given explicitly, for an exact replay or a comparison
         with another implementation: a dict (or ``InferenceNoise``) with ``action`` (B,
@@ -226,14 +245,24 @@ class DiT4DiTPolicy:
         ``feature`` (B, 16, T_lat, h, w) the feature-pass latents, and ``condition`` (B, 16, 1,
         h, w) the conditioning latent's posterior eps (policies imported from DiT4DiT); B = 1 for
         unbatched input. See dit4dit_npu/models/noise.py."""
-        return self.predict_parsed(self.io.parse_observation(obs), seed=seed, noise=noise)
+        seed = parse_seed(seed)  # before the (resizing) parse: a bad argument fails at once
+        return self.predict_parsed(
+            self.io.parse_observation(obs), seed=seed, noise=noise, allow_out_of_range=allow_out_of_range
+        )
 
     @torch.inference_mode()
-    def predict_parsed(self, observation: Observation, seed: int | None = None, noise: Any = None) -> np.ndarray:
+    def predict_parsed(
+        self, observation: Observation, seed: int | None = None, noise: Any = None, allow_out_of_range: bool = False
+    ) -> np.ndarray:
         """``predict_action`` for an observation already parsed by ``io.parse_observation`` (checked,
         resized): the server parses each request once, on arrival, and batches the parsed ones
         (``concat_observations``). Raises ``NonFiniteActionError`` rather than return NaN/inf."""
-        self._warn_state_out_of_range(observation.state)
+        seed = parse_seed(seed)
+        problem = self.state_range_problem(observation.state)
+        if problem is not None:
+            if not allow_out_of_range:
+                raise StateOutOfRangeError(f"{problem}; refused (allow_out_of_range=True acts on it anyway)")
+            warnings.warn(problem, StateRangeWarning, stacklevel=3)
         batch = self.io.encode_parsed(observation)
         self.add_instructions(batch.instruction)
         with self._lock:
@@ -257,21 +286,27 @@ class DiT4DiTPolicy:
             )
         return actions
 
-    def _warn_state_out_of_range(self, state: np.ndarray) -> None:
-        """Warn (once per process) when a live state (robot units, (B, state_dim)) lies far outside
-        the training range: the model never saw such inputs and its actions there are guesses."""
-        global _warned_state_range
-        if _warned_state_range or not self.io.state_dim:
-            return
-        joints = state_out_of_range(self.io.stats["state"], state)
-        if joints:
-            _warned_state_range = True
-            names = self.manifest.data.state_names or [f"state[{j}]" for j in range(self.io.state_dim)]
-            log.warning(
-                "state far outside the training range (min-max normalized |x| > %g) in %s; actions "
-                "there are extrapolation. Check the robot's units and joint order (warned once per process)",
-                STATE_RANGE_WARNING, [names[j] for j in joints],
-            )
+    def state_range_problem(self, state: np.ndarray) -> str | None:
+        """One line naming the dims of a live state (robot units, (B, state_dim)) that lie far
+        outside the training range, their values and ranges; None when it is plausible."""
+        if not self.io.state_dim:
+            return None
+        stats = self.io.stats["state"]
+        dims = state_out_of_range(stats, state)
+        if not dims:
+            return None
+        names = self.manifest.data.state_names or [f"state[{j}]" for j in range(self.io.state_dim)]
+        rows = np.asarray(state, np.float64).reshape(-1, self.io.state_dim)
+        center = (stats.min + stats.max) / 2
+        parts = []
+        for j in dims[:4]:
+            v = rows[np.abs(rows[:, j] - center[j]).argmax(), j]  # the farthest row's value
+            parts.append(f"{names[j]} = {v:.4g} (trained on [{stats.min[j]:.4g}, {stats.max[j]:.4g}])")
+        more = f" and {len(dims) - 4} more dim(s)" if len(dims) > 4 else ""
+        return (
+            f"state far outside the training range (beyond it by more than its width) in {', '.join(parts)}{more}: "
+            "actions there are extrapolation; check the robot's units (degrees for radians?) and joint order"
+        )
 
     @torch.inference_mode()
     def predict_video(self, obs: dict[str, Any], steps: int = 2, seed: int | None = None) -> np.ndarray:
@@ -280,6 +315,7 @@ class DiT4DiTPolicy:
         the reconstruction of the observation."""
         if steps < 1:
             raise PolicyInputError(f"steps: expected >= 1, got {steps}")
+        seed = parse_seed(seed)
         batch, batched = self.io.encode_observation(obs)
         self.add_instructions(batch.instruction)
         with self._lock:
@@ -297,6 +333,7 @@ class DiT4DiTPolicy:
         tiled as ``io.frame_size``; ``state``: (B, state_width), already encoded and padded (None
         when the policy takes no state). The server's DiT4DiT protocol; robots should use
         ``predict_action``. Raises ``NonFiniteActionError`` rather than return NaN/inf."""
+        seed = parse_seed(seed)
         batch = Batch(
             frames=torch.from_numpy(np.ascontiguousarray(frames)).permute(0, 3, 1, 2)[:, None].contiguous(),
             instruction=list(instructions),

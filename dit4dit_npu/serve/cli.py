@@ -10,6 +10,7 @@ import argparse
 import asyncio
 import logging
 import time
+import warnings
 
 from dit4dit_npu.cli import entry_point, former_names, require
 from dit4dit_npu.serve.server import (
@@ -42,6 +43,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-batch", type=int, default=DEFAULT_MAX_BATCH,
                    help="most observation rows answered by one model call (default: %(default)d; "
                    "1 = one request at a time)")
+    p.add_argument("--max-rows", type=int, default=None,
+                   help="most observation rows (or DiT4DiT examples) in one request (default: --max-batch)")
+    p.add_argument("--max-decoded-mb", type=float, default=None,
+                   help="most MiB a request's images may take once decoded and resized to the model size, checked "
+                   "before decoding (default: twice --max-message-mb)")
+    p.add_argument("--allow-out-of-range-state", action="store_true",
+                   help="answer states far outside the training range (refused by default) with a warning in the "
+                   "reply's 'warnings'")
     p.add_argument("--batch-window-ms", type=float, default=DEFAULT_BATCH_WINDOW_MS,
                    help="how long the first request of a batch waits for others to join (default: %(default)g)")
     p.add_argument("--max-new-instructions", type=int, default=DEFAULT_MAX_NEW_INSTRUCTIONS,
@@ -57,6 +66,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             p.error(f"--{name.replace('_', '-')} must be >= {low}, got {getattr(args, name)}")
     if args.batch_window_ms < 0 or args.max_message_mb <= 0:
         p.error("--batch-window-ms must be >= 0 and --max-message-mb > 0")
+    if args.max_rows is not None and args.max_rows < 1:
+        p.error(f"--max-rows must be >= 1, got {args.max_rows}")
+    if args.max_decoded_mb is not None and not args.max_decoded_mb > 0:
+        p.error(f"--max-decoded-mb must be > 0, got {args.max_decoded_mb}")
     if not 0 <= args.port <= 65535:  # else bind() raises OverflowError after the argument checks
         p.error(f"--port must be in 0..65535, got {args.port}")
     if args.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
@@ -71,7 +84,11 @@ def main(argv: list[str] | None = None) -> int:
     check_port(args.host, args.port)  # before the (minutes-long at full size) model load
     import torch  # only once we need it
 
-    from dit4dit_npu.policy import DiT4DiTPolicy
+    from dit4dit_npu.policy import DiT4DiTPolicy, StateRangeWarning
+
+    # An allowed out-of-range state is reported to its client in the reply; the policy's own
+    # warning of it would repeat that on the server's stderr for every request.
+    warnings.filterwarnings("ignore", category=StateRangeWarning)
 
     t0 = time.perf_counter()
     policy = DiT4DiTPolicy.from_pretrained(
@@ -83,6 +100,9 @@ def main(argv: list[str] | None = None) -> int:
         policy, args.host, args.port, max_message_bytes=int(args.max_message_mb * 2**20),
         max_batch=args.max_batch, batch_window_ms=args.batch_window_ms,
         max_new_instructions=args.max_new_instructions, refuse_new_instructions=args.refuse_new_instructions,
+        max_rows=args.max_rows,
+        max_decoded_bytes=None if args.max_decoded_mb is None else int(args.max_decoded_mb * 2**20),
+        allow_out_of_range_state=args.allow_out_of_range_state,
     )
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         logger.warning("binding %s: the server has no authentication; expose it on trusted networks only",

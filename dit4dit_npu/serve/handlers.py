@@ -44,7 +44,11 @@ class ServablePolicy(Protocol):
     @property
     def metadata(self) -> dict[str, Any]: ...
 
-    def predict_parsed(self, observation: Observation, seed: int | None = None) -> np.ndarray: ...
+    def state_range_problem(self, state: np.ndarray) -> str | None: ...
+
+    def predict_parsed(
+        self, observation: Observation, seed: int | None = None, allow_out_of_range: bool = False
+    ) -> np.ndarray: ...
 
     def predict_normalized(
         self, frames: np.ndarray, state: np.ndarray | None, instructions: list[str], seed: int | None = None
@@ -68,6 +72,7 @@ class Call:
 
     payload: Any  # what the handler's ``run`` takes: an Observation, protocol.ModelInputs
     seed: int | None
+    warnings: tuple[str, ...] = ()  # sent back with the reply ("warnings"), e.g. an allowed out-of-range state
 
     @property
     def rows(self) -> int:
@@ -135,13 +140,21 @@ class ObservationRequest(Handler):
     """A robot observation (ours or openpi's layout, single or batched, optional ``seed``) ->
     ``{"actions": float32 robot units, "server_timing"}``; errors as one-line text frames.
 
+    Before it is parsed, its rows and decoded size are checked against ``limits`` (from shapes
+    alone: nothing is converted or resized for a request that is refused). A state far outside the
+    training range is refused, or with ``allow_out_of_range`` answered with the warning in the
+    reply's ``"warnings"``.
+
     Claims every dict no earlier handler claimed, so it must come last: a robot that sent a
     malformed observation is told which observation keys were expected."""
 
     name = "observation"
 
-    def __init__(self, policy: ServablePolicy, gate: InstructionGate) -> None:
-        self._policy, self._gate = policy, gate
+    def __init__(
+        self, policy: ServablePolicy, gate: InstructionGate, limits: protocol.RequestLimits | None,
+        allow_out_of_range: bool,
+    ) -> None:
+        self._policy, self._gate, self._limits, self._allow = policy, gate, limits, allow_out_of_range
 
     def claims(self, msg: dict[Any, Any]) -> bool:
         return True
@@ -149,14 +162,23 @@ class ObservationRequest(Handler):
     def prepare(self, msg: dict[Any, Any], conn: Connection) -> Call:
         obs = dict(msg)
         seed = protocol.parse_seed(obs.pop("seed", None))
-        observation = self._policy.io.parse_observation(obs)  # the one parse (and resize) of it
+        io = self._policy.io
+        if self._limits is not None:
+            protocol.check_observation_size(obs, self._limits, len(io.camera_keys), io.image_size)
+        observation = io.parse_observation(obs)  # the one parse (and resize) of it
         self._gate.check(observation.instructions)
-        return Call(observation, seed)
+        problem = self._policy.state_range_problem(observation.state)
+        if problem is not None and not self._allow:
+            raise protocol.RequestError(
+                f"{problem}; refused (a server started with --allow-out-of-range-state answers it, with this warning "
+                "in the reply)"
+            )
+        return Call(observation, seed, (problem,) if problem else ())
 
     def run(self, payloads: Sequence[Observation], seed: int | None) -> list[np.ndarray]:
         if len(payloads) == 1:
-            return [self._policy.predict_parsed(payloads[0], seed=seed)]
-        out = self._policy.predict_parsed(concat_observations(payloads), seed=seed)
+            return [self._policy.predict_parsed(payloads[0], seed=seed, allow_out_of_range=self._allow)]
+        out = self._policy.predict_parsed(concat_observations(payloads), seed=seed, allow_out_of_range=self._allow)
         return _split(out, [(p.rows, p.batched) for p in payloads])
 
     def reply(self, msg: dict[Any, Any], result: np.ndarray, timing: Timing, conn: Connection) -> Reply:
@@ -191,8 +213,8 @@ class Dit4DitInfer(Handler):
 
     name = "dit4dit_infer"
 
-    def __init__(self, policy: ServablePolicy, gate: InstructionGate) -> None:
-        self._policy, self._gate = policy, gate
+    def __init__(self, policy: ServablePolicy, gate: InstructionGate, limits: protocol.RequestLimits | None) -> None:
+        self._policy, self._gate, self._limits = policy, gate, limits
         io = policy.io
         h, w = io.image_size
         layout = f"views {', '.join(io.camera_keys)} each {h}x{w}, tiled by {io.view_layout!r}"
@@ -202,7 +224,7 @@ class Dit4DitInfer(Handler):
         return protocol.is_dit4dit(msg)
 
     def prepare(self, msg: dict[Any, Any], conn: Connection) -> Call:
-        inputs, seed = protocol.parse_dit4dit(msg, self._space)
+        inputs, seed = protocol.parse_dit4dit(msg, self._space, self._limits)
         self._gate.check(inputs.instructions)
         return Call(inputs, seed)
 
@@ -231,14 +253,18 @@ class Handlers:
         self._handlers = list(handlers)
 
     @classmethod
-    def for_policy(cls, policy: ServablePolicy, gate: InstructionGate) -> Handlers:
+    def for_policy(
+        cls, policy: ServablePolicy, gate: InstructionGate, limits: protocol.RequestLimits | None = None,
+        allow_out_of_range: bool = False,
+    ) -> Handlers:
         """Every kind this server answers. The control message and the DiT4DiT ones are told
-        apart by their keys; anything else that is a dict is read as an observation."""
+        apart by their keys; anything else that is a dict is read as an observation. ``limits``
+        None: requests of any size (the server always passes its limits)."""
         return cls([
             OpenpiControl(),
             Dit4DitPing(),
-            Dit4DitInfer(policy, gate),
-            ObservationRequest(policy, gate),
+            Dit4DitInfer(policy, gate, limits),
+            ObservationRequest(policy, gate, limits, allow_out_of_range),
         ])
 
     def __iter__(self) -> Iterator[Handler]:

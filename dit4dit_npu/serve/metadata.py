@@ -22,6 +22,8 @@ def server_metadata(
     max_batch: int,
     batch_window_ms: float,
     new_instructions: int | str | None,
+    limits: Any,
+    out_of_range_state: str,
 ) -> dict[str, Any]:
     h, w = io.image_size
     spec = io.spec
@@ -59,6 +61,12 @@ def server_metadata(
         },
         "policy_io": io.to_dict(),
         "batching": {"max_batch": max_batch, "window_ms": batch_window_ms},
+        # per request, checked before decoding: rows (batch axis / DiT4DiT examples) and the bytes
+        # its images take once decoded and resized to the model's size
+        "request_limits": {"max_rows": limits.max_rows, "max_decoded_bytes": limits.max_decoded_bytes},
+        # a state far outside the training range: "refused" or "answered with warnings" (the
+        # reply's "warnings": [line, ...])
+        "out_of_range_state": out_of_range_state,
         # "refused" (only training instructions), an int (new ones kept, least recently used dropped
         # beyond it) or None (no cap)
         "new_instructions": new_instructions,

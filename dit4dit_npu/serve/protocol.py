@@ -34,8 +34,8 @@ from typing import Any
 import numpy as np
 
 from dit4dit_npu.errors import DiT4DiTError
+from dit4dit_npu.transforms.observation import IMAGES, INSTRUCTION, PROMPT, STATE, parse_seed
 
-SEED_LIMIT = 2**63  # seeds are ints in [0, 2**63): any torch / numpy generator takes them
 DIT4DIT_INFER = ("infer", "predict_action")
 DIT4DIT_PING = "ping"
 # Sent by DiT4DiT's clients with every request; its server passed them to predict_action, which
@@ -49,15 +49,64 @@ class RequestError(DiT4DiTError, ValueError):
     """A request the server refuses before any inference; the message is the client's answer."""
 
 
-def parse_seed(value: Any) -> int | None:
-    """None, or an int in [0, 2**63); a float, bool or out-of-range value is refused."""
-    if value is None:
-        return None
-    if isinstance(value, bool | np.bool_) or not isinstance(value, int | np.integer):
-        raise RequestError(f"seed: expected an int in [0, 2**63), got {type(value).__name__} {value!r}")
-    if not 0 <= int(value) < SEED_LIMIT:
-        raise RequestError(f"seed: {int(value)} is out of range, expected an int in [0, 2**63)")
-    return int(value)
+# ----------------------------------------------------------------------------- request size
+
+
+@dataclass(frozen=True)
+class RequestLimits:
+    """What one request may hold, checked from its arrays' shapes before anything is converted or
+    resized. The message-size cap alone does not bound memory: 1024 tiny images fit in 92 KB and
+    take ~1 GB once resized to the model's size."""
+
+    max_rows: int  # observation rows (a batch axis) or DiT4DiT examples per request
+    max_decoded_bytes: int  # the request's images once decoded and resized
+
+
+def observation_rows_and_bytes(obs: dict[Any, Any], cameras: int, image_size: Sequence[int]) -> tuple[int, int]:
+    """(rows, bytes once decoded and resized) of an observation as sent (ours or openpi's layout):
+    rows from the batch axis of its images and state and its list of instructions; bytes are the
+    images as sent plus ``rows`` frames of every camera at ``image_size``."""
+    values = [v for k, v in obs.items() if k != IMAGES]
+    nested = obs.get(IMAGES)
+    if isinstance(nested, dict):
+        values += list(nested.values())
+    rows, sent = 1, 0
+    for v in values:
+        if isinstance(v, np.ndarray):
+            if v.ndim == 4:  # a batch of images
+                rows = max(rows, v.shape[0])
+            if v.ndim >= 3:
+                sent += v.nbytes
+    state = obs.get(STATE)
+    if isinstance(state, np.ndarray) and state.ndim == 2 or isinstance(state, list | tuple) and state and isinstance(
+        state[0], list | tuple | np.ndarray
+    ):
+        rows = max(rows, len(state))
+    for key in (INSTRUCTION, PROMPT):
+        if isinstance(obs.get(key), list | tuple):
+            rows = max(rows, len(obs[key]))
+    h, w = image_size
+    return rows, sent + rows * cameras * int(h) * int(w) * 3
+
+
+def check_observation_size(obs: dict[Any, Any], limits: RequestLimits, cameras: int, image_size: Sequence[int]) -> None:
+    rows, size = observation_rows_and_bytes(obs, cameras, image_size)
+    check_rows(rows, limits)
+    if size > limits.max_decoded_bytes:
+        h, w = image_size
+        raise RequestError(
+            f"request would take {size / 2**20:.1f} MiB once decoded and resized to {h}x{w} ({rows} row(s) x "
+            f"{cameras} camera(s)), over this server's limit of {limits.max_decoded_bytes / 2**20:.1f} MiB "
+            "(--max-decoded-mb); send fewer rows per request"
+        )
+
+
+def check_rows(rows: int, limits: RequestLimits) -> None:
+    if rows > limits.max_rows:
+        raise RequestError(
+            f"request has {rows} rows; this server answers at most {limits.max_rows} per request (--max-rows): "
+            f"split it into requests of at most {limits.max_rows}"
+        )
 
 
 def is_dit4dit(msg: dict[Any, Any]) -> bool:
@@ -114,7 +163,9 @@ def check_dit4dit_keys(msg: dict[Any, Any]) -> None:
         raise RequestError(f"unknown request key(s) {unknown}; a DiT4DiT request has {list(DIT4DIT_KEYS)}")
 
 
-def parse_dit4dit(msg: dict[Any, Any], space: ModelSpace) -> tuple[ModelInputs, int | None]:
+def parse_dit4dit(
+    msg: dict[Any, Any], space: ModelSpace, limits: RequestLimits | None = None
+) -> tuple[ModelInputs, int | None]:
     """An ``infer`` request -> (inputs, seed). Raises RequestError naming the key."""
     check_dit4dit_keys(msg)
     kind = msg.get("type", "infer")
@@ -124,6 +175,8 @@ def parse_dit4dit(msg: dict[Any, Any], space: ModelSpace) -> tuple[ModelInputs, 
     examples = msg.get("examples")
     if not isinstance(examples, list | tuple) or not examples:
         raise RequestError("examples: expected a non-empty list of example dicts {image, state, lang}")
+    if limits is not None:  # each example's frame is exactly the model's size: rows bound the bytes
+        check_rows(len(examples), limits)
     rows = [_example(i, ex, space) for i, ex in enumerate(examples)]
     state = None if space.state_width == 0 else np.stack([r[1] for r in rows])
     return ModelInputs(np.stack([r[0] for r in rows]), state, [r[2] for r in rows]), seed

@@ -48,6 +48,7 @@ from dit4dit_npu.serve.handlers import (
     ServablePolicy,
 )
 from dit4dit_npu.serve.metadata import server_metadata
+from dit4dit_npu.serve.protocol import RequestLimits
 from dit4dit_npu.transforms.policy_io import NonFiniteActionError
 
 logger = logging.getLogger("dit4dit_npu.serve")
@@ -61,6 +62,9 @@ _HARD_CAP_FACTOR = 4
 # loop; bigger ones (camera-size images to resize) on a helper thread.
 _INLINE_BYTES = 512 * 1024
 DEFAULT_MAX_BATCH = 8
+# A request's images once decoded and resized may take this multiple of the message cap: room for
+# a full message of camera-size images plus their frames at the model size.
+DECODED_PER_MESSAGE_BYTE = 2
 DEFAULT_BATCH_WINDOW_MS = 5.0
 # Instructions no training episode used are encoded on first use and kept, least recently used
 # dropped beyond this many: each embedding is ~100 MB at full size.
@@ -94,8 +98,15 @@ class PolicyServer:
         batch_window_ms: float = DEFAULT_BATCH_WINDOW_MS,
         max_new_instructions: int | None = DEFAULT_MAX_NEW_INSTRUCTIONS,
         refuse_new_instructions: bool = False,
+        max_rows: int | None = None,
+        max_decoded_bytes: int | None = None,
+        allow_out_of_range_state: bool = False,
         input_errors: tuple[type[BaseException], ...] = (ValueError,),
     ) -> None:
+        """``max_rows`` (default ``max_batch``) and ``max_decoded_bytes`` (default
+        ``DECODED_PER_MESSAGE_BYTE`` x ``max_message_bytes``) cap one request, checked before it is
+        decoded and resized; ``allow_out_of_range_state`` answers states far outside the training
+        range (refused by default) with a warning in the reply."""
         self._host = host
         self._port = port
         self._max_bytes = max_message_bytes
@@ -103,13 +114,18 @@ class PolicyServer:
         # subclasses); anything else is logged with its traceback and reported as internal.
         self._input_errors = input_errors
         known = frozenset(policy.metadata["instructions"]) if refuse_new_instructions else None
-        self._handlers = Handlers.for_policy(policy, InstructionGate(known))
+        limits = RequestLimits(
+            max_rows=max_batch if max_rows is None else max_rows,
+            max_decoded_bytes=DECODED_PER_MESSAGE_BYTE * max_message_bytes if max_decoded_bytes is None else max_decoded_bytes,
+        )
+        self._handlers = Handlers.for_policy(policy, InstructionGate(known), limits, allow_out_of_range_state)
         if max_new_instructions is not None and not refuse_new_instructions:
             policy.max_added_instructions = max_new_instructions
         self._metadata = server_metadata(
             policy.metadata, policy.io,
             max_message_bytes=max_message_bytes, max_batch=max_batch, batch_window_ms=batch_window_ms,
             new_instructions="refused" if refuse_new_instructions else max_new_instructions,
+            limits=limits, out_of_range_state="answered with warnings" if allow_out_of_range_state else "refused",
         )
         # One inference worker: the model is not re-entrant and one device computes one call at a
         # time. Decoding and validation run on their own threads, beside a running model call.
@@ -196,7 +212,10 @@ class PolicyServer:
             result, timing = await self._batcher.submit((handler, call.seed), call.payload, call.rows)
         except Exception as e:
             return handler.error(msg, self._error_text(e, "inference", NonFiniteActionError))
-        return handler.reply(msg, result, timing, conn)
+        reply = handler.reply(msg, result, timing, conn)
+        if call.warnings and isinstance(reply, dict):
+            reply = {**reply, "warnings": list(call.warnings)}
+        return reply
 
     def _prepare(self, message: bytes, conn: Connection) -> _Request | Reply:
         """Decode one request and have its handler check it alone: a request for the model, or

@@ -32,10 +32,23 @@ IMAGES = "images"  # openpi's nested {short camera name: image}
 CAMERA_PREFIX = "observation.images."
 # Live camera aspect ratio may differ this much from the training videos' before it is an error.
 ASPECT_TOLERANCE = 0.02
+SEED_LIMIT = 2**63  # seeds are ints in [0, 2**63): any torch / numpy generator takes them
 
 
 class PolicyInputError(DiT4DiTError, ValueError):
     """An observation the policy cannot take; the message says what was expected and what came."""
+
+
+def parse_seed(value: Any) -> int | None:
+    """A sampling seed as a caller or a request gives it: None, or an int in [0, 2**63); a float,
+    bool or out-of-range value is refused (torch would fail on it with a message of its own)."""
+    if value is None:
+        return None
+    if isinstance(value, bool | np.bool_) or not isinstance(value, int | np.integer):
+        raise PolicyInputError(f"seed: expected an int in [0, 2**63), got {type(value).__name__} {value!r}")
+    if not 0 <= int(value) < SEED_LIMIT:
+        raise PolicyInputError(f"seed: {int(value)} is out of range, expected an int in [0, 2**63)")
+    return int(value)
 
 
 @dataclass
