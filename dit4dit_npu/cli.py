@@ -4,7 +4,8 @@
     def main(argv: list[str] | None = None) -> int: ...
 
 A problem the user can fix (a ``DiT4DiTError``: bad input, files, config, environment) or a full
-disk becomes exactly one line on stderr, ``error: <message>`` (``config error: <message>`` for a
+disk (an ``OSError``, or a writer's own error type for it, e.g. safetensors') becomes exactly one
+line on stderr, ``error: <message>`` (``config error: <message>`` for a
 ``ConfigError``), and exit code 2, with no traceback; Ctrl-C exits with 130 quietly. Any other
 exception is a bug and keeps its traceback. argparse's own usage errors (also exit code 2) pass
 through unchanged.
@@ -46,7 +47,7 @@ def run(command: Callable[[], int | None]) -> int:
     except DiT4DiTError as e:
         print(error_line(e), file=sys.stderr)
         return EXIT_USER_ERROR
-    except OSError as e:
+    except Exception as e:  # a full disk is the user's to fix, whatever type the writer raised it as
         if not is_out_of_space(e):
             raise
         print(error_line(e), file=sys.stderr)

@@ -311,3 +311,63 @@ def test_malformed_statistics_are_one_line(run, tmp_path, change, message):
     """Each was a TypeError / ValueError / AttributeError traceback (or, min > max, a policy whose
     actions come out mirrored)."""
     assert re.search(message, _convert(run, tmp_path, stats=_stats_with(change), embodiment="libero_franka"))
+
+
+# -- issue 22 ---------------------------------------------------------------------------------------
+
+
+def test_constant_statistics_on_normalized_dims_are_refused_unless_allowed(run, tmp_path):
+    """min == max on a dim the policy un-normalizes converted into a policy that always commands
+    that joint to one value, silently."""
+    def constant(dim):
+        def change(s):
+            s["action"]["max"][dim] = s["action"]["min"][dim]
+        return change
+
+    msg = _convert(run, tmp_path, stats=_stats_with(constant(2)), embodiment="libero_franka")
+    assert msg.endswith(
+        "dataset_statistics.json: action dims [2] have min == max among the dims the policy normalizes: it would always "
+        "output (or see) their constant value (statistics of a single frame, or a joint that never moved?); pass "
+        "--allow-constant-dims to convert anyway"
+    ), msg
+    stats = tmp_path / "in" / "dataset_statistics.json"
+    ckpt = run["root"] / "checkpoints" / "steps_7_pytorch_model.pt"
+    folder, notices = convert_dit4dit(ckpt, run["root"] / "config.yaml", run["base"], tmp_path / "allowed", stats=stats,
+                                      image_size=(32, 32), embodiment="libero_franka", allow_constant_dims=True)
+    assert (folder / "policy.json").is_file()
+    assert [n for n in notices if "min == max" in n] == [
+        f"{stats}: action dims [2] have min == max among the dims the policy normalizes: it would always output (or "
+        "see) their constant value (--allow-constant-dims)"
+    ]
+    stats.write_text(json.dumps(_stats_with(constant(6))))  # the gripper: not normalized (mask False), fine
+    folder, notices = convert_dit4dit(ckpt, run["root"] / "config.yaml", run["base"], tmp_path / "gripper",
+                                      stats=stats, image_size=(32, 32), embodiment="libero_franka")
+    assert not [n for n in notices if "min == max" in n]
+
+
+def test_an_empty_config_or_out_under_a_file_is_one_line(run, tmp_path):
+    ckpt = run["root"] / "checkpoints" / "steps_7_pytorch_model.pt"
+    stats = run["root"] / "dataset_statistics.json"
+    out = tmp_path / "policy"
+    for text, message in (
+        ("", "is empty: expected the config.yaml a DiT4DiT run wrote (framework, datasets, trainer)"),
+        ("seed: 3\n", "has no 'framework' section: expected the config.yaml a DiT4DiT run wrote"),
+        ("- 1\n- 2\n", "expected a mapping at the top level, got list"),
+    ):
+        config = tmp_path / "config.yaml"
+        config.write_text(text)
+        with pytest.raises(ConversionError) as e:
+            convert_dit4dit(ckpt, config, run["base"], out, stats=stats, image_size=(32, 32))
+        assert str(e.value).startswith(str(config)) and message in str(e.value), str(e.value)
+        assert not out.exists()
+    a_file = tmp_path / "a_file"
+    a_file.write_text("mine")
+    r = subprocess.run(
+        [sys.executable, "-m", "dit4dit_npu.convert", "dit4dit", "--checkpoint", str(ckpt), "--config",
+         str(run["root"] / "config.yaml"), "--stats", str(stats), "--base-model", str(run["base"]),
+         "--out", str(a_file / "policy")],
+        capture_output=True, text=True, cwd=ROOT,
+    )
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.strip().splitlines() == [f"error: --out {a_file}/policy: {a_file} is a file, not a folder"]
+    assert a_file.read_text() == "mine"

@@ -256,3 +256,32 @@ def test_a_changed_source_video_is_found_for_its_episode_only(made, cache, tmp_p
     assert rc == 0 and "encoded 12 clips (1 episodes)" in out, (out, err)
     assert [p.name for p in episode_files(cache) if p.stat().st_mtime_ns != before[p]] == ["episode_000003.safetensors"]
     build_training_data(cfg, vae_identity=vae_identity(cfg))
+
+
+@pytest.mark.slow
+def test_a_full_disk_while_encoding_is_one_line_and_leaves_nothing_partial(made, tmp_path):
+    """A real write failure from safetensors' own writer (it reports it as a SafetensorError, not
+    an OSError): the encoder runs under a file-size rlimit smaller than one episode file (Python
+    ignores SIGXFSZ, so the write fails with EFBIG exactly as on a full disk)."""
+    import resource
+    import subprocess
+    import sys
+
+    limit = 40_000  # an episode file is ~74 KB; the manifest and dataset.json fit
+
+    def small_disk():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    out = tmp_path / "cache"
+    r = subprocess.run(
+        [sys.executable, "-m", "dit4dit_npu.data.encode_latents", "--config", str(TINY), "--out", str(out),
+         *overrides(made)],
+        capture_output=True, text=True, cwd=ROOT, timeout=300, preexec_fn=small_disk,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"error: no space left writing {out}/") and last.endswith(
+        "nothing partial was left, the episodes written before are kept: run the encoder again once there is space"
+    ), last
+    assert not list(out.rglob("episode_*")) and not list(out.rglob(".*.tmp"))

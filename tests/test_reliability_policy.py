@@ -282,3 +282,30 @@ def test_eval_exits_non_zero_on_non_finite_actions_or_metrics(setup, tmp_path, c
         ev.check_finite({"model": {"mse": float("nan"), "mae": 1.0}})
     with pytest.raises(ev.EvalError, match="metric model.mse_per_joint is not finite"):
         ev.check_finite({"model": {"mse": 1.0, "mse_per_joint": [1.0, float("inf")]}})
+
+
+@pytest.mark.slow
+def test_eval_on_a_full_disk_is_one_line_naming_its_folder(setup, tmp_path):
+    """Real writes failing: eval runs under a file-size rlimit that its plots exceed (Python
+    ignores SIGXFSZ: each write fails with EFBIG exactly as on a full disk)."""
+    import os
+    import resource
+    import subprocess
+    import sys
+
+    limit = 80_000  # the two summary plots fit, a trajectory plot does not
+
+    def small_disk():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    out = tmp_path / "out"
+    r = subprocess.run(
+        [sys.executable, "-m", "dit4dit_npu.eval", "--policy", str(setup.policy_dir), "--out", str(out),
+         "--max-frames", "4", "--video-samples", "1"],
+        capture_output=True, text=True, timeout=300, preexec_fn=small_disk, env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert r.stderr.strip().splitlines()[-1] == (
+        f"error: --out {out}: no space left writing the results ([Errno 27] File too large); metrics.json was not written"
+    )
+    assert not (out / "metrics.json").exists()

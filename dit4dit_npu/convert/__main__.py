@@ -34,6 +34,9 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--image-size", type=int, nargs=2, default=[224, 224], metavar=("H", "W"),
                    help="per-view image size the run trained at (DiT4DiT always resized to 224 x 224)")
     p.add_argument("--instruction", action="append", default=[], help="pre-encode this instruction (repeatable)")
+    p.add_argument("--allow-constant-dims", action="store_true",
+                   help="convert statistics with min == max on dims the policy normalizes (refused by default: the "
+                   "policy would always command such a joint to one value)")
     return parser.parse_known_args(argv)
 
 
@@ -45,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     folder, notices = convert_dit4dit(
         args.checkpoint, args.config, args.base_model, args.out, stats=args.stats, embodiment=args.embodiment,
         tag=args.tag, image_size=args.image_size, overrides=overrides, instructions=args.instruction,
+        allow_constant_dims=args.allow_constant_dims,
     )
     if notices:
         print(f"DiT4DiT config imported ({len(notices)} change(s)):", file=sys.stderr)

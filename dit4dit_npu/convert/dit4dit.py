@@ -130,6 +130,16 @@ def _check_widths(raw: dict[str, Any], hidden: int, config_name: str) -> None:
             )
 
 
+def _check_out_parent(out: Path) -> None:
+    """``--out`` can be made: its nearest existing ancestor is a folder (checked before anything is
+    read: the export comes last, after the minutes a full-size checkpoint takes)."""
+    for parent in out.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise ConversionError(f"--out {out}: {parent} is a file, not a folder")
+            return
+
+
 def convert_dit4dit(
     checkpoint: str | Path,
     config: str | Path,
@@ -141,8 +151,11 @@ def convert_dit4dit(
     image_size: Sequence[int] = (224, 224),
     overrides: Sequence[str] = (),
     instructions: Sequence[str] = (),
+    allow_constant_dims: bool = False,
 ) -> tuple[Path, list[str]]:
-    """-> (the policy folder, notices of what changed). Raises ConversionError (nothing written)."""
+    """-> (the policy folder, notices of what changed). Raises ConversionError (nothing written).
+    ``allow_constant_dims``: convert statistics with min == max on dims the policy normalizes (a
+    joint it would always command to one value), with a notice instead of the refusal."""
     from dit4dit_npu.models import build_dit4dit, build_prompt_encoder, text_identity
     from dit4dit_npu.models.build import base_model_folder
     from dit4dit_npu.policy.folder import POLICY_JSON, export_policy
@@ -152,6 +165,7 @@ def convert_dit4dit(
     stats_path = Path(stats) if stats is not None else checkpoint.parent.parent / "dataset_statistics.json"
     if out.exists() and not (out.is_dir() and ((out / POLICY_JSON).is_file() or not any(out.iterdir()))):
         raise ConversionError(f"--out {out} exists and is not a policy folder: choose a new folder")
+    _check_out_parent(out)
     if not checkpoint.is_file():  # before the statistics, whose default path is derived from it
         raise ConversionError(f"checkpoint not found: {checkpoint}")
     notices: list[str] = []
@@ -159,6 +173,9 @@ def convert_dit4dit(
         raw = read_yaml(config)
     except ConfigError as e:
         raise ConversionError(str(e)) from None
+    if not isinstance(raw.get("framework"), dict):  # an empty file reads as {}: every value a default
+        what = "is empty" if not raw else "has no 'framework' section"
+        raise ConversionError(f"{config} {what}: expected the config.yaml a DiT4DiT run wrote (framework, datasets, trainer)")
     data_mix = _get(raw, "datasets.vla_data.data_mix")
     stat_tag, entry = read_statistics(stats_path, tag)
     robot = choose_robot(embodiment, data_mix if data_mix is not _MISSING else None, stat_tag, entry, stats_path)
@@ -166,7 +183,7 @@ def convert_dit4dit(
     try:
         cfg = import_config(raw, ckpt, str(base_model), image_size, overrides, notices)
         cfg.datasets.vla_data.camera_keys = list(robot.cameras)
-        io = build_policy_io(robot, stat_tag, entry, cfg, str(stats_path))
+        io = build_policy_io(robot, stat_tag, entry, cfg, str(stats_path), allow_constant_dims, notices)
         base = base_model_folder(cfg)
     except (ConfigError, migrate.MigrationError) as e:
         raise ConversionError(f"{config}: {e}") from None

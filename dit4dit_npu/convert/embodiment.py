@@ -115,7 +115,10 @@ def _robot_order(stats: FeatureStats, order: tuple[int, ...] | None) -> FeatureS
     return FeatureStats(**{f: getattr(stats, f)[inv] for f in STAT_FIELDS}, count=stats.count)
 
 
-def build_policy_io(robot: RobotType, tag: str, entry: dict[str, Any], cfg: Config, where: str) -> PolicyIO:
+def build_policy_io(
+    robot: RobotType, tag: str, entry: dict[str, Any], cfg: Config, where: str, allow_constant_dims: bool = False,
+    notices: list[str] | None = None,
+) -> PolicyIO:
     if tag != robot.tag:
         raise ConversionError(
             f"{where}: statistics of embodiment {tag!r}, but robot type {robot.name} is {robot.tag!r} "
@@ -147,6 +150,7 @@ def build_policy_io(robot: RobotType, tag: str, entry: dict[str, Any], cfg: Conf
     if robot.client_binary_dims:
         action_steps.append(Binarize(robot.client_binary_dims, inclusive=True, encode=False))
 
+    _check_constant(state_steps, action_steps, where, allow_constant_dims, notices)
     d = cfg.datasets.vla_data
     return PolicyIO(
         camera_keys=list(robot.cameras),
@@ -159,6 +163,30 @@ def build_policy_io(robot: RobotType, tag: str, entry: dict[str, Any], cfg: Conf
         action=_padded(action_steps + reorder, robot.action_dim, d.max_action_dim, "action", where),
         resize_method="torch_bilinear",
     )
+
+
+def _check_constant(
+    state_steps: list[Step], action_steps: list[Step], where: str, allow: bool, notices: list[str] | None
+) -> None:
+    """Dims the policy normalizes whose statistics have min == max: a state dim the model then
+    never sees move, an action dim it always commands to one value. Statistics of one frame, or a
+    joint that never moved: refused unless allowed, with a notice then."""
+    found = []
+    for feature, steps in (("state", state_steps), ("action", action_steps)):
+        for step in steps:
+            if isinstance(step, Normalize) and step.degenerate_dims:
+                found.append(f"{feature} dims {step.degenerate_dims}")
+    if not found:
+        return
+    what = (f"{where}: {' and '.join(found)} have min == max among the dims the policy normalizes: it would "
+            "always output (or see) their constant value")
+    if not allow:
+        raise ConversionError(
+            f"{what} (statistics of a single frame, or a joint that never moved?); pass --allow-constant-dims to "
+            "convert anyway"
+        )
+    if notices is not None:
+        notices.append(f"{what} (--allow-constant-dims)")
 
 
 def _padded(steps: list[Step], in_dim: int, width: int | None, name: str, where: str) -> VectorPipeline:

@@ -53,7 +53,7 @@ import numpy as np
 import torch
 
 from dit4dit_npu.data.errors import DatasetError
-from dit4dit_npu.files import atomic_path, atomic_write_json, edges_hash
+from dit4dit_npu.files import atomic_path, atomic_write_json, edges_hash, is_out_of_space
 
 FORMAT = "dit4dit_npu.latent_cache/2"  # 2: content hashes and the VAE's latent bound
 MANIFEST = "manifest.json"
@@ -237,15 +237,23 @@ class LatentCache:
             atomic_write_json(info, {"path": str(source), "fingerprint": self.fingerprints[k]}, indent=None)
         latents = latents.contiguous().cpu()
         stamp = time.time_ns() // 10**9 * 10**9  # whole seconds: every file system stores them exactly
-        with atomic_path(path) as tmp:  # a failed save (disk full) leaves no partial file behind
-            save_file(
-                {"latents": latents, "clips": torch.from_numpy(np.ascontiguousarray(clips, np.int64))},
-                str(tmp),
-                metadata={
-                    "format": FORMAT, "episode": str(int(episode)), "latents_sha256": latents_sha256(latents),
-                    "mtime_ns": str(stamp), "sources": json.dumps(sources),
-                },
-            )
+        try:
+            with atomic_path(path) as tmp:  # a failed save (disk full) leaves no partial file behind
+                save_file(
+                    {"latents": latents, "clips": torch.from_numpy(np.ascontiguousarray(clips, np.int64))},
+                    str(tmp),
+                    metadata={
+                        "format": FORMAT, "episode": str(int(episode)), "latents_sha256": latents_sha256(latents),
+                        "mtime_ns": str(stamp), "sources": json.dumps(sources),
+                    },
+                )
+        except Exception as e:  # safetensors reports a full disk as its own error type, not OSError
+            if not is_out_of_space(e):
+                raise
+            raise DatasetError(
+                f"no space left writing {path} ({' '.join(str(e).split())}); nothing partial was left, the episodes "
+                "written before are kept: run the encoder again once there is space"
+            ) from None
         os.utime(path, ns=(stamp, stamp))
 
     def _source(self, path: Path) -> dict[str, Any]:

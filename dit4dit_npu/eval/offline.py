@@ -19,7 +19,9 @@ training (SPEC A7); here the same PolicyIO as training is applied, inside the po
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,7 +30,7 @@ import numpy as np
 
 from dit4dit_npu.cli import entry_point, former_names, require
 from dit4dit_npu.errors import DiT4DiTError
-from dit4dit_npu.files import atomic_write_json
+from dit4dit_npu.files import atomic_write_json, is_out_of_space
 
 log = logging.getLogger("dit4dit_npu.eval")
 
@@ -317,7 +319,8 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     check_finite(metrics)
     names = joint_names(ds, policy.manifest.data.action_key, policy.action_dim)
     strips = imagination_strips(policy, ds, preds, args.video_samples, args.video_steps, args.seed)
-    plots = eval_plots.plot_all(out, ds, preds, metrics, names, plot_episodes=args.plot_episodes, strips=strips)
+    with _out_of_space_is_one_line(out):
+        plots = eval_plots.plot_all(out, ds, preds, metrics, names, plot_episodes=args.plot_episodes, strips=strips)
     report = {
         "checkpoint": str(policy_dir),
         "step": policy.manifest.step,
@@ -333,8 +336,25 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
         **metrics,
         "plots": [p.name for p in plots],
     }
-    atomic_write_json(out / "metrics.json", report)
+    with _out_of_space_is_one_line(out):
+        atomic_write_json(out / "metrics.json", report)
     return report
+
+
+@contextlib.contextmanager
+def _out_of_space_is_one_line(out: Path) -> Iterator[None]:
+    """A full disk while writing the results: one line naming the folder (each plot and
+    metrics.json is written whole or not at all; metrics.json comes last, so its absence says the
+    run did not finish)."""
+    try:
+        yield
+    except Exception as e:  # matplotlib and PIL raise it as OSError; other writers as their own types
+        if not is_out_of_space(e):
+            raise
+        raise EvalError(
+            f"--out {out}: no space left writing the results ({' '.join(str(e).split())}); metrics.json was not "
+            "written"
+        ) from None
 
 
 @entry_point
