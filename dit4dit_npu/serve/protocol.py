@@ -78,9 +78,9 @@ def observation_rows_and_bytes(obs: dict[Any, Any], cameras: int, image_size: Se
             if v.ndim >= 3:
                 sent += v.nbytes
     state = obs.get(STATE)
-    if isinstance(state, np.ndarray) and state.ndim == 2 or isinstance(state, list | tuple) and state and isinstance(
-        state[0], list | tuple | np.ndarray
-    ):
+    batched_array = isinstance(state, np.ndarray) and state.ndim == 2
+    batched_list = isinstance(state, list | tuple) and bool(state) and isinstance(state[0], list | tuple | np.ndarray)
+    if batched_array or batched_list:
         rows = max(rows, len(state))
     for key in (INSTRUCTION, PROMPT):
         if isinstance(obs.get(key), list | tuple):
