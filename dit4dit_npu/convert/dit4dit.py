@@ -142,10 +142,9 @@ def convert_dit4dit(
     instructions: Sequence[str] = (),
 ) -> tuple[Path, list[str]]:
     """-> (the policy folder, notices of what changed). Raises ConversionError (nothing written)."""
-    from dit4dit_npu.models import build_dit4dit, build_prompt_encoder, text_identity
-    from dit4dit_npu.models.build import base_model_folder
     from dit4dit_npu.models.text import PromptCache
     from dit4dit_npu.policy.folder import POLICY_JSON, export_policy
+    from dit4dit_npu.weights import base_model_folder, build_dit4dit, build_prompt_encoder, text_identity
 
     checkpoint, config, out = Path(checkpoint), Path(config), Path(out)
     stats_path = Path(stats) if stats is not None else checkpoint.parent.parent / "dataset_statistics.json"

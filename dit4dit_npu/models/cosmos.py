@@ -13,40 +13,15 @@ from __future__ import annotations
 
 import copy
 import warnings
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch import nn
 
 from dit4dit_npu import device as dev
-from dit4dit_npu.models.errors import ModelConfigError
+from dit4dit_npu.errors import ConfigError
+from dit4dit_npu.models.configs import Cosmos25Config, FlowMatchingConfig
 from dit4dit_npu.models.noise import NoiseError, checked
-
-
-@dataclass(frozen=True)
-class BackboneConfig:
-    # Block whose output feeds the action head (0-indexed; 17 = the paper's "layer 18").
-    extract_layer: int = 17
-    # Timestep of the clean conditioning frame (the pipeline's conditional_frame_timestep).
-    conditional_frame_timestep: float = 1e-4
-    # Time t of the video flow-matching loss: U[0, 1), or sigmoid(N(0, 1)) with, at probability
-    # high_sigma_ratio, t replaced by U[high_sigma_min (default 0.98), 1).
-    time_distribution: Literal["uniform", "logit_normal"] = "uniform"
-    high_sigma_ratio: float | None = None
-    high_sigma_min: float | None = None
-    # Seed of the feature-pass noise; None = unseeded, as the original (SPEC A3).
-    feature_noise_seed: int | None = 42
-    # "auto" = the device layer's choice, or a diffusers attention backend name.
-    attention_backend: str = "auto"
-    gradient_checkpointing: bool = False
-    # Latent of the conditioning frame: the posterior "mean" (deterministic), or a posterior
-    # "sample" mean + std * eps, as DiT4DiT drew it (its video targets stay the mean either way).
-    condition_latent: Literal["mean", "sample"] = "mean"
-    # Round the noise-level timesteps (feature-pass sigma, video-loss t) to the transformer's
-    # compute dtype before the time embedding, as DiT4DiT cast them to the transformer dtype (bf16:
-    # sigma 0.99502486 -> 0.99609375). The conditioning frame's timestep stays fp32 there too.
-    round_timesteps: bool = False
 
 
 def fresh_schedule(scheduler: Any, num_steps: int, device: torch.device | None = None) -> Any:
@@ -118,9 +93,19 @@ def run_blocks(
 
 
 class CosmosBackbone(nn.Module):
-    """Transformer (trainable) + VAE (always frozen, eval) + the scheduler's sigma convention."""
+    """Transformer (trainable) + VAE (always frozen, eval) + the scheduler's sigma convention.
 
-    def __init__(self, transformer: nn.Module, vae: nn.Module, scheduler: Any, cfg: BackboneConfig) -> None:
+    Config: ``framework.cosmos25`` (``Cosmos25Config``); ``gradient_checkpointing`` is the
+    trainer's (``trainer.enable_gradient_checkpointing``)."""
+
+    def __init__(
+        self,
+        transformer: nn.Module,
+        vae: nn.Module,
+        scheduler: Any,
+        cfg: Cosmos25Config,
+        gradient_checkpointing: bool = False,
+    ) -> None:
         super().__init__()
         self.cfg = cfg
         self.transformer = transformer
@@ -137,13 +122,12 @@ class CosmosBackbone(nn.Module):
         self.temporal_factor = 2 ** sum(vae.config.temperal_downsample)  # 4 (causal: T_lat = (T-1)//4+1)
         self.spatial_factor = 2 ** len(vae.config.temperal_downsample)  # 8
         self.feature_sigma = first_step_sigma(scheduler)
-        if not 0 <= cfg.extract_layer < self.num_layers:
-            raise ModelConfigError(
-                "extract_layer",
-                f"got {cfg.extract_layer}, expected 0..{self.num_layers - 1} "
-                f"(the transformer has {self.num_layers} blocks)",
+        if not 0 <= cfg.extract_layer < self.num_layers:  # the depth is the loaded model's
+            raise ConfigError(
+                f"framework.cosmos25.extract_layer: got {cfg.extract_layer}, expected 0..{self.num_layers - 1} "
+                f"(the transformer has {self.num_layers} blocks)"
             )
-        if cfg.gradient_checkpointing:
+        if gradient_checkpointing:
             transformer.enable_gradient_checkpointing()
 
     # ------------------------------------------------------------------ properties / mode
@@ -172,11 +156,10 @@ class CosmosBackbone(nn.Module):
 
     def check_frame_size(self, height: int, width: int) -> None:
         mult = self.spatial_factor * self.transformer.config.patch_size[1]  # 8 x 2 = 16
-        if height % mult or width % mult:
-            raise ModelConfigError(
-                "frame_size",
-                f"tiled frame {height}x{width} must be divisible by {mult} (VAE x{self.spatial_factor}, "
-                f"then patch x{mult // self.spatial_factor})",
+        if height % mult or width % mult:  # the frame is PolicyIO's: the image size tiled by the layout
+            raise ConfigError(
+                f"datasets.vla_data.image_size (x the view layout): tiled frame {height}x{width} must be divisible "
+                f"by {mult} (VAE x{self.spatial_factor}, then patch x{mult // self.spatial_factor})"
             )
 
     # ------------------------------------------------------------------ VAE
@@ -341,7 +324,7 @@ class CosmosBackbone(nn.Module):
         x0 = latents.float()
         b, c, n, h, w = x0.shape
         t = checked(t, "video_time", (b,), x0.device)
-        t = sample_video_time(self.cfg, b, x0.device) if t is None else t
+        t = sample_video_time(self.cfg.flow_matching, b, x0.device) if t is None else t
         z = checked(z, "video", (b, c, n - 1, h, w), x0.device)
         # frame 0 of z only reaches x_t's frame 0, which the conditioning latent replaces
         z = torch.randn_like(x0) if z is None else torch.cat([torch.zeros_like(x0[:, :, :1]), z], dim=2)
@@ -352,7 +335,7 @@ class CosmosBackbone(nn.Module):
         return torch.mean((v[:, :, 1:].float() - (z - x0)[:, :, 1:]) ** 2)
 
 
-def sample_video_time(cfg: BackboneConfig, n: int, device: torch.device) -> torch.Tensor:
+def sample_video_time(cfg: FlowMatchingConfig, n: int, device: torch.device) -> torch.Tensor:
     """n flow-matching times in [0, 1) from ``cfg.time_distribution`` (SPEC 1.6)."""
     if cfg.time_distribution == "uniform":
         return torch.rand(n, device=device)

@@ -68,9 +68,9 @@ def check_model_build(cfg: Config) -> None:
     """What building the model checks, on its module tree without weights: the base folder, the
     model sizes, and that every learning-rate key and freeze_modules path names a module."""
     from dit4dit_npu.batch import BatchSpec
-    from dit4dit_npu.models import build_skeleton
     from dit4dit_npu.train.optim import freeze_modules, param_groups
     from dit4dit_npu.transforms.images import tiled_size
+    from dit4dit_npu.weights import build_skeleton
 
     d = cfg.datasets.vla_data
     # widths come from the data (PolicyIO); the padded widths or placeholders build the same tree

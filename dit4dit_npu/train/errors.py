@@ -13,10 +13,10 @@ def user_errors() -> tuple[type[Exception], ...]:
     from dit4dit_npu.batch import BatchError
     from dit4dit_npu.config import ConfigError
     from dit4dit_npu.data import DatasetError
-    from dit4dit_npu.models import FrameInputError, ModelConfigError, PromptCacheError
+    from dit4dit_npu.models import FrameInputError, PromptCacheError
     from dit4dit_npu.transforms import PolicyIOError
 
     return (
         ConfigError, TrainingError, device.DeviceError, DatasetError, BatchError, FrameInputError,
-        ModelConfigError, PromptCacheError, PolicyIOError,
+        PromptCacheError, PolicyIOError,
     )
