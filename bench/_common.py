@@ -15,6 +15,7 @@ from dit4dit_npu.batch import Batch, BatchSpec
 from dit4dit_npu.config import Config
 from dit4dit_npu.models import DiT4DiT, PromptEncoder
 from dit4dit_npu.models.configs import TinyCosmosConfig
+from dit4dit_npu.transforms.policy_io import config_spec
 
 # Cosmos-Predict2.5-2B's transformer, Wan2.1's VAE and Qwen2.5-VL-7B's text model
 # (cosmos25_tiny_recipe.md §1), as the tiny builder's sizes.
@@ -40,18 +41,9 @@ ROBOTWIN_DIMS = 14
 
 
 def bench_spec(cfg: Config) -> BatchSpec:
-    """What the data side brings for ``cfg``: padded widths (RoboTwin's 14 when not padded; sin/cos
-    state doubles it), the subsampled clip, the camera views tiled side by side (the benches make
-    random batches of this shape; no dataset is read)."""
-    d = cfg.datasets.vla_data
-    h, w = d.image_size
-    return BatchSpec(
-        state_width=d.max_state_dim or ROBOTWIN_DIMS * (2 if d.state_norm == "sincos" else 1),
-        action_width=d.max_action_dim or ROBOTWIN_DIMS,
-        chunk_length=cfg.framework.action_model.chunk_length,
-        num_frames=len(range(0, len(d.video_delta_indices), d.action_video_freq_ratio)),
-        frame_size=(h, w * len(d.camera_keys)),
-    )
+    """What the data side brings for ``cfg`` with RoboTwin's widths (the benches make random
+    batches of this shape; no dataset is read)."""
+    return config_spec(cfg, ROBOTWIN_DIMS, ROBOTWIN_DIMS)
 
 
 def first_row(batch: Batch) -> Batch:

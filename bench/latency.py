@@ -247,7 +247,7 @@ def main() -> None:
     if args.full_size:
         full = load_config(REPO / "configs" / "robotwin" / "dit4dit_robotwin.yaml")
         spec = bench_spec(full)
-        dtype = torch.float32 if dev.device_type() == dev.CPU and full.trainer.mixed_precision == "no" else torch.bfloat16
+        dtype = torch.float32 if dev.device_type() == dev.CPU and not full.trainer.autocast else torch.bfloat16
         paths = [s for s in args.full_size_paths.split(",") if s]
         full_times = run_config("full-size (random weights)", args, spec, paths,
                                 lambda: build_full_size(full, spec, device, dtype, args.full_size_layers))

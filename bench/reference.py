@@ -99,7 +99,7 @@ class ReferenceDiT4DiT:
         """Conditioning latent of a (B, 3, T, H, W) clip (or its frame 0)."""
         bb = self.model.backbone
         if self.separate_condition_encode:  # B4, zero-padded to the training clip's length
-            n = (self.model.feature_latent_frames - 1) * bb.temporal_factor + 1
+            n = bb.padded_frames(self.model.spec.num_frames)
             return separate_condition_encode(bb, video[:, :, :1], max(n, video.shape[2]))
         if latents is None:
             latents = bb.encode_video(video[:, :, :1])

@@ -101,6 +101,12 @@ class VLADataConfig:
     # sample's VAE latents from it instead of decoding and encoding video; null = encode online.
     latent_cache: str | None = None
 
+    @property
+    def clip_offsets(self) -> list[int]:
+        """Frame offsets of the clip the video model sees: every action_video_freq_ratio-th of
+        video_delta_indices (offset 0 = the observation). A PolicyIO stores them as its own."""
+        return list(self.video_delta_indices[:: self.action_video_freq_ratio])
+
     def check(self, key: str) -> None:
         for name in ("max_state_dim", "max_action_dim"):
             if getattr(self, name) is not None and getattr(self, name) < 1:

@@ -106,14 +106,13 @@ def import_config(
     c.feature_noise_seed = None  # DiT4DiT drew the feature-pass noise from the global RNG
     d.image_size = [int(image_size[0]), int(image_size[1])]
     d.view_layout = "width"
-    ratio = d.action_video_freq_ratio
-    kept = latent_clip(d.video_delta_indices[::ratio])
-    if len(kept) < len(d.video_delta_indices[::ratio]):
+    kept = latent_clip(d.clip_offsets)
+    if len(kept) < len(d.clip_offsets):
         notices.append(
-            f"datasets.vla_data.video_delta_indices: the last {len(d.video_delta_indices[::ratio]) - len(kept)} "
+            f"datasets.vla_data.video_delta_indices: the last {len(d.clip_offsets) - len(kept)} "
             "subsampled frame(s) dropped (DiT4DiT's VAE ignored frames that do not fill a latent)"
         )
-        d.video_delta_indices = d.video_delta_indices[: (len(kept) - 1) * ratio + 1]
+        d.video_delta_indices = d.video_delta_indices[: (len(kept) - 1) * d.action_video_freq_ratio + 1]
     cfg.trainer.enable_gradient_checkpointing = False
     validate(cfg)
     return cfg

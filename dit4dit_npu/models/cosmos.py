@@ -119,7 +119,7 @@ class CosmosBackbone(nn.Module):
         # (DeepSpeed) must not round these constants.
         self.latents_mean = torch.tensor(vae.config.latents_mean, dtype=torch.float32).view(1, z, 1, 1, 1)
         self.latents_std = torch.tensor(vae.config.latents_std, dtype=torch.float32).view(1, z, 1, 1, 1)
-        self.temporal_factor = 2 ** sum(vae.config.temperal_downsample)  # 4 (causal: T_lat = (T-1)//4+1)
+        self.temporal_factor = vae_temporal_factor(vae)  # 4 (causal: T_lat = (T-1)//4+1)
         self.spatial_factor = 2 ** len(vae.config.temperal_downsample)  # 8
         self.feature_sigma = first_step_sigma(scheduler)
         if not 0 <= cfg.extract_layer < self.num_layers:  # the depth is the loaded model's
@@ -150,9 +150,13 @@ class CosmosBackbone(nn.Module):
         self.vae.eval()  # frozen: never in train mode, whatever the caller does
         return self
 
+    def padded_frames(self, num_frames: int) -> int:
+        """Pixel frames the VAE encodes for a clip of ``num_frames`` (padded to 1 + 4k)."""
+        return causal_length(num_frames, self.temporal_factor)
+
     def latent_frames(self, num_frames: int) -> int:
         """Latent frames of a clip of ``num_frames`` pixel frames (after padding to 1 + 4k)."""
-        return (num_frames - 1 + self.temporal_factor - 1) // self.temporal_factor + 1
+        return (self.padded_frames(num_frames) - 1) // self.temporal_factor + 1
 
     def check_frame_size(self, height: int, width: int) -> None:
         mult = self.spatial_factor * self.transformer.config.patch_size[1]  # 8 x 2 = 16
@@ -352,7 +356,7 @@ def vae_latents(vae: nn.Module, video: torch.Tensor) -> torch.Tensor:
     """(B, 3, T, H, W) in [-1, 1] -> the VAE's posterior mean (B, 16, T_lat, H/8, W/8) in the VAE's
     dtype, un-normalised: ``CosmosBackbone.encode_video`` normalises it, and it is exactly what a
     latent cache stores (deterministic, so caching it is exact). T is padded to 1 + 4k first."""
-    video = pad_to_causal_length(video, 2 ** sum(vae.config.temperal_downsample))
+    video = pad_to_causal_length(video, vae_temporal_factor(vae))
     return vae.encode(video.to(next(vae.parameters()).dtype)).latent_dist.mode()
 
 
@@ -360,7 +364,17 @@ def pad_to_causal_length(video: torch.Tensor, temporal_factor: int) -> torch.Ten
     """(B, 3, T, H, W): pad T to 1 + k * temporal_factor by repeating the last frame (the causal
     VAE would otherwise silently drop the trailing frames)."""
     t = video.shape[2]
-    target = (t - 1 + temporal_factor - 1) // temporal_factor * temporal_factor + 1
+    target = causal_length(t, temporal_factor)
     if target == t:
         return video
     return torch.cat([video, video[:, :, -1:].expand(-1, -1, target - t, -1, -1)], dim=2)
+
+
+def vae_temporal_factor(vae: nn.Module) -> int:
+    """Pixel frames per latent frame after the first (Wan: 4)."""
+    return 2 ** sum(vae.config.temperal_downsample)
+
+
+def causal_length(num_frames: int, temporal_factor: int) -> int:
+    """``num_frames`` rounded up to 1 + k * temporal_factor: what the causal VAE encodes whole."""
+    return (num_frames - 1 + temporal_factor - 1) // temporal_factor * temporal_factor + 1

@@ -73,8 +73,7 @@ class DiT4DiT(nn.Module):
         self.cfg = cfg
         self.spec = spec
         self.autocast = autocast
-        if (spec.num_frames - 1) % backbone.temporal_factor:
-            n = (backbone.latent_frames(spec.num_frames) - 1) * backbone.temporal_factor + 1
+        if (n := backbone.padded_frames(spec.num_frames)) != spec.num_frames:
             log.warning(
                 "clips of %d frames are not 1 + %dk: each is padded to %d by repeating its last frame "
                 "(choose the clip length to avoid this)",

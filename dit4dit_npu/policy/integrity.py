@@ -52,7 +52,7 @@ def config_io_problems(cfg: Config, io: PolicyIO) -> list[str]:
         ("datasets.vla_data.view_layout", d.view_layout, "view_layout", io.view_layout),
         (
             "datasets.vla_data.video_delta_indices[::action_video_freq_ratio]",
-            list(d.video_delta_indices[:: d.action_video_freq_ratio]), "clip_offsets", list(io.clip_offsets),
+            d.clip_offsets, "clip_offsets", list(io.clip_offsets),
         ),
         ("framework.action_model chunk (future_action_window_size + 1)", cfg.framework.action_model.chunk_length,
          "chunk_length", io.chunk_length),
