@@ -15,7 +15,7 @@ What the latents depend on, and how each is keyed (a change of any one is refuse
   rows (stored per episode, compared with what the dataset would read now);
 - how the frames become the VAE input: cameras, image size, view layout, clip offsets (the
   manifest's ``CacheKey``);
-- the VAE: its weights and the dtype it runs in (``models.vae_identity``, in the key).
+- the VAE: its weights and the dtype it runs in (``weights.vae_identity``, in the key).
 
 The latents themselves are fingerprinted too: each episode file records the sha256 of its latent
 bytes, and its own mtime is set to a value it records, so a start-up sees from one ``stat`` that
@@ -69,7 +69,7 @@ class CacheKey:
     image_size: tuple[int, int]
     view_layout: str
     clip_offsets: tuple[int, ...]
-    vae: str  # models.vae_identity: weights + the dtype the VAE runs in
+    vae: str  # weights.vae_identity: weights + the dtype the VAE runs in
 
     @classmethod
     def of(cls, io: Any, vae: str) -> CacheKey:
