@@ -158,6 +158,8 @@ def test_resume_falls_back_past_damaged_checkpoints_exactly(base_runs, tmp_path,
         ("legacy delete fingerprint.json", r"{c}/fingerprint.json is missing"),
         ("legacy delete state/random_states_0.pkl",
          r"{c}/state/random_states_0.pkl is missing \(the RNG state: the run would not continue exactly\)"),
+        ("legacy scramble state/random_states_0.pkl",
+         r"{c}/state/random_states_0.pkl is unreadable \(\w+; the RNG state: the run would not continue exactly\)"),
     ],
 )
 def test_each_damaged_file_is_named_and_skipped(base_runs, tmp_path, damage, expected):
@@ -412,6 +414,34 @@ def test_non_finite_weights_or_ema_once_loaded_set_the_checkpoint_aside(base_run
     assert all_whole(ck) == [1, 2, 3, 4]
     resumed, original = losses(runs / RUN), losses(base_runs / RUN)
     assert all(resumed[s] == original[s] for s in (1, 2, 3))  # the loads it fell back past left no trace
+
+
+@pytest.mark.slow
+def test_a_file_that_fails_to_load_sets_the_checkpoint_aside(base_runs, tmp_path, data_root):
+    """Checkpoints of an older version (no manifest, so no hashes) with a file damaged in place:
+    step 3's weights, step 2's RNG state. Only loading tells; before, the first was a traceback and
+    the second was skipped by accelerate (one info log line: the run continued inexactly). Each is
+    named and set aside, and the run continues exactly from step 1."""
+    runs, ck = copy_runs(base_runs, tmp_path)
+    for step, rel in ((3, "state/model.safetensors"), (2, "state/random_states_0.pkl")):
+        c = ck / f"step_{step:06d}"
+        (c / ckpt_io.MANIFEST).unlink()
+        (c / rel).write_bytes(bytes(reversed((c / rel).read_bytes())))
+    assert resume.checkpoint_problem(ck / "step_000003") is None  # whole as far as an unhashed one can tell
+    r = train(overrides(runs, data_root, **{"trainer.max_train_steps": 4, "trainer.resume": "auto"}))
+    assert r.returncode == 0, r.stderr[-3000:]
+    out, c = (r.stdout + r.stderr).splitlines(), re.escape(str(ck))
+    for pattern in (
+        rf"resume: {c}/step_000003 fails to load \(.+\); moved step_000003 to damaged-step_000003",
+        rf"resume: {c}/step_000002/state/random_states_0.pkl is unreadable \(UnpicklingError; the RNG state: the run "
+        "would not continue exactly\\); moved step_000002 to damaged-step_000002",
+        rf"resume: falling back to {c}/step_000001",
+        rf"resumed from {c}/step_000001 at step 1",
+    ):
+        assert any(re.fullmatch(pattern, line) for line in out), (pattern, out[-30:])
+    assert "Traceback" not in r.stderr
+    resumed, original = losses(runs / RUN), losses(base_runs / RUN)
+    assert sorted(resumed) == [1, 2, 3, 4] and all(resumed[s] == original[s] for s in (1, 2, 3))
 
 
 @pytest.mark.slow

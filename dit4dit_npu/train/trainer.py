@@ -85,19 +85,20 @@ class Trainer:
         """Continue exactly where ``ckpt`` left off: weights, optimizer, every rank's RNG, the LR
         schedule, the data cursor. Metrics rows logged after that checkpoint (and a line torn
         by a kill) are dropped. ``ckpt`` was checked whole by ``resume.py``; what only loading
-        shows is checked here: the weights and the EMA must be finite (a checkpoint saved by a
-        version that did not check them). Returns None, or that problem as one line, before
-        anything else is changed (the caller sets ``ckpt`` aside and falls back: the next load
-        replaces every piece of state this one touched). Collective."""
-        distributed.load_state(self.accelerator, ckpt / "state")
+        shows is checked here: every file must load (a checkpoint of an older version, without
+        content hashes, may hold a file damaged in place) and the weights and the EMA must be
+        finite (a checkpoint saved by a version that did not check them). Returns None, or that
+        problem as one line, before anything else is changed (the caller sets ``ckpt`` aside and
+        falls back: the next load replaces every piece of state this one touched). Collective."""
+        if self.ema is not None and not (ckpt / EMA_FILE).is_file():
+            raise TrainingError(
+                f"{ckpt / EMA_FILE} is missing: {ckpt} was saved without trainer.ema; resume it with "
+                "trainer.ema.decay=null, or start a new run (another run_id)"
+            )
         state = ckpt_io.read_trainer_state(ckpt)
-        if self.ema is not None:
-            if not (ckpt / EMA_FILE).is_file():
-                raise TrainingError(
-                    f"{ckpt / EMA_FILE} is missing: {ckpt} was saved without trainer.ema; resume it with "
-                    "trainer.ema.decay=null, or start a new run (another run_id)"
-                )
-            self.ema.load(ckpt)
+        failed = self._load_files(ckpt)
+        if failed is not None:
+            return f"{ckpt} {failed}"
         bad = self._nonfinite_state()
         if bad is not None:
             return f"{ckpt} holds {bad} (a checkpoint of a diverged run)"
@@ -114,6 +115,23 @@ class Trainer:
         self._resumed_from = ckpt
         self.accelerator.print(f"resumed from {ckpt} at step {self.global_step}")
         return None
+
+    def _load_files(self, ckpt: Path) -> str | None:
+        """Load the accelerate state and the EMA of ``ckpt``; None, or why a file failed to load.
+        Collective: a file that fails on one rank (its own RNG state) fails the load on every rank.
+        Any exception counts: torch.load, pickle and safetensors raise many types for a damaged
+        file, and what they name is the checkpoint's problem, not this run's."""
+        error = None
+        try:
+            distributed.load_state(self.accelerator, ckpt / "state")
+            if self.ema is not None:
+                self.ema.load(ckpt)
+        except Exception as e:
+            error = f"fails to load ({type(e).__name__}: {ckpt_io.one_line(e, 160)})"
+        failed = torch.tensor(float(error is not None), device=self.accelerator.device)
+        if float(self.accelerator.reduce(failed, "sum")) == 0:
+            return None
+        return error or "fails to load on another rank"
 
     def start_fresh(self) -> None:
         """A fresh run in a folder without checkpoints: rows of an earlier attempt that died
