@@ -277,6 +277,12 @@ def validate(cfg: Config) -> None:
     )
     need(finite(o.eps) and o.eps > 0, "trainer.optimizer.eps", o.eps, "> 0")
     need(finite(o.weight_decay) and o.weight_decay >= 0, "trainer.optimizer.weight_decay", o.weight_decay, ">= 0")
+    for key in ("vae_latents_mean", "vae_latents_std"):
+        v = getattr(c.tiny, key)
+        need(v is None or (len(v) == 16 and all(finite(x) for x in v)), f"framework.cosmos25.tiny.{key}", v,
+             "16 numbers (one per latent channel), or null (= the real Wan2.1 VAE's)")
+    std = c.tiny.vae_latents_std
+    need(std is None or all(x > 0 for x in std), "framework.cosmos25.tiny.vae_latents_std", std, "all > 0")
     lora = c.lora
     need(lora.rank >= 0, "framework.cosmos25.lora.rank", lora.rank, ">= 0 (0 = off)")
     if lora.rank > 0:

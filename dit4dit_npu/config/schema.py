@@ -39,6 +39,13 @@ class TinyCosmosConfig:
     text_num_layers: int = 2
     text_num_heads: int = 2
     seed: int = 0
+    # Per-channel latent statistics (16 each) the model normalizes the tiny VAE's latents with,
+    # (z - mean) / std; null = the real Wan2.1 VAE's. A random VAE's latents are ~50x smaller
+    # than the real one's: under the real statistics every image becomes the same constant offset
+    # plus ~1% of signal, and a policy trained on it ignores its cameras. Measure them on the
+    # training images with bench/tiny_vae_stats.py.
+    vae_latents_mean: list[float] | None = None
+    vae_latents_std: list[float] | None = None
 
 
 # CosmosTransformer3DModel's linears inside each block: self- and cross-attention projections and

@@ -83,6 +83,10 @@ class TinySizes:
     text_num_layers: int = 2  # 28
     text_num_heads: int = 2  # 28
     seed: int = 0
+    # the VAE config's latents_mean / latents_std (16 each); None = diffusers' defaults (the real
+    # Wan2.1 VAE's statistics)
+    vae_latents_mean: list[float] | None = None
+    vae_latents_std: list[float] | None = None
 
 
 def seeded(seed: int, build: Callable[[], T]) -> T:
@@ -120,6 +124,7 @@ def transformer_kwargs(t: TinySizes) -> dict[str, Any]:
 def vae_kwargs(t: TinySizes) -> dict[str, Any]:
     # z_dim must stay 16 (the default 16-entry latents_mean/std); 4 dim_mult entries and 3
     # temporal flags keep the real x8 spatial / x4 causal temporal factors.
+    stats = {"latents_mean": t.vae_latents_mean, "latents_std": t.vae_latents_std}
     return dict(
         base_dim=t.vae_base_dim,
         z_dim=16,
@@ -127,6 +132,7 @@ def vae_kwargs(t: TinySizes) -> dict[str, Any]:
         num_res_blocks=1,
         attn_scales=[],
         temperal_downsample=[False, True, True],
+        **{k: list(v) for k, v in stats.items() if v is not None},
     )
 
 
