@@ -298,6 +298,16 @@ def validate(cfg: Config) -> None:
         need(finite(ema.decay) and 0 < ema.decay < 1, "trainer.ema.decay", ema.decay, "in (0, 1), or null (= off)")
     need(ema.start_step >= 0, "trainer.ema.start_step", ema.start_step, ">= 0")
     need(ema.update_interval >= 1, "trainer.ema.update_interval", ema.update_interval, ">= 1")
+    sim = t.sim_eval
+    for name, v in (("episodes", sim.episodes), ("interval", sim.interval), ("max_steps", sim.max_steps),
+                    ("workers", sim.workers)):
+        need(v >= 1, f"trainer.sim_eval.{name}", v, ">= 1")
+    need(sim.replan is None or sim.replan >= 1, "trainer.sim_eval.replan", sim.replan, ">= 1, or null (= whole chunk)")
+    need(sim.seed >= 0, "trainer.sim_eval.seed", sim.seed, ">= 0")
+    need(
+        sim.size is None or (len(sim.size) == 2 and all(x >= 16 and x % 2 == 0 for x in sim.size)),
+        "trainer.sim_eval.size", sim.size, "[height, width], each even and >= 16, or null (= the training size)",
+    )
     if a.repeated_diffusion_steps < 1:
         raise ConfigError("framework.action_model.repeated_diffusion_steps: expected >= 1")
     need(a.future_action_window_size >= 0, "framework.action_model.future_action_window_size",

@@ -235,6 +235,27 @@ class EMAConfig:
 
 
 @dataclass
+class SimEvalConfig:
+    """Closed-loop success in simulation during training (dit4dit_npu/sim, needs the sim extra):
+    every ``interval`` steps the current weights (the EMA's when on) are exported and run by
+    ``python -m dit4dit_npu.sim.eval`` in a subprocess, so a simulator crash cannot kill training.
+    task null = off."""
+
+    # A dit4dit_npu.sim task: transfer_cube | insertion.
+    task: str | None = None
+    episodes: int = 10
+    interval: int = 1000
+    # Camera [H, W] the scene renders; null = the training videos' size (no resize).
+    size: list[int] | None = None
+    # Episode i uses scene seed seed + i (demos use seeds >= 100000).
+    seed: int = 0
+    # Actions executed per policy query; null = the whole chunk.
+    replan: int | None = None
+    max_steps: int = 400
+    workers: int = 1
+
+
+@dataclass
 class TrainerConfig:
     max_train_steps: int = 100_000
     num_warmup_steps: int = 5000
@@ -263,6 +284,7 @@ class TrainerConfig:
     # Number of held-out samples scored at each eval_interval (0 = off).
     eval_samples: int = 32
     ema: EMAConfig = field(default_factory=EMAConfig)
+    sim_eval: SimEvalConfig = field(default_factory=SimEvalConfig)
 
 
 @dataclass

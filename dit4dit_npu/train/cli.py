@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from dit4dit_npu.config import Config, ConfigError, dump_yaml, load_config
+from dit4dit_npu.sim.training_eval import check_sim_eval
 from dit4dit_npu.train.metrics import check_trackers
 
 USAGE_EPILOG = """overrides:
@@ -91,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = load_config(args.config, overrides, on_notices=print_notices)
         check_trackers(cfg.trackers)  # now, not after the imports and the data loading
+        check_sim_eval(cfg.trainer.sim_eval)
         if args.migrate_config is not None:
             args.migrate_config.parent.mkdir(parents=True, exist_ok=True)
             args.migrate_config.write_text(dump_yaml(cfg))
