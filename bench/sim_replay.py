@@ -2,8 +2,8 @@
 
     python bench/sim_replay.py [--episodes 5] [--steps 3000] [--size 96x128] [--out runs/sim_replay]
     python bench/sim_replay.py --ground-truth-only      # steps 1-2 only (a minute): data and timing
-    python bench/sim_replay.py --smoke                  # the whole path, tiny (1-2 minutes): 1 demo at
-                                                        # 32x48, 2 training steps, one 16-step episode
+    python bench/sim_replay.py --smoke                  # the whole path, tiny: 1 demo at 32x48, 2 training
+                                                        # steps, one 16-step episode (7.5 min at load 11)
 
 A deterministic scene, its own training seeds and a policy that fits its demos: anything short of
 success is a mismatch between training and execution (camera order, image size or resize path,

@@ -11,7 +11,7 @@ Prints one row per checkpoint; the last line is the last checkpoint's ``success 
 Wilson CI)`` (a success rate, not the ``speedup: X.XX`` of the other benches).
 
     python bench/sim_replay.py --smoke && \
-        python bench/sim_success_curve.py --smoke --run runs/sim_replay_smoke/replay1   # 1-2 minutes
+        python bench/sim_success_curve.py --smoke --run runs/sim_replay_smoke/replay1   # 96 s at load 11
 
 ``--smoke`` evaluates one 16-step episode per checkpoint and writes the plot into the run folder
 (``RUN/sim_curve/``), never over the committed one in docs/.
