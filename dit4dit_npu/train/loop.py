@@ -14,6 +14,7 @@ from pathlib import Path
 from dit4dit_npu import device
 from dit4dit_npu.config import Config
 from dit4dit_npu.prompt_cache import prepare_prompt_cache
+from dit4dit_npu.sim.training_eval import check_sim_eval
 from dit4dit_npu.train.distributed import build_accelerator, building_outside_deepspeed
 from dit4dit_npu.train.errors import TrainingError
 from dit4dit_npu.train.optim import freeze_modules
@@ -38,6 +39,7 @@ def train(cfg: Config) -> Path:
 
 def _train(cfg: Config, accelerator) -> Path:
     check_ema_supported(cfg, accelerator)  # before the run folder is touched
+    check_sim_eval(cfg.trainer.sim_eval)
     run = open_run(cfg, accelerator.is_main_process, accelerator.wait_for_everyone)
     try:
         return _run(cfg, accelerator, run)
@@ -73,6 +75,8 @@ def _run(cfg: Config, accelerator, run: RunFolder) -> Path:
                 trainer.log()
             if trainer.due(t.eval_interval):
                 trainer.evaluate()
+            if t.sim_eval.task is not None and trainer.due(t.sim_eval.interval):
+                trainer.sim_evaluate()
             if trainer.due(t.save_interval):
                 trainer.save()
     trainer.finish()
