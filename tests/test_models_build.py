@@ -2,6 +2,7 @@
 
 import json
 import logging
+import re
 import shutil
 
 import pytest
@@ -196,3 +197,28 @@ def test_a_damaged_tiny_folder_says_how_to_fix_it(tmp_path, monkeypatch, base_di
     with pytest.raises(ConfigError, match="cannot load .*vae") as e:
         build_vae(small_config(f"framework.cosmos25.base_model={broken}"))
     assert "cached tiny model" not in str(e.value)
+
+
+def test_tiny_vae_latent_statistics_follow_config():
+    """The tiny VAE normalizes with the statistics the config gives (its own, measured by
+    bench/tiny_vae_stats.py), else the real Wan2.1 VAE's; raw latents (what a latent cache holds)
+    do not depend on them, so the cache's VAE identity does not either."""
+    from dit4dit_npu.weights import vae_identity
+
+    real = build_backbone(small_config())
+    mean, std = [0.1 * i for i in range(16)], [0.05] * 16
+    own = small_config(f"framework.cosmos25.tiny.vae_latents_mean={mean}", f"framework.cosmos25.tiny.vae_latents_std={std}")
+    bb = build_backbone(own)
+    assert bb.latents_mean.flatten().tolist() == pytest.approx(mean)
+    assert bb.latents_std.flatten().tolist() == pytest.approx(std)
+    assert real.latents_std.flatten().tolist() != pytest.approx(std)  # default: diffusers' (the real VAE's)
+    z = torch.randn(1, 16, 1, 4, 4)
+    assert torch.allclose(bb.normalize(z), (z - torch.tensor(mean).view(1, -1, 1, 1, 1)) / 0.05)
+    assert _same(bb.vae, real.vae)  # same weights: only the normalization differs
+    assert vae_identity(own) == vae_identity(small_config())
+    for bad, expected in (
+        ([0.05] * 15, "framework.cosmos25.tiny.vae_latents_std: got [0.05"),
+        ([0.05] * 15 + [0.0], "framework.cosmos25.tiny.vae_latents_std: got [0.05"),
+    ):
+        with pytest.raises(ConfigError, match=re.escape(expected)):
+            small_config(f"framework.cosmos25.tiny.vae_latents_std={bad}")

@@ -41,6 +41,7 @@ __all__ = [
     "LossScaleConfig",
     "OptimizerConfig",
     "SchedulerKwargs",
+    "SimEvalConfig",
     "TinyCosmosConfig",
     "TrainerConfig",
     "VLADataConfig",
@@ -197,6 +198,37 @@ class EMAConfig:
 
 
 @dataclass
+class SimEvalConfig:
+    """Closed-loop success in simulation during training (dit4dit_npu/sim, needs the sim extra):
+    every ``interval`` steps the current weights (the EMA's when on) are exported and run by
+    ``python -m dit4dit_npu.sim.eval`` in a subprocess, so a simulator crash cannot kill training.
+    task null = off."""
+
+    # A dit4dit_npu.sim task: transfer_cube | insertion.
+    task: str | None = None
+    episodes: int = 10
+    interval: int = 1000
+    # Camera [H, W] the scene renders; null = the training videos' size (no resize).
+    size: list[int] | None = None
+    # Episode i uses scene seed seed + i (demos use seeds >= 100000).
+    seed: int = 0
+    # Actions executed per policy query; null = the whole chunk.
+    replan: int | None = None
+    max_steps: int = 400
+    workers: int = 1
+
+    def check(self, key: str) -> None:
+        for name in ("episodes", "interval", "max_steps", "workers"):
+            require(getattr(self, name) >= 1, f"{key}.{name}", getattr(self, name), ">= 1")
+        require(self.replan is None or self.replan >= 1, f"{key}.replan", self.replan, ">= 1, or null (= whole chunk)")
+        require(self.seed >= 0, f"{key}.seed", self.seed, ">= 0")
+        require(
+            self.size is None or (len(self.size) == 2 and all(x >= 16 and x % 2 == 0 for x in self.size)),
+            f"{key}.size", self.size, "[height, width], each even and >= 16, or null (= the training size)",
+        )
+
+
+@dataclass
 class TrainerConfig:
     max_train_steps: int = 100_000
     num_warmup_steps: int = 5000
@@ -225,6 +257,7 @@ class TrainerConfig:
     # Number of held-out samples scored at each eval_interval (0 = off).
     eval_samples: int = 32
     ema: EMAConfig = field(default_factory=EMAConfig)
+    sim_eval: SimEvalConfig = field(default_factory=SimEvalConfig)
 
     @property
     def autocast(self) -> bool:
@@ -249,6 +282,7 @@ class TrainerConfig:
         self.loss_scale.check(f"{key}.loss_scale")
         self.optimizer.check(f"{key}.optimizer")
         self.ema.check(f"{key}.ema")
+        self.sim_eval.check(f"{key}.sim_eval")
 
 
 @dataclass

@@ -77,8 +77,21 @@ class TinyCosmosConfig:
     text_num_layers: int = 2  # 28
     text_num_heads: int = 2  # 28
     seed: int = 0
+    # Per-channel latent statistics (16 each) the model normalizes the tiny VAE's latents with,
+    # (z - mean) / std; null = the real Wan2.1 VAE's. A random VAE's latents are ~50x smaller
+    # than the real one's: under the real statistics every image becomes the same constant offset
+    # plus ~1% of signal, and a policy trained on it ignores its cameras. Measure them on the
+    # training images with bench/tiny_vae_stats.py.
+    vae_latents_mean: list[float] | None = None
+    vae_latents_std: list[float] | None = None
 
     def check(self, key: str) -> None:
+        for name in ("vae_latents_mean", "vae_latents_std"):
+            v = getattr(self, name)
+            require(v is None or (len(v) == 16 and all(math.isfinite(x) for x in v)), f"{key}.{name}", v,
+                    "16 numbers (one per latent channel), or null (= the real Wan2.1 VAE's)")
+        std = self.vae_latents_std
+        require(std is None or all(x > 0 for x in std), f"{key}.vae_latents_std", std, "all > 0")
         # Cosmos' 3-axis RoPE split divides by head_dim // 6 * 2 (ZeroDivisionError below 12).
         require(
             self.attention_head_dim >= 12 and self.attention_head_dim % 2 == 0,

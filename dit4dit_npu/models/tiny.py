@@ -100,6 +100,7 @@ def transformer_kwargs(t: TinyCosmosConfig) -> dict[str, Any]:
 def vae_kwargs(t: TinyCosmosConfig) -> dict[str, Any]:
     # z_dim must stay 16 (the default 16-entry latents_mean/std); 4 dim_mult entries and 3
     # temporal flags keep the real x8 spatial / x4 causal temporal factors.
+    stats = {"latents_mean": t.vae_latents_mean, "latents_std": t.vae_latents_std}
     return dict(
         base_dim=t.vae_base_dim,
         z_dim=16,
@@ -107,6 +108,7 @@ def vae_kwargs(t: TinyCosmosConfig) -> dict[str, Any]:
         num_res_blocks=1,
         attn_scales=[],
         temperal_downsample=[False, True, True],
+        **{k: list(v) for k, v in stats.items() if v is not None},
     )
 
 

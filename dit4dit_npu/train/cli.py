@@ -17,6 +17,7 @@ from dit4dit_npu.cli import entry_point
 from dit4dit_npu.config import Config, dump_yaml, load_config
 from dit4dit_npu.errors import DiT4DiTError
 from dit4dit_npu.files import atomic_write_text, is_out_of_space
+from dit4dit_npu.sim.training_eval import check_sim_eval
 from dit4dit_npu.train.metrics import check_trackers
 
 USAGE_EPILOG = """overrides:
@@ -85,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     args, overrides = parse_args(argv)
     cfg = load_config(args.config, overrides, on_notices=print_notices)
     check_trackers(cfg.trackers)  # now, not after the imports and the data loading
+    check_sim_eval(cfg.trainer.sim_eval)
     if args.migrate_config is not None:
         write_migrated(cfg, args.migrate_config)
         print(f"wrote {args.migrate_config}", file=sys.stderr)

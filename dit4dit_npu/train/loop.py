@@ -15,6 +15,7 @@ from pathlib import Path
 from dit4dit_npu import device
 from dit4dit_npu.config import Config
 from dit4dit_npu.prompt_cache import prepare_prompt_cache
+from dit4dit_npu.sim.training_eval import check_sim_eval
 from dit4dit_npu.train.distributed import build_accelerator, building_outside_deepspeed, share_from_main
 from dit4dit_npu.train.errors import TrainingError
 from dit4dit_npu.train.optim import freeze_modules
@@ -39,6 +40,7 @@ def train(cfg: Config) -> Path:
 
 def _train(cfg: Config, accelerator) -> Path:
     check_ema_supported(cfg, accelerator)  # before the run folder is touched
+    check_sim_eval(cfg.trainer.sim_eval)
     run = open_run(
         cfg, accelerator.is_main_process, accelerator.wait_for_everyone, lambda x: share_from_main(accelerator, x)
     )
@@ -76,6 +78,8 @@ def _run(cfg: Config, accelerator, run: RunFolder) -> Path:
                 trainer.log()
             if trainer.due(t.eval_interval):
                 trainer.evaluate()
+            if t.sim_eval.task is not None and trainer.due(t.sim_eval.interval):
+                trainer.sim_evaluate()
             if trainer.due(t.save_interval):
                 trainer.save()
     trainer.finish()

@@ -211,6 +211,31 @@ class Trainer:
             if metrics:
                 self._logger.log(self.global_step, metrics)
 
+    def sim_evaluate(self) -> None:
+        """Closed-loop success in simulation (``trainer.sim_eval``) of the weights the policy would
+        hold (the EMA's when on), logged as ``sim/success_rate`` and ``sim/mean_max_reward``. The
+        policy is exported to ``sim_eval/step_N/policy`` and evaluated there by the simulator in a
+        subprocess (``sim/training_eval.py``); the folder keeps results.json and the eval's log,
+        the weights are removed after. A failed eval is one warning line; training goes on."""
+        from dit4dit_npu.sim.training_eval import SimEvalFailed, evaluate
+
+        with self._window.paused():
+            acc, step = self.accelerator, self.global_step
+            folder = self.run_dir / "sim_eval" / f"step_{step:06d}"
+            # Collective, as in save(): ZeRO-3 gathers, the EMA shards meet in the model.
+            with distributed.gathered_parameters(acc, distributed.unwrap(self.model)), self._averaged():
+                if self.is_main:
+                    shutil.rmtree(folder, ignore_errors=True)
+                    self._export_policy(folder / "policy")
+            if self.is_main:
+                try:
+                    self._logger.log(step, evaluate(folder / "policy", self.cfg.trainer.sim_eval, folder))
+                except SimEvalFailed as e:
+                    acc.print(f"warning: sim eval at step {step} failed ({e}); training goes on")
+                finally:
+                    shutil.rmtree(folder / "policy", ignore_errors=True)
+            acc.wait_for_everyone()
+
     def save(self) -> None:
         """A full checkpoint, written into ``.tmp-step_N`` and renamed into place only when
         complete: accelerate/DeepSpeed state of every rank, the exported policy, the trainer state

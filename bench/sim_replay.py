@@ -1,0 +1,176 @@
+"""Replay check: a policy trained on a handful of expert demos must redo them in closed loop.
+
+    python bench/sim_replay.py [--episodes 5] [--steps 3000] [--size 96x128] [--out runs/sim_replay]
+    python bench/sim_replay.py --ground-truth-only      # steps 1-2 only (a minute): data and timing
+    python bench/sim_replay.py --smoke                  # the whole path, tiny: 1 demo at 32x48, 2 training
+                                                        # steps, one 16-step episode (7.5 min at load 11)
+
+A deterministic scene, its own training seeds and a policy that fits its demos: anything short of
+success is a mismatch between training and execution (camera order, image size or resize path,
+state/action units, which action of a chunk runs at which step, normalization), not a lack of data.
+
+1. demos: N scripted-expert demos (seeds 100000, ...) -> OUT/data (kept when already there);
+2. ground truth: the recorded actions, cut into chunks of the policy's length, go through the
+   eval's own execution path (``rollout.run_episode``) from the same seeds, while every live
+   observation is compared with the recorded one (state exactly; images after the mp4 round
+   trip): proves seeds, frame/action alignment and chunk timing before any training;
+3. latent cache of the demos (``dit4dit_npu.data.encode_latents``), 4. train the tiny ALOHA config
+   on all N demos (no held-out split), 5. ``dit4dit_npu.sim.eval`` on exactly the demo seeds.
+Every step is the real command line in a subprocess; a rerun resumes what is done. The last line
+is ``success k/n`` (not the ``speedup: X.XX`` of the other benches: this one measures success), and
+the exit code is 0 whatever k is (1 only for ``--ground-truth-only`` short of n/n). ``--smoke``
+checks that the commands run together, not that anything is learned (its episode is too short
+to succeed).
+
+Measured (docs/sim_recipe_log.md): ground truth 5/5; the tiny config after 3000 steps 3/5.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+CONFIG = "configs/aloha/dit4dit_aloha_transfer_cube_tiny.yaml"
+
+
+def run(*args: str) -> None:
+    """A project command line in a subprocess (its output streams through); a failure stops here."""
+    cmd = [sys.executable, *args]
+    print("+", " ".join(cmd), flush=True)
+    subprocess.run(cmd, check=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+class RecordedChunks:
+    """A sim policy that returns the demo's own actions a[t : t + chunk] at scene step t."""
+
+    name, metadata = "recorded", {}
+
+    def __init__(self, actions: np.ndarray, chunk: int) -> None:
+        self.actions, self.chunk = actions, chunk
+
+    def reset(self, scene, seed: int) -> None:
+        self.scene = scene
+
+    def act(self, obs) -> np.ndarray:
+        t = min(self.scene.steps, len(self.actions) - 1)  # past the demo: hold its last target
+        return self.actions[t : t + self.chunk]
+
+    def close(self) -> None:
+        pass
+
+
+def ground_truth(data: Path, chunk: int, max_steps: int) -> tuple[int, int]:
+    """Replay every demo's chunks through ``run_episode``; compare live and recorded observations."""
+    from dit4dit_npu.data.lerobot import LeRobotDataset
+    from dit4dit_npu.sim.rollout import run_episode
+    from dit4dit_npu.sim.scene import AlohaScene
+
+    meta = json.loads((data / "meta" / "sim_demos.json").read_text())
+    ds = LeRobotDataset(data)
+    ok = 0
+    with AlohaScene(meta["task"], tuple(meta["size_hw"])) as scene:
+        for ep, seed in zip(ds.selected_episodes, meta["seeds"]):
+            start, end = ds.episode_bounds(ep)
+            actions = ds.column("action")[start:end]
+            states = ds.column("observation.state")[start:end]
+            # Same seed, same actions: the live observation at step t must be the recorded row t.
+            obs, live_states, live_frames = scene.reset(seed), [], {k: [] for k in scene.cameras}
+            probe = range(0, end - start, 40)
+            for t in range(end - start):
+                live_states.append(obs["state"])
+                if t in probe:
+                    for k in scene.cameras:
+                        live_frames[k].append(obs[k])
+                obs = scene.step(actions[t]).obs
+            state_diff = float(np.abs(np.stack(live_states) - states).max())
+            img_diff = {
+                k.rsplit(".", 1)[-1]: float(
+                    np.abs(ds.frames_at(start + np.array(probe), k).astype(np.int16) - np.stack(v)).mean()
+                )
+                for k, v in live_frames.items()
+            }
+            r = run_episode(scene, RecordedChunks(actions, chunk), seed, max_steps, None)
+            ok += r["success"]
+            outcome = f"success at step {r['steps_to_success']}" if r["success"] else f"FAILURE (max reward {r['max_reward']})"
+            print(
+                f"ground truth seed {seed}: recorded chunks of {chunk} -> {outcome}; live vs recorded state "
+                f"max |diff| {state_diff:.1e}, image mean |diff| (0-255) "
+                + ", ".join(f"{k} {v:.2f}" for k, v in img_diff.items()),
+                flush=True,
+            )
+    return ok, len(meta["seeds"])
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--episodes", type=int, default=5, help="demos to train on and replay")
+    p.add_argument("--steps", type=int, default=3000, help="training steps")
+    p.add_argument("--size", default="96x128", help="camera HxW of the demos (the config's image_size follows)")
+    p.add_argument("--replan", type=int, default=None, help="actions executed per query (default: whole chunk)")
+    p.add_argument("--out", type=Path, default=Path("runs/sim_replay"))
+    p.add_argument("--max-steps", type=int, default=400, help="closed-loop episode length (ACT: 400)")
+    p.add_argument("--ground-truth-only", action="store_true", help="demos and the ground-truth replay only")
+    p.add_argument("--smoke", action="store_true", help="1 demo at 32x48, 2 steps, one 16-step episode")
+    p.add_argument("overrides", nargs="*", help="extra training config overrides a.b=c")
+    a = p.parse_args()
+    if a.smoke:  # 32x48: the smallest views the backbone takes for three cameras side by side
+        a.episodes, a.steps, a.size, a.max_steps = 1, 2, "32x48", 16
+        a.out = a.out.with_name(a.out.name + "_smoke")
+        a.overrides = ["datasets.vla_data.per_device_batch_size=2", "trainer.num_warmup_steps=0", *a.overrides]
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    out = a.out.resolve()
+    data, cache, run_id = out / "data" / f"demos_{a.size}", out / "latents", f"replay{a.episodes}"
+    h, w = (int(x) for x in a.size.split("x"))
+
+    if not data.exists():
+        run("-m", "dit4dit_npu.sim.demos", "--episodes", str(a.episodes), "--size", a.size, "--out", str(data))
+    from dit4dit_npu.config import load_config
+
+    chunk = load_config(CONFIG).framework.action_model.chunk_length
+    gt_ok, n = ground_truth(data, chunk, 400)
+    print(f"ground truth: {gt_ok}/{n} demos redone by their recorded chunks through the eval's execution path")
+    if a.ground_truth_only:
+        print(f"success {gt_ok}/{n}")
+        return 0 if gt_ok == n else 1
+
+    overrides = [
+        f"datasets.vla_data.data_root_dir={data.parent}",
+        f"datasets.vla_data.data_mix=[{{path: {data.name}, weight: 1.0}}]",
+        f"datasets.vla_data.image_size=[{h}, {w}]",
+        "datasets.vla_data.val_fraction=0.0",  # replay: every demo is a training demo
+        f"run_root_dir={out}",
+        f"run_id={run_id}",
+        *a.overrides,
+    ]
+    run("-m", "dit4dit_npu.data.encode_latents", "--config", CONFIG, "--out", str(cache), *overrides)
+    run(
+        "-m", "dit4dit_npu.train", "--config", CONFIG, *overrides, f"datasets.vla_data.latent_cache={cache}",
+        # smoke: a checkpoint every step, so that bench/sim_success_curve.py --smoke has two to plot
+        f"trainer.max_train_steps={a.steps}", f"trainer.save_interval={1 if a.smoke else a.steps}",
+        "trainer.eval_samples=0",
+        "trainer.resume=auto",
+    )
+    policy = out / run_id / "checkpoints" / f"step_{a.steps:06d}" / "policy"
+    seeds = json.loads((data / "meta" / "sim_demos.json").read_text())["seeds"]
+    if seeds != list(range(seeds[0], seeds[0] + len(seeds))):
+        raise SystemExit(f"demo seeds are not consecutive ({seeds}); the eval runs a range of seeds")
+    episodes = 1 if a.smoke else len(seeds)
+    results = out / run_id / (f"sim_eval_step_{a.steps:06d}" + ("" if a.replan is None else f"_replan{a.replan}"))
+    if not (results / "results.json").exists():
+        replan = [] if a.replan is None else ["--replan", str(a.replan)]
+        run("-m", "dit4dit_npu.sim.eval", "--policy", str(policy), "--episodes", str(episodes), "--seed",
+            str(seeds[0]), "--max-steps", str(a.max_steps), "--videos", "0" if a.smoke else "1",
+            "--out", str(results), *replan)
+    s = json.loads((results / "results.json").read_text())["summary"]
+    print(f"success {s['successes']}/{s['episodes']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,71 @@
+"""Latent statistics of the tiny random VAE on a config's training images, as config lines.
+
+    python bench/tiny_vae_stats.py --config configs/aloha/dit4dit_aloha_transfer_cube_tiny.yaml [--samples 256] [a.b=c ...]
+
+The model normalizes VAE latents per channel, (z - mean) / std, with the statistics in the VAE's
+config: for the real Wan2.1 VAE, its published ones. A tiny *random* VAE's latents are far
+smaller (std ~0.05 against ~2) and off-centre, so under the real statistics every image is the same
+constant plus ~1% of signal: the backbone's features, and a policy trained on them, barely depend
+on the cameras. This encodes ``--samples`` training frames (evenly spaced over the training
+samples, cameras tiled as the model sees them) with the config's tiny VAE and prints
+``framework.cosmos25.tiny.vae_latents_mean`` / ``vae_latents_std`` to paste into the config,
+then how much of the images survives normalization under the real statistics and under these.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+import numpy as np
+import torch
+
+from dit4dit_npu.config import load_config
+from dit4dit_npu.data import build_training_data
+from dit4dit_npu.models import build_vae
+from dit4dit_npu.models.cosmos import vae_latents
+from dit4dit_npu.models.dit4dit import video_input
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--config", required=True)
+    p.add_argument("--samples", type=int, default=256)
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("overrides", nargs="*")
+    a = p.parse_args()
+    torch.set_num_threads(1)
+    cfg = load_config(a.config, a.overrides)
+    tiny = dataclasses.replace(cfg.framework.cosmos25.tiny, vae_latents_mean=None, vae_latents_std=None)
+    cfg = dataclasses.replace(
+        cfg, framework=dataclasses.replace(cfg.framework, cosmos25=dataclasses.replace(cfg.framework.cosmos25, tiny=tiny))
+    )
+    online = dataclasses.replace(cfg.datasets.vla_data, latent_cache=None)
+    cfg = dataclasses.replace(cfg, datasets=dataclasses.replace(cfg.datasets, vla_data=online))
+    ds = build_training_data(cfg).train_dataset
+    vae = build_vae(cfg)
+    idx = np.linspace(0, len(ds) - 1, min(a.samples, len(ds))).round().astype(int)
+    latents = []
+    for i in range(0, len(idx), a.batch):
+        frames = torch.stack([ds[int(j)]["frames"][:1] for j in idx[i : i + a.batch]])  # frame 0 of each clip
+        latents.append(vae_latents(vae, video_input(frames)).float())
+    z = torch.cat(latents)  # (N, 16, 1, h, w)
+    mean, std = z.mean((0, 2, 3, 4)), z.std((0, 2, 3, 4))
+    real_mean = torch.tensor(vae.config.latents_mean).view(1, -1, 1, 1, 1)
+    real_std = torch.tensor(vae.config.latents_std).view(1, -1, 1, 1, 1)
+
+    def signal(m: torch.Tensor, s: torch.Tensor) -> str:
+        x = (z - m) / s
+        # how much the normalized latent varies between images, next to its typical size
+        return f"variation between images {x.std(0).mean():.3f} on a magnitude of {x.abs().mean():.3f}"
+
+    fmt = ", ".join
+    print(f"{len(idx)} frames of {a.config}: latent std per channel {std.min():.4f}-{std.max():.4f}")
+    print(f"under the real Wan2.1 statistics: {signal(real_mean, real_std)}")
+    print(f"under these: {signal(mean.view(1, -1, 1, 1, 1), std.view(1, -1, 1, 1, 1))}")
+    print(f"    vae_latents_mean: [{fmt(f'{x:.4f}' for x in mean.tolist())}]")
+    print(f"    vae_latents_std: [{fmt(f'{x:.4f}' for x in std.tolist())}]")
+
+
+if __name__ == "__main__":
+    main()

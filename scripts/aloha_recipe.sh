@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# The CPU recipe for ALOHA transfer cube, from scratch (issue 19): 50 scripted-expert demos at 96x128
+# -> latent cache (the VAE runs once per clip, not every step) -> train the tiny config for STEPS
+# steps, a checkpoint and a held-out error every STEPS/4 -> closed-loop eval of every checkpoint on
+# 50 unseen seeds (0-49) with bench/sim_success_curve.py (plot: docs/aloha_success_vs_steps.png).
+# Each stage is skipped when its output is there (demos, cached episodes, a finished run, an eval's
+# results.json), so a rerun only redoes what is missing. The last line is the last checkpoint's
+# `success k/50 = p% (95% Wilson CI lo-hi%)`.
+#
+#   bash scripts/aloha_recipe.sh [a.b=c ...]   # extra training overrides (a new RUN_ID for a new run)
+#   STEPS=6000 WORKERS=2 bash scripts/aloha_recipe.sh
+#   SMOKE=1 bash scripts/aloha_recipe.sh       # the same commands, tiny: 1 demo at 32x48, 2 steps,
+#                                              # one 16-step episode per checkpoint (3.8 min at load 11)
+#
+# Runtime on the project's shared 2-core CPU machine, ESTIMATED from the parts measured in
+# docs/sim_recipe_log.md and the README (the whole recipe has not been run end to end): demos ~5 min,
+# cache ~100 min (2.5 clips/s, 320 clips per demo), training ~90 min (0.45 s/step x 12000),
+# evaluation ~40 min (4 checkpoints x 50 episodes at ~5 episodes/min): about 4 hours.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
+PY="${PY:-.venv/bin/python}"
+CONFIG=configs/aloha/dit4dit_aloha_transfer_cube_tiny.yaml
+WORKERS="${WORKERS:-1}"
+if [ "${SMOKE:-0}" = 1 ]; then
+    DEMOS=1 SIZE=32x48 STEPS=2 EVERY=1 EPISODES=1 EPISODE_STEPS=16 RUN_ID="${RUN_ID:-aloha_recipe_smoke}"
+    # one demo trains (nothing held out); 32x48 is the smallest size three side-by-side views allow
+    EXTRA=(datasets.vla_data.val_fraction=0.0 trainer.eval_samples=0 datasets.vla_data.per_device_batch_size=2
+           trainer.num_warmup_steps=0)
+else
+    DEMOS=50 SIZE=96x128 STEPS="${STEPS:-12000}" EPISODES=50 EPISODE_STEPS=400 RUN_ID="${RUN_ID:-aloha_recipe}"
+    EVERY=$((STEPS / 4)) EXTRA=()
+fi
+DATA_ROOT=data/aloha
+DATA="$DATA_ROOT/transfer_cube_${SIZE}_recipe"
+CACHE="${DATA}_latents"
+H="${SIZE%x*}" W="${SIZE#*x}"
+OVERRIDES=(
+    "datasets.vla_data.data_root_dir=$DATA_ROOT" "datasets.vla_data.data_mix=[{path: $(basename "$DATA"), weight: 1.0}]"
+    "datasets.vla_data.image_size=[$H, $W]" "datasets.vla_data.latent_cache=$CACHE" "run_id=$RUN_ID"
+    "${EXTRA[@]}" "$@"
+)
+
+stage() { echo "== $(date +%H:%M:%S) $*"; }
+t0=$SECONDS
+if [ ! -d "$DATA" ]; then
+    stage "demos: $DEMOS expert episodes, seeds 100000.., $SIZE"
+    $PY -m dit4dit_npu.sim.demos --task transfer_cube --episodes "$DEMOS" --size "$SIZE" --out "$DATA"
+fi
+t_demos=$SECONDS
+stage "latent cache: every training sample's clip, VAE-encoded once"
+$PY -m dit4dit_npu.data.encode_latents --config "$CONFIG" --out "$CACHE" "${OVERRIDES[@]}"
+t_cache=$SECONDS
+stage "train: $STEPS steps, a checkpoint every $EVERY"
+$PY -m dit4dit_npu.train --config "$CONFIG" "${OVERRIDES[@]}" trainer.resume=auto \
+    "trainer.max_train_steps=$STEPS" "trainer.save_interval=$EVERY" "trainer.eval_interval=$EVERY" \
+    trainer.keep_last_checkpoints=4  # every checkpoint of the curve
+t_train=$SECONDS
+RUN_DIR="$($PY -m dit4dit_npu.train --config "$CONFIG" "${OVERRIDES[@]}" --dry-run | $PY -c '
+import sys, yaml; c = yaml.safe_load(sys.stdin); print(c["run_root_dir"] + "/" + c["run_id"])')"
+stage "closed-loop eval of every checkpoint of $RUN_DIR on seeds 0-$((EPISODES - 1))"
+CURVE=(--run "$RUN_DIR" --episodes "$EPISODES" --seed 0 --max-steps "$EPISODE_STEPS" --workers "$WORKERS")
+if [ "${SMOKE:-0}" = 1 ]; then CURVE+=(--out "$RUN_DIR/sim_curve/smoke.png"); fi
+$PY bench/sim_success_curve.py "${CURVE[@]}" | tee "$RUN_DIR/sim_curve.log"
+t_eval=$SECONDS
+echo "minutes: demos $(((t_demos - t0) / 60)), cache $(((t_cache - t_demos) / 60)), train $(((t_train - t_cache) / 60)), eval $(((t_eval - t_train) / 60))"
+tail -1 "$RUN_DIR/sim_curve.log"

@@ -1,0 +1,186 @@
+"""The stack in closed loop, small: two expert demos -> a few training steps with
+``trainer.sim_eval`` on -> one episode through the policy folder and one through the server.
+
+Every piece is the real command line in its own process (demos, trainer, its eval subprocess,
+the websocket server); the full recipe is a benchmark (``scripts/aloha_recipe.sh``), not a test.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("gym_aloha", reason="simulation extra not installed (pip install -e '.[sim]')")
+
+from dit4dit_npu.sim.demos import write_demos  # noqa: E402
+from dit4dit_npu.train.metrics import read_metrics  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = ROOT / "configs/aloha/dit4dit_aloha_transfer_cube_tiny.yaml"
+ENV = {**os.environ, "DIT4DIT_DEVICE": "cpu", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"}
+SIZE = (32, 48)  # the smallest views the backbone takes for three cameras side by side (3 x 48 = 144 = 9 x 16)
+EPISODE_STEPS = 16  # one whole chunk: a closed-loop episode here checks the path, not the skill
+
+
+@pytest.fixture(scope="module")
+def demos(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("aloha")
+    write_demos(root / "tc2", "transfer_cube", 2, SIZE, progress=False)
+    return root
+
+
+def overrides(run_root: Path, demos: Path, **extra) -> list[str]:
+    base = {
+        "run_root_dir": str(run_root),
+        "datasets.vla_data.data_root_dir": str(demos),
+        "datasets.vla_data.data_mix": "[{path: tc2, weight: 1.0}]",
+        "datasets.vla_data.image_size": f"[{SIZE[0]}, {SIZE[1]}]",
+        "datasets.vla_data.val_fraction": "0.5",  # one demo trains, one is held out
+        "datasets.vla_data.per_device_batch_size": "2",
+        "trainer.deepspeed_config": "null",
+        "trainer.max_train_steps": "2",
+        "trainer.save_interval": "2",
+        "trainer.eval_interval": "2",
+        "trainer.eval_samples": "2",
+        "trainer.logging_frequency": "1",
+        "trainer.num_warmup_steps": "0",
+        "trainer.sim_eval.task": "transfer_cube",
+        "trainer.sim_eval.episodes": "1",
+        "trainer.sim_eval.interval": "2",
+        "trainer.sim_eval.max_steps": str(EPISODE_STEPS),
+    }
+    base.update({k: str(v) for k, v in extra.items()})
+    return [f"{k}={v}" for k, v in base.items()]
+
+
+def train(args: list[str], env: dict | None = None, entry: tuple[str, ...] = ("-m", "dit4dit_npu.train")):
+    return subprocess.run(
+        [sys.executable, *entry, "--config", str(CONFIG), *args],
+        env=env or ENV, capture_output=True, text=True, cwd=ROOT, timeout=600,
+    )
+
+
+def sim_eval(capsys, policy: str, out: Path, *extra: str) -> dict:
+    """One closed-loop episode through ``dit4dit_npu.sim.eval`` (in this process: the policy side
+    is what is tested; the scene is the real one either way)."""
+    from dit4dit_npu.sim.eval import main as eval_main
+
+    code = eval_main(["--policy", policy, "--episodes", "1", "--max-steps", str(EPISODE_STEPS), "--videos", "0",
+                      "--out", str(out), *extra])
+    lines = capsys.readouterr().out.splitlines()
+    assert code == 0 and lines[-3].startswith("success "), lines
+    return json.loads((out / "results.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def run_dir(demos, tmp_path_factory) -> Path:
+    runs = tmp_path_factory.mktemp("runs")
+    r = train(overrides(runs, demos))
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return runs / "dit4dit_aloha_transfer_cube_tiny"
+
+
+def test_trainer_logs_closed_loop_success_next_to_the_held_out_error(run_dir: Path) -> None:
+    rows = [m for m in read_metrics(run_dir / "metrics.jsonl") if "sim/success_rate" in m]
+    assert len(rows) == 1 and rows[0]["step"] == 2
+    assert 0.0 <= rows[0]["sim/success_rate"] <= 1.0 and 0.0 <= rows[0]["sim/mean_max_reward"] <= 4.0
+    assert any("val/action_mse" in m and m["step"] == 2 for m in read_metrics(run_dir / "metrics.jsonl"))
+    folder = run_dir / "sim_eval" / "step_000002"
+    episodes = json.loads((folder / "results.json").read_text())["episodes"]
+    assert [(e["seed"], e["steps"]) for e in episodes] == [(0, EPISODE_STEPS)]
+    assert (folder / "eval.log").is_file() and not (folder / "policy").exists()  # the weights are not kept
+
+
+@pytest.mark.slow
+def test_trained_policy_runs_closed_loop_from_its_folder_and_through_the_server(
+    run_dir: Path, tmp_path: Path, capsys
+) -> None:
+    import socket
+
+    policy = run_dir / "checkpoints" / "step_000002" / "policy"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    # The server starts first and loads while the folder episode runs here (the test's two costs overlap).
+    server = subprocess.Popen(
+        [sys.executable, "-m", "dit4dit_npu.serve", "--policy", str(policy), "--port", str(port)],
+        cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        r = sim_eval(capsys, str(policy), tmp_path / "folder")
+        assert r["summary"]["size_hw"] == list(SIZE) and r["episodes"][0]["error"] is None
+        assert (r["episodes"][0]["steps"], r["episodes"][0]["policy_calls"]) == (EPISODE_STEPS, 1)
+        r = sim_eval(capsys, f"ws://127.0.0.1:{port}", tmp_path / "server", "--connect-timeout", "120")
+    finally:
+        server.terminate()
+        server.wait(30)
+    assert (r["episodes"][0]["steps"], r["episodes"][0]["policy_calls"]) == (EPISODE_STEPS, 1)
+
+
+@pytest.mark.parametrize(
+    "key, value, expected",
+    [
+        ("trainer.sim_eval.task", "transfer_cub", "trainer.sim_eval.task: got 'transfer_cub', expected one of ['insertion', 'transfer_cube']"),
+        ("trainer.sim_eval.episodes", "0", "trainer.sim_eval.episodes: got 0, expected >= 1"),
+        ("trainer.sim_eval.size", "[33, 48]", "trainer.sim_eval.size: got [33, 48]"),
+    ],
+)
+def test_bad_sim_eval_settings_are_one_line_before_anything_is_written(tmp_path, demos, capsys, key, value, expected):
+    from dit4dit_npu.train.cli import main as train_main
+
+    assert train_main(["--config", str(CONFIG), *overrides(tmp_path, demos, **{key: value})]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and expected in err[0], err
+    assert not any(tmp_path.iterdir())
+
+
+BLOCK_SIM_EXTRA = """
+import sys
+sys.modules["gym_aloha"] = None  # what an environment without the sim extra looks like to importlib
+from dit4dit_npu.train.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_sim_eval_without_the_sim_extra_is_refused_in_one_line(tmp_path, demos, monkeypatch) -> None:
+    r = train(overrides(tmp_path, demos), entry=("-c", BLOCK_SIM_EXTRA))
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert r.stderr.strip().splitlines()[-1] == (
+        "config error: trainer.sim_eval: the simulation extra is not installed (gym_aloha missing): "
+        "pip install -e '.[sim]', or set trainer.sim_eval.task=null"
+    )
+    assert not any(tmp_path.iterdir())
+    from dit4dit_npu.config import SimEvalConfig
+    from dit4dit_npu.sim.training_eval import check_sim_eval
+
+    monkeypatch.setitem(sys.modules, "gym_aloha", None)
+    check_sim_eval(SimEvalConfig(task=None))  # off: nothing is needed
+
+
+def test_an_eval_that_cannot_start_is_one_line(tmp_path, run_dir, monkeypatch) -> None:
+    from dit4dit_npu.config import SimEvalConfig
+    from dit4dit_npu.sim.training_eval import SimEvalFailed, evaluate
+
+    monkeypatch.setenv("MUJOCO_GL", "no_such_platform")  # the eval child cannot load OpenGL
+    cfg = SimEvalConfig(task="transfer_cube", episodes=1, max_steps=EPISODE_STEPS)
+    with pytest.raises(SimEvalFailed, match=r"exit code 2: error: MuJoCo cannot load OpenGL with MUJOCO_GL=no_such_platform"):
+        evaluate(run_dir / "checkpoints" / "step_000002" / "policy", cfg, tmp_path / "eval")
+    assert (tmp_path / "eval" / "eval.log").is_file() and not (tmp_path / "eval" / "results.json").exists()
+
+
+@pytest.mark.slow
+def test_a_simulator_that_cannot_start_costs_a_warning_not_the_run(tmp_path, demos) -> None:
+    env = {**ENV, "MUJOCO_GL": "no_such_platform"}
+    r = train(overrides(tmp_path, demos, **{"trainer.max_train_steps": 1, "trainer.save_interval": 1,
+                                            "trainer.sim_eval.interval": 1}), env=env)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    warning = [line for line in (r.stdout + r.stderr).splitlines() if "sim eval at step 1 failed" in line]
+    assert len(warning) == 1 and "MUJOCO_GL" in warning[0] and "training goes on" in warning[0]
+    run = tmp_path / "dit4dit_aloha_transfer_cube_tiny"
+    assert (run / "checkpoints" / "step_000001" / "policy").is_dir()
+    assert not any("sim/success_rate" in m for m in read_metrics(run / "metrics.jsonl"))
