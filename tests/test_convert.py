@@ -177,7 +177,7 @@ def test_cli_converts_every_tensor_to_its_place(run, tmp_path):
     io = json.loads((out / "policy_io.json").read_text())
     assert io["resize_method"] == "torch_bilinear"
     assert io["state"] == [{"kind": "sincos", "groups": [1] * 8}]
-    assert [s["kind"] for s in io["action"]] == ["normalize", "binarize", "pad"]
+    assert [s["kind"] for s in io["action"]] == ["normalize", "binarize", "clip", "pad"]
     assert (c["condition_latent"], c["round_timesteps"], c["feature_noise_seed"]) == ("sample", True, None)
 
     from dit4dit_npu import DiT4DiTPolicy
@@ -206,7 +206,7 @@ def _convert(run, tmp_path, ckpt=None, config=None, stats=None, **kw):
         stats_path.write_text(json.dumps(stats))
     out = tmp_path / "policy"
     with pytest.raises(ConversionError) as e:
-        convert_dit4dit(ckpt_path, config_path, run["base"], out, stats=stats_path, image_size=(32, 32), **kw)
+        convert_dit4dit(ckpt_path, config_path, run["base"], out, stats=stats_path, conventions={"image_size": [32, 32]}, **kw)
     assert not out.exists()  # nothing written
     assert "\n" not in str(e.value)
     return str(e.value)
@@ -234,7 +234,7 @@ def test_config_that_does_not_match_the_checkpoint(run, tmp_path):
 def test_statistics_of_another_embodiment(run, tmp_path):
     msg = _convert(run, tmp_path, stats=statistics("gr1", 29, 29))
     assert "the encoded state has 58 dims but the checkpoint's head takes 16 (statistics for another embodiment?)" in msg
-    msg = _convert(run, tmp_path, stats=statistics("gr1", 7, 8), embodiment="libero_franka")
+    msg = _convert(run, tmp_path, stats=statistics("gr1", 7, 8), robot_type="libero_franka")
     assert "statistics of embodiment 'gr1', but robot type libero_franka is 'franka'" in msg
 
 
@@ -276,14 +276,14 @@ def test_out_that_is_a_file_or_a_damaged_base_model_is_one_line(run, tmp_path):
     a_file = tmp_path / "a_file"
     a_file.write_text("mine")
     with pytest.raises(ConversionError, match=f"--out {a_file} exists and is not a policy folder"):
-        convert_dit4dit(ckpt, config, run["base"], a_file, stats=stats, image_size=(32, 32))
+        convert_dit4dit(ckpt, config, run["base"], a_file, stats=stats, conventions={"image_size": [32, 32]})
     assert a_file.read_text() == "mine"
     base = Path(shutil.copytree(run["base"], tmp_path / "base"))
     vae = base / "vae" / "diffusion_pytorch_model.safetensors"
     vae.write_bytes(vae.read_bytes()[:1000])
     out = tmp_path / "policy"
     with pytest.raises(ConversionError, match=r"base model .*: vae/diffusion_pytorch_model.safetensors is unreadable"):
-        convert_dit4dit(ckpt, config, base, out, stats=stats, image_size=(32, 32))
+        convert_dit4dit(ckpt, config, base, out, stats=stats, conventions={"image_size": [32, 32]})
     assert not out.exists()
     # a missing checkpoint is named as such, not as the statistics file its path would locate
     with pytest.raises(ConversionError, match="checkpoint not found: .*steps_9_pytorch_model.pt"):
@@ -309,4 +309,4 @@ def _stats_with(change) -> dict:
 def test_malformed_statistics_are_one_line(run, tmp_path, change, message):
     """Each was a TypeError / ValueError / AttributeError traceback (or, min > max, a policy whose
     actions come out mirrored)."""
-    assert re.search(message, _convert(run, tmp_path, stats=_stats_with(change), embodiment="libero_franka"))
+    assert re.search(message, _convert(run, tmp_path, stats=_stats_with(change), robot_type="libero_franka"))
