@@ -41,13 +41,8 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 TARGET = 1e-4
-# The harness's tiny head ("DiT-T", registered in the original's size table) in our config terms.
-HEAD_SIZE = [
-    "framework.action_model.action_model_type=DiT-B",
-    "framework.action_model.input_embedding_dim=64",
-    "framework.action_model.diffusion_model_cfg.num_attention_heads=2",
-    "framework.action_model.diffusion_model_cfg.attention_head_dim=32",
-]
+# Its RoboTwin statistics carry the generic tag new_embodiment: the robot type is given.
+ROBOT_TYPE = {"libero": "libero_franka", "robotwin": "robotwin"}
 
 
 def run_original(python: str, root: Path, base: Path, out: Path, preset: str) -> None:
@@ -60,10 +55,12 @@ def run_original(python: str, root: Path, base: Path, out: Path, preset: str) ->
         sys.exit(f"the original failed on preset {preset}:\n{done.stderr[-3000:]}")
 
 
-def convert(run: Path, base: Path, policy: Path) -> None:
+def convert(run: Path, base: Path, policy: Path, preset: str, step: int = 1000) -> None:
+    """Its tiny head ("DiT-T", an entry of its size table) is read from the config it states."""
     cmd = [sys.executable, "-m", "dit4dit_npu.convert", "dit4dit",
-           "--checkpoint", str(run / "checkpoints" / "steps_1000_pytorch_model.pt"), "--config", str(run / "config.yaml"),
-           "--base-model", str(base), "--out", str(policy), "--image-size", "32", "32", *HEAD_SIZE]
+           "--checkpoint", str(run / "checkpoints" / f"steps_{step}_pytorch_model.pt"), "--config",
+           str(run / "config.yaml"), "--base-model", str(base), "--out", str(policy), "--image-size", "32", "32",
+           "--robot-type", ROBOT_TYPE[preset]]
     done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
     if done.returncode:
         sys.exit(f"the conversion failed: {done.stderr.strip()}")
@@ -135,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     for preset in args.presets:
         out = work / preset
         run_original(args.original_python, args.original_root.resolve(), base, out, preset)
-        convert(out / "run", base, out / "policy")
+        convert(out / "run", base, out / "policy", preset)
         rows[preset] = compare(out)
     names = list(next(iter(rows.values())))
     print(f"{'preset':<10}" + "".join(f"{n:>20}" for n in names))

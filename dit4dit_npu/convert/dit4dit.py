@@ -257,5 +257,8 @@ def convert_dit4dit(
     cache = PromptCache(text_identity(cfg), cfg.framework.cosmos25.max_sequence_length)
     if instructions:
         cache.build(list(instructions), build_prompt_encoder(cfg))
-    folder = export_policy(out, model, cfg, io, cache, split={}, dataset_paths=[], step=step_of(checkpoint))
+    trajectories = entry.get("num_trajectories")
+    folder = export_policy(out, model, cfg, io, cache, split={}, dataset_paths=[], step=step_of(checkpoint),
+                           statistics_tag=stat_tag,
+                           num_trajectories=trajectories if isinstance(trajectories, int) else None)
     return folder, notices
