@@ -26,8 +26,15 @@ import numpy as np
 import torch
 
 from dit4dit_npu.config.dit4dit_keys import module_path, original_path
-from dit4dit_npu.convert.checkpoint import HEAD, TEXT_ENCODER, TRANSFORMER, VAE, ConversionError, _disk_to_memory
-from dit4dit_npu.convert.checkpoint import _safetensors_files as safetensors_files
+from dit4dit_npu.convert.checkpoint import (
+    HEAD,
+    TEXT_ENCODER,
+    TRANSFORMER,
+    VAE,
+    ConversionError,
+    disk_to_memory,
+    safetensors_files,
+)
 from dit4dit_npu.convert.dit4dit import ORIGINAL_PRESETS
 from dit4dit_npu.files import atomic_folder
 from dit4dit_npu.models.configs import PRESETS
@@ -80,7 +87,7 @@ def export_dit4dit(
             raise ConversionError(f"base model {base}: no {component}/*.safetensors to write into the checkpoint")
         for file in files:
             for k, v in load_file(str(file)).items():
-                state[prefix[component] + _disk_to_memory(component, k)] = v
+                state[prefix[component] + disk_to_memory(component, k)] = v
     width = transformer_width(base)
     config = run_config(cfg, io, kind, str(base.resolve()), width)
     with atomic_folder(out) as tmp:
