@@ -230,7 +230,8 @@ def main() -> None:
         model_order = torch.cat([joints, Normalizer("binary", {}).inverse(a[..., 12:])], -1).numpy()
         actions = model_order[..., np.argsort(ROBOTWIN_ORDER)]
         raw_state = raw_state[:, np.argsort(ROBOTWIN_ORDER)]  # the robot's order
-    np.savez(out / "observation.npz", frames=frames[:, 0], state=raw_state, normalized=normalized, actions=actions)
+    np.savez(out / "observation.npz", frames=frames[:, 0], state=raw_state, normalized=normalized, actions=actions,
+             model_state=state)  # the state its server received (for the export check's reload)
     (out / "prompts.json").write_text(json.dumps(prompts))
 
     # ---- one training forward on a batch as its dataloader emits it (float16 state/actions)
