@@ -194,7 +194,10 @@ def train_compare(out: Path, steps: int) -> dict[str, float]:
     model, optimizer = accelerator.prepare(model, optimizer)
     trainer = SimpleNamespace(cfg=cfg)  # what Trainer._losses reads: the objective's weighting
     initial = {k: v.clone() for k, v in distributed.unwrap(model).trainable_state_dict().items()}
-    theirs = json.loads((out / "steps.json").read_text())["steps"]
+    recorded = json.loads((out / "steps.json").read_text())
+    theirs = recorded["steps"]
+    if len(initial) != len(recorded["trainable"]):  # the same tensors train on both sides
+        raise SystemExit(f"{len(initial)} trainable tensors here, {len(recorded['trainable'])} in the original")
     worst = dict.fromkeys(["action loss", "video loss", "total loss", "grad norm", "lr"], 0.0)
     for k in range(steps):
         bt, ntr = np.load(out / f"batch_{k}.npz"), np.load(out / f"noise_{k}.npz")

@@ -399,6 +399,8 @@ def test_round_trip_original_ours_original(run, tmp_path):
     for key, tensor in run["ckpt"].items():
         assert sd[key].dtype == tensor.dtype and torch.equal(sd[key], tensor), key
     assert json.loads((back / "dataset_statistics.json").read_text()) == statistics()
+    # its constructor reads it (chunk = past + 1 + future); its from_pretrained failed without it
+    assert yaml.safe_load((back / "config.yaml").read_text())["framework"]["action_model"]["past_action_window_size"] == 0
     again = tmp_path / "again"
     convert_dit4dit(back / "checkpoints" / "steps_7_pytorch_model.pt", back / "config.yaml", run["base"], again,
                     conventions={"image_size": [32, 32]})
