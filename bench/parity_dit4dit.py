@@ -245,7 +245,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="default: both (one call); libero (training)")
     ap.add_argument("--train-steps", type=int, metavar="N",
                     help="compare N training steps (optimizer, schedule, clipping, freezing) instead of one call")
-    ap.add_argument("--smoke", action="store_true", help="2 training steps on libero (about a minute)")
+    ap.add_argument("--smoke", action="store_true",
+                    help="2 training steps on libero (minutes: both sides still build, save and import the model)")
     args = ap.parse_args(argv)
     if args.smoke:
         args.train_steps, args.presets = 2, ["libero"]
