@@ -11,8 +11,8 @@ on a tiny random Cosmos-Predict2.5 folder, CPU fp32, and writes what the compari
 - ``observation.npz``: a robot observation (per-view uint8 frames, state in the robot's order)
   and what the original returned for it: ``normalized`` (its server's reply) and ``actions``
   (after its client's un-normalization: the LIBERO client's own code through the server's
-  routing and the msgpack wire format; RoboTwin has no client, so its dataset transform's
-  inverse), in the robot's order;
+  routing and the msgpack wire format; RoboTwin has no client, so its clients' clip to [-1, 1]
+  and its dataset transform's inverse), in the robot's order;
 - ``batch.npz``: a training batch as its dataloader emits it and the losses of one forward;
 - ``noise_{predict,train}.npz``: every random draw of both calls, by name, in call order
   (recorded by wrapping torch's sampling functions; with the action head in eval mode these
@@ -111,6 +111,9 @@ def original_config(root: Path, base: Path, p: dict, run: Path):
         "framework.cosmos25.torch_dtype=float32", "framework.cosmos25.vl_hidden_dim=32",
         "framework.action_model.diffusion_model_cfg.cross_attention_dim=32",
         "framework.action_model.diffusion_model_cfg.num_layers=4", "framework.action_model.diffusion_model_cfg.output_dim=64",
+        # stated in its config (merged over the table entry, as it does), so the import reads them
+        f"framework.action_model.diffusion_model_cfg.num_attention_heads={TINY_DIT['num_attention_heads']}",
+        f"framework.action_model.diffusion_model_cfg.attention_head_dim={TINY_DIT['attention_head_dim']}",
         "framework.action_model.hidden_size=96", f"framework.action_model.action_dim={p['A']}",
         f"framework.action_model.state_dim={p['S']}", f"framework.action_model.future_action_window_size={p['fws']}",
         f"framework.action_model.action_horizon={p['fws'] + 1}", f"datasets.vla_data.max_action_dim={p['A']}",
@@ -221,12 +224,14 @@ def main() -> None:
     if p["tag"] == "franka":
         actions = libero_client(model, ckpt, frames, raw_state, prompts, noise_predict, chunk)
     else:
-        a = torch.from_numpy(normalized.astype(np.float64))
+        # as its clients un-normalize: every dim clipped to [-1, 1] first, then its dataset's inverse
+        a = torch.from_numpy(np.clip(normalized.astype(np.float64), -1, 1))
         joints = Normalizer("min_max", {"min": st["action"]["min"][:12], "max": st["action"]["max"][:12]}).inverse(a[..., :12])
         model_order = torch.cat([joints, Normalizer("binary", {}).inverse(a[..., 12:])], -1).numpy()
         actions = model_order[..., np.argsort(ROBOTWIN_ORDER)]
         raw_state = raw_state[:, np.argsort(ROBOTWIN_ORDER)]  # the robot's order
-    np.savez(out / "observation.npz", frames=frames[:, 0], state=raw_state, normalized=normalized, actions=actions)
+    np.savez(out / "observation.npz", frames=frames[:, 0], state=raw_state, normalized=normalized, actions=actions,
+             model_state=state)  # the state its server received (for the export check's reload)
     (out / "prompts.json").write_text(json.dumps(prompts))
 
     # ---- one training forward on a batch as its dataloader emits it (float16 state/actions)

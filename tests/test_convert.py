@@ -5,6 +5,7 @@ saved them), with a config.yaml and dataset_statistics.json in its formats."""
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 import subprocess
@@ -177,7 +178,7 @@ def test_cli_converts_every_tensor_to_its_place(run, tmp_path):
     io = json.loads((out / "policy_io.json").read_text())
     assert io["resize_method"] == "torch_bilinear"
     assert io["state"] == [{"kind": "sincos", "groups": [1] * 8}]
-    assert [s["kind"] for s in io["action"]] == ["normalize", "binarize", "pad"]
+    assert [s["kind"] for s in io["action"]] == ["normalize", "binarize", "clip", "pad"]
     assert (c["condition_latent"], c["round_timesteps"], c["feature_noise_seed"]) == ("sample", True, None)
 
     from dit4dit_npu import DiT4DiTPolicy
@@ -206,7 +207,7 @@ def _convert(run, tmp_path, ckpt=None, config=None, stats=None, **kw):
         stats_path.write_text(json.dumps(stats))
     out = tmp_path / "policy"
     with pytest.raises(ConversionError) as e:
-        convert_dit4dit(ckpt_path, config_path, run["base"], out, stats=stats_path, image_size=(32, 32), **kw)
+        convert_dit4dit(ckpt_path, config_path, run["base"], out, stats=stats_path, conventions={"image_size": [32, 32]}, **kw)
     assert not out.exists()  # nothing written
     assert "\n" not in str(e.value)
     return str(e.value)
@@ -234,7 +235,7 @@ def test_config_that_does_not_match_the_checkpoint(run, tmp_path):
 def test_statistics_of_another_embodiment(run, tmp_path):
     msg = _convert(run, tmp_path, stats=statistics("gr1", 29, 29))
     assert "the encoded state has 58 dims but the checkpoint's head takes 16 (statistics for another embodiment?)" in msg
-    msg = _convert(run, tmp_path, stats=statistics("gr1", 7, 8), embodiment="libero_franka")
+    msg = _convert(run, tmp_path, stats=statistics("gr1", 7, 8), robot_type="libero_franka")
     assert "statistics of embodiment 'gr1', but robot type libero_franka is 'franka'" in msg
 
 
@@ -276,14 +277,14 @@ def test_out_that_is_a_file_or_a_damaged_base_model_is_one_line(run, tmp_path):
     a_file = tmp_path / "a_file"
     a_file.write_text("mine")
     with pytest.raises(ConversionError, match=f"--out {a_file} exists and is not a policy folder"):
-        convert_dit4dit(ckpt, config, run["base"], a_file, stats=stats, image_size=(32, 32))
+        convert_dit4dit(ckpt, config, run["base"], a_file, stats=stats, conventions={"image_size": [32, 32]})
     assert a_file.read_text() == "mine"
     base = Path(shutil.copytree(run["base"], tmp_path / "base"))
     vae = base / "vae" / "diffusion_pytorch_model.safetensors"
     vae.write_bytes(vae.read_bytes()[:1000])
     out = tmp_path / "policy"
     with pytest.raises(ConversionError, match=r"base model .*: vae/diffusion_pytorch_model.safetensors is unreadable"):
-        convert_dit4dit(ckpt, config, base, out, stats=stats, image_size=(32, 32))
+        convert_dit4dit(ckpt, config, base, out, stats=stats, conventions={"image_size": [32, 32]})
     assert not out.exists()
     # a missing checkpoint is named as such, not as the statistics file its path would locate
     with pytest.raises(ConversionError, match="checkpoint not found: .*steps_9_pytorch_model.pt"):
@@ -309,7 +310,7 @@ def _stats_with(change) -> dict:
 def test_malformed_statistics_are_one_line(run, tmp_path, change, message):
     """Each was a TypeError / ValueError / AttributeError traceback (or, min > max, a policy whose
     actions come out mirrored)."""
-    assert re.search(message, _convert(run, tmp_path, stats=_stats_with(change), embodiment="libero_franka"))
+    assert re.search(message, _convert(run, tmp_path, stats=_stats_with(change), robot_type="libero_franka"))
 
 
 # -- issue 22 ---------------------------------------------------------------------------------------
@@ -323,7 +324,7 @@ def test_constant_statistics_on_normalized_dims_are_refused_unless_allowed(run, 
             s["action"]["max"][dim] = s["action"]["min"][dim]
         return change
 
-    msg = _convert(run, tmp_path, stats=_stats_with(constant(2)), embodiment="libero_franka")
+    msg = _convert(run, tmp_path, stats=_stats_with(constant(2)), robot_type="libero_franka")
     assert msg.endswith(
         "dataset_statistics.json: action dims [2] have min == max among the dims the policy normalizes: it would always "
         "output (or see) their constant value (statistics of a single frame, or a joint that never moved?); pass "
@@ -332,7 +333,7 @@ def test_constant_statistics_on_normalized_dims_are_refused_unless_allowed(run, 
     stats = tmp_path / "in" / "dataset_statistics.json"
     ckpt = run["root"] / "checkpoints" / "steps_7_pytorch_model.pt"
     folder, notices = convert_dit4dit(ckpt, run["root"] / "config.yaml", run["base"], tmp_path / "allowed", stats=stats,
-                                      image_size=(32, 32), embodiment="libero_franka", allow_constant_dims=True)
+                                      conventions={"image_size": [32, 32]}, robot_type="libero_franka", allow_constant_dims=True)
     assert (folder / "policy.json").is_file()
     assert [n for n in notices if "min == max" in n] == [
         f"{stats}: action dims [2] have min == max among the dims the policy normalizes: it would always output (or "
@@ -340,7 +341,7 @@ def test_constant_statistics_on_normalized_dims_are_refused_unless_allowed(run, 
     ]
     stats.write_text(json.dumps(_stats_with(constant(6))))  # the gripper: not normalized (mask False), fine
     folder, notices = convert_dit4dit(ckpt, run["root"] / "config.yaml", run["base"], tmp_path / "gripper",
-                                      stats=stats, image_size=(32, 32), embodiment="libero_franka")
+                                      stats=stats, conventions={"image_size": [32, 32]}, robot_type="libero_franka")
     assert not [n for n in notices if "min == max" in n]
 
 
@@ -356,7 +357,7 @@ def test_an_empty_config_or_out_under_a_file_is_one_line(run, tmp_path):
         config = tmp_path / "config.yaml"
         config.write_text(text)
         with pytest.raises(ConversionError) as e:
-            convert_dit4dit(ckpt, config, run["base"], out, stats=stats, image_size=(32, 32))
+            convert_dit4dit(ckpt, config, run["base"], out, stats=stats, conventions={"image_size": [32, 32]})
         assert str(e.value).startswith(str(config)) and message in str(e.value), str(e.value)
         assert not out.exists()
     a_file = tmp_path / "a_file"
@@ -370,3 +371,105 @@ def test_an_empty_config_or_out_under_a_file_is_one_line(run, tmp_path):
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert r.stderr.strip().splitlines() == [f"error: --out {a_file}/policy: {a_file} is a file, not a folder"]
     assert a_file.read_text() == "mine"
+
+
+# ---------------------------------------------------------------------------------------------
+# Conventions as options, inferred choices as notices, what the checkpoint cannot tell
+# ---------------------------------------------------------------------------------------------
+
+
+def test_generic_tag_needs_the_robot_type(run, tmp_path):
+    msg = _convert(run, tmp_path, stats=statistics("new_embodiment", 7, 8))
+    assert "statistics tag 'new_embodiment' is generic and more than one robot type fits" in msg
+    assert "custom" in msg and "--robot-type" in msg
+    msg = _convert(run, tmp_path, stats=statistics("new_embodiment", 7, 8), robot_type="custom")
+    assert "--robot-type custom: nothing says the --camera-keys and the --state-parts of this robot" in msg
+
+
+def test_custom_conventions_convert_without_hand_edits(run, tmp_path):
+    """One 8-d state key sin/cos, no reorder, min-max actions on the masked dims: flags, not edits
+    of policy_io.json; every choice not given is a notice."""
+    stats_path = tmp_path / "stats.json"
+    stats_path.write_text(json.dumps(statistics("new_embodiment", 7, 8)))
+    out = tmp_path / "policy"
+    _, notices = convert_dit4dit(
+        run["root"] / "checkpoints" / "steps_7_pytorch_model.pt", run["root"] / "config.yaml", run["base"], out,
+        stats=stats_path, robot_type="custom",
+        conventions={"camera_keys": ["cam_a", "cam_b"], "state_parts": [{"size": 8, "norm": "sincos"}],
+                     "image_size": [32, 32]},
+    )
+    io = json.loads((out / "policy_io.json").read_text())
+    assert io["state"] == [{"kind": "sincos"}] and io["camera_keys"] == ["cam_a", "cam_b"]
+    assert [s["kind"] for s in io["action"]] == ["normalize", "clip", "pad"]
+    assert io["action"][0]["dims"] == list(range(6))  # the statistics mask
+    text = "\n".join(notices)
+    assert "datasets.vla_data.action_clip: all (DiT4DiT's clients clip every dim" in text
+    assert "datasets.vla_data.action_parts: 6:min_max,1:none" in text
+    assert "camera_keys" not in text and "image_size" not in text  # given, not inferred
+
+
+def test_inferred_robot_type_and_image_size_are_notices(run, tmp_path):
+    config = original_config()
+    config["datasets"]["vla_data"]["image_size"] = [64, 64]
+    out = tmp_path / "policy"
+    root = tmp_path / "in"
+    root.mkdir()
+    (root / "config.yaml").write_text(yaml.safe_dump(config))
+    _, notices = convert_dit4dit(run["root"] / "checkpoints" / "steps_7_pytorch_model.pt", root / "config.yaml",
+                                 run["base"], out, stats=run["root"] / "dataset_statistics.json")
+    text = "\n".join(notices)
+    assert "robot type: libero_franka (from the statistics tag 'franka' and widths (8, 7))" in text
+    assert "datasets.vla_data.image_size: 224,224 (DiT4DiT's dataset resized every view to 224 x 224; the config's " \
+           "image_size [64, 64] was never read)" in text
+    assert "action: its 7 encoded dims are zero-padded to the head's 8" in text
+
+
+def test_head_count_the_checkpoint_cannot_tell(run, tmp_path):
+    """4 x 16 and 2 x 32 give the same tensors: the config's count wins, a contradicting override
+    is one line; a count the attention width disproves is one line."""
+    heads = "framework.action_model.diffusion_model_cfg.num_attention_heads"
+    dim = "framework.action_model.diffusion_model_cfg.attention_head_dim"
+    stated = original_config(**{"framework.action_model.diffusion_model_cfg": {
+        **original_config()["framework"]["action_model"]["diffusion_model_cfg"],
+        "num_attention_heads": 12, "attention_head_dim": 64}})
+    msg = _convert(run, tmp_path, config=stated, overrides=[f"{heads}=24", f"{dim}=32"])
+    assert f"{heads}: the override says 24 but config.yaml states 12, which the run trained with" in msg
+    wrong = copy.deepcopy(stated)
+    wrong["framework"]["action_model"]["diffusion_model_cfg"]["num_attention_heads"] = 6
+    msg = _convert(run, tmp_path, config=wrong)
+    assert "6 heads x 64 = 384, but the checkpoint's attention is 768 wide" in msg
+    unknown = original_config(**{"framework.action_model.action_model_type": "DiT-T"})
+    msg = _convert(run, tmp_path, config=unknown)
+    assert "'DiT-T' is not in DiT4DiT's size table (DiT-B, DiT-L)" in msg and f"pass {heads}=N" in msg
+
+
+@pytest.mark.slow
+def test_round_trip_original_ours_original(run, tmp_path):
+    """original -> ours -> original: the same tensors and statistics; the exported run imports to
+    the same policy again."""
+    from dit4dit_npu.convert.__main__ import main
+
+    first = tmp_path / "policy"
+    convert_dit4dit(run["root"] / "checkpoints" / "steps_7_pytorch_model.pt", run["root"] / "config.yaml",
+                    run["base"], first, conventions={"image_size": [32, 32]})
+    back = tmp_path / "back"
+    assert main(["to-dit4dit", str(first), "--out", str(back)]) == 0
+    sd = torch.load(back / "checkpoints" / "steps_7_pytorch_model.pt", weights_only=True)
+    assert set(sd) == set(run["ckpt"])
+    for key, tensor in run["ckpt"].items():
+        assert sd[key].dtype == tensor.dtype and torch.equal(sd[key], tensor), key
+    assert json.loads((back / "dataset_statistics.json").read_text()) == statistics()
+    # its constructor reads it (chunk = past + 1 + future); its from_pretrained failed without it
+    assert yaml.safe_load((back / "config.yaml").read_text())["framework"]["action_model"]["past_action_window_size"] == 0
+    again = tmp_path / "again"
+    convert_dit4dit(back / "checkpoints" / "steps_7_pytorch_model.pt", back / "config.yaml", run["base"], again,
+                    conventions={"image_size": [32, 32]})
+    for name in ("policy_io.json",):
+        assert json.loads((again / name).read_text()) == json.loads((first / name).read_text())
+    assert json.loads((again / "policy.json").read_text())["model"] == json.loads((first / "policy.json").read_text())["model"]
+    a, b = load_file(str(first / "model.safetensors")), load_file(str(again / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    with pytest.raises(ConversionError, match="exists: choose a new folder"):
+        from dit4dit_npu.convert.export import export_dit4dit
+
+        export_dit4dit(first, back)

@@ -90,7 +90,9 @@ def test_version_3_layout_holds_each_fact_once() -> None:
     assert manifest["format_version"] == FORMAT_VERSION == 3
     assert sorted(manifest) == ["data", "format_version", "model", "step"]
     assert sorted(manifest["model"]) == ["framework", "mixed_precision"]
-    assert sorted(manifest["data"]) == ["action_key", "action_names", "datasets", "state_key", "state_names"]
+    assert sorted(manifest["data"]) == [
+        "action_key", "action_names", "datasets", "num_trajectories", "state_key", "state_names", "statistics_tag",
+    ]
     # What policy_io.json or the prompt cache owns is not repeated here.
     text = json.dumps(manifest)
     for owned_elsewhere in ("future_action_window_size", "chunk_length", "camera_keys", "image_size", "prompt_cache",

@@ -123,3 +123,103 @@ def test_policy_io_resizes_live_images_with_its_method():
     batch, batched = io.encode_observation({"cam": img, "state": np.zeros(2), "instruction": "go"})
     assert not batched and batch.frames.shape == (1, 1, 3, 2, 4)
     assert batch.frames[0, 0, 0, 1].tolist() == [0, 64, 191, 255]
+
+
+# ---------------------------------------------------------------------------------------------
+# datasets.vla_data conventions (transforms/encodings.py): each option changes what it should
+# ---------------------------------------------------------------------------------------------
+
+
+def client_unnormalize(a: np.ndarray, lo: np.ndarray, hi: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """DiT4DiT's clients (model2robocasa_interface.py): clip every dim, then un-normalize the masked."""
+    a = np.clip(a, -1, 1)
+    return np.where(mask, (a + 1) / 2 * (hi - lo) + lo, a)
+
+
+def conv_io(state_parts=(), action_parts=(), **kw) -> PolicyIO:
+    lo, hi = np.array([-1.0, -2.0, 0.0, 0.25]), np.array([1.0, 2.0, 4.0, 0.25])
+    st = stats(lo, hi)
+    return PolicyIO.build(camera_keys=["cam"], image_size=(32, 32), view_layout="width", clip_offsets=[0],
+                          chunk_length=1, state_stats=st, action_stats=st, state_norm="min_max", action_norm="min_max",
+                          state_parts=state_parts, action_parts=action_parts, warn=False, **kw)
+
+
+RAW_LAST = [(3, "min_max"), (1, "none")]  # its statistics mask [T, T, T, F]: the last dim raw
+
+
+def test_default_clip_all_is_the_clients_formula():
+    """A raw (mask False) dim predicted at 1.07 / -1.89 comes back 1.0 / -1.0, as its clients give."""
+    io = conv_io(action_parts=RAW_LAST, action_clip="all")
+    a = np.array([[0.5, 1.7, -1.3, 1.07], [-0.2, 0.0, 1.0, -1.89]])
+    lo, hi = io.stats["action"].min, io.stats["action"].max
+    expect = client_unnormalize(a, lo, hi, np.array([True, True, True, False]))
+    np.testing.assert_allclose(io.decode_actions(a), expect, rtol=1e-6)
+    assert io.decode_actions(a)[:, 3].tolist() == [1.0, -1.0]
+
+
+def test_clip_normalized_leaves_raw_dims_and_none_is_exact():
+    a = np.array([[0.5, 1.7, -1.3, 1.07]])
+    normalized_only = conv_io(action_parts=RAW_LAST, action_clip="normalized").decode_actions(a)
+    np.testing.assert_allclose(normalized_only, [[0.5, 2.0, 0.0, 1.07]], rtol=1e-6)
+    exact = conv_io(action_parts=RAW_LAST, action_clip="none")
+    np.testing.assert_allclose(exact.decode_actions(a), [[0.5, 3.4, -0.6, 1.07]], rtol=1e-6)
+    x = np.array([0.2, -1.0, 3.0, 0.7])
+    np.testing.assert_allclose(exact.decode_actions(exact.normalize_actions(x)), x, rtol=1e-6)
+
+
+def test_gripper_dims_and_threshold():
+    a = np.array([[0.0, 0.0, 0.0, 0.55], [0.0, 0.0, 0.0, 0.45]])
+    at_half = conv_io(action_parts=RAW_LAST, gripper_dims=[3], action_clip="all").decode_actions(a)
+    assert at_half[:, 3].tolist() == [1.0, 0.0]
+    higher = conv_io(action_parts=RAW_LAST, gripper_dims=[3], gripper_threshold=0.6).decode_actions(a)
+    assert higher[:, 3].tolist() == [0.0, 0.0]
+    # binary parts: thresholded both ways at the same threshold (its RoboTwin grippers, x > t)
+    binary = conv_io(action_parts=[(3, "min_max"), (1, "binary")], gripper_threshold=0.6)
+    assert binary.normalize_actions(np.array([0.0, 0.0, 0.0, 0.61]))[3] == 1.0
+    assert binary.normalize_actions(np.array([0.0, 0.0, 0.0, 0.59]))[3] == 0.0
+
+
+def test_state_parts_encode_each_key_its_own_way():
+    x = np.array([0.0, math.pi / 2, 2.0, 0.9])
+    whole = conv_io(state_parts=[(4, "sincos")])  # one key: all sines, then all cosines
+    np.testing.assert_allclose(whole.encode_state(x).numpy(), np.r_[np.sin(x), np.cos(x)], atol=1e-7)
+    per_dim = conv_io(state_parts=[(1, "sincos")] * 4)  # its LIBERO client: interleaved
+    np.testing.assert_allclose(per_dim.encode_state(x).numpy(), np.stack([np.sin(x), np.cos(x)], -1).ravel(),
+                               atol=1e-7)
+    mixed = conv_io(state_parts=[(2, "sincos"), (1, "min_max"), (1, "binary")])
+    y = mixed.encode_state(x).numpy()  # [sin k1, cos k1, min-max k2 (2.0 in [0, 4] -> 0), binary k3]
+    np.testing.assert_allclose(y, [0, 1, 1, 0, 0.0, 1.0], atol=1e-7)
+    assert mixed.state.out_dim == 6
+    raw = conv_io(state_parts=[(4, "none")])
+    np.testing.assert_allclose(raw.encode_state(x).numpy(), x, rtol=1e-6)
+
+
+def test_dim_order_and_parts_that_do_not_fit():
+    io = conv_io(state_parts=[(4, "none")], state_order=[3, 0, 1, 2], action_order=[1, 0, 2, 3], action_clip="all")
+    np.testing.assert_allclose(io.encode_state(np.array([1.0, 2.0, 3.0, 4.0])).numpy(), [4, 1, 2, 3])
+    np.testing.assert_allclose(io.decode_actions(np.array([1.0, -1.0, -1.0, 0.0])), [-1.0, 2.0, 0.0, 0.25])
+    with pytest.raises(PolicyIOError, match=r"datasets.vla_data.state_parts: parts of \[3\] dims sum to 3, the vector has 4"):
+        conv_io(state_parts=[(3, "sincos")])
+    with pytest.raises(PolicyIOError, match="sincos is a state encoding"):
+        conv_io(action_parts=[(4, "sincos")])
+
+
+def test_clip_step_serializes():
+    io = conv_io(action_parts=RAW_LAST, gripper_dims=[3], action_clip="all", state_parts=[(2, "sincos"), (2, "none")])
+    back = PolicyIO.from_dict(io.to_dict())
+    assert back == io and [s["kind"] for s in io.to_dict()["action"]] == ["normalize", "binarize", "clip"]
+    assert io.to_dict()["state"][-1] == {"kind": "sincos", "groups": [2, 2], "keep": [1]}
+    a = np.array([1.5, -0.3, 0.2, 0.49])
+    np.testing.assert_array_equal(back.decode_actions(a), io.decode_actions(a))
+
+
+def test_config_keys_are_validated_where_declared():
+    from dit4dit_npu.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="action_parts"):
+        load_config(None, ["datasets.vla_data.action_parts=[{size: 7, norm: sincos}]"])
+    with pytest.raises(ConfigError, match="state_order"):
+        load_config(None, ["datasets.vla_data.state_order=[0, 0, 1]"])
+    cfg = load_config(None, ["datasets.vla_data.state_parts=[{size: 2, norm: sincos}, {size: 12}]",
+                             "datasets.vla_data.action_clip=all"])
+    assert cfg.datasets.vla_data.state_parts[1].norm is None and cfg.datasets.vla_data.action_clip == "all"

@@ -76,6 +76,25 @@ def module_path(path: str) -> str | None:
     return path
 
 
+# The way back (an export in DiT4DiT's format): our module paths -> its; original_path inverts
+# module_path on every path of our trained model (checked by the export).
+ORIGINAL_RENAMES: list[tuple[str, str]] = [
+    (r"^backbone\.transformer(?=\.|$)", "backbone_interface.extractor.transformer"),
+    (r"^action_model\.model\.timestep_embedder(?=\.|$)", "action_model.model.timestep_encoder.timestep_embedder"),
+    (r"^action_model\.model\.blocks(?=\.|$)", "action_model.model.transformer_blocks"),
+    (r"^action_model\.(state_encoder|action_decoder)\.0(?=\.|$)", r"action_model.\1.layer1"),
+    (r"^action_model\.(state_encoder|action_decoder)\.2(?=\.|$)", r"action_model.\1.layer2"),
+    (r"^action_model\.action_encoder\.W([123])(?=\.|$)", r"action_model.action_encoder.layer\1"),
+]
+
+
+def original_path(path: str) -> str:
+    """Our module (or parameter) path -> DiT4DiT's."""
+    for pattern, repl in ORIGINAL_RENAMES:
+        path = re.sub(pattern, repl, path)
+    return path
+
+
 # --------------------------------------------------------------------------------------------
 # Value conversions
 # --------------------------------------------------------------------------------------------

@@ -28,24 +28,29 @@ ROBOTWIN_TASKS = (
 LIBERO_SUITES = ("libero_object", "libero_goal", "libero_spatial", "libero_10")
 
 
+# The statistics tag GR00T-style data configs give any robot that has no tag of its own: it says
+# nothing about the robot, so an import never infers a robot type from it.
+GENERIC_TAGS = ("new_embodiment",)
+
+
 @dataclass(frozen=True)
 class RobotType:
     """One robot type of DiT4DiT's data config, as this project reads and serves it.
 
     Vectors are in the robot's (dataset's) order; ``model_order`` is DiT4DiT's reordering of it
-    (model = native[model_order]). Dims are indices in the robot's order."""
+    (model = native[model_order]). Dims are indices in the robot's order. ``conventions`` turns it
+    into ``datasets.vla_data`` values (what an import of one of its runs defaults to)."""
 
     name: str
     tag: str  # the embodiment tag its dataset_statistics.json is keyed by
     cameras: tuple[str, ...]  # LeRobot keys, primary first, then wrists (DiT4DiT tiles them so)
     state_dim: int
     action_dim: int
-    state_sincos_groups: tuple[int, ...] | None = None  # sin/cos per state key (its sizes), or none
+    # its state keys in the robot's order: (size, encoding) (datasets.vla_data.state_parts)
+    state_parts: tuple[tuple[int, str], ...] = ()
     binary_dims: tuple[int, ...] = ()  # on/off dims of state and action (> 0.5 both ways)
     model_order: tuple[int, ...] | None = None
-    # its client's un-normalization: clip to [-1, 1]; binarize these dims (>= 0.5), outputs only
-    client_clip: bool = False
-    client_binary_dims: tuple[int, ...] = ()
+    gripper_dims: tuple[int, ...] = ()  # its client binarized these predicted dims (>= 0.5)
     # what our training config needs for its datasets (migration of a named mixture)
     data_keys: dict[str, Any] = field(default_factory=dict)
 
@@ -59,9 +64,8 @@ ROBOT_TYPES: dict[str, RobotType] = {
             cameras=("observation.images.image", "observation.images.wrist_image"),
             state_dim=8,  # x y z roll pitch yaw pad gripper
             action_dim=7,  # x y z roll pitch yaw gripper (the gripper is not normalized)
-            state_sincos_groups=(1,) * 8,
-            client_clip=True,
-            client_binary_dims=(6,),
+            state_parts=((1, "sincos"),) * 8,  # its client: [sin x0, cos x0, sin x1, ...]
+            gripper_dims=(6,),
             data_keys={
                 "camera_keys": ["observation.images.image", "observation.images.wrist_image"],
                 "state_norm": "sincos",
@@ -77,6 +81,7 @@ ROBOT_TYPES: dict[str, RobotType] = {
             ),
             state_dim=14,  # [left 6, left gripper, right 6, right gripper]
             action_dim=14,
+            state_parts=((6, "min_max"), (1, "binary"), (6, "min_max"), (1, "binary")),
             binary_dims=(6, 13),
             model_order=(0, 1, 2, 3, 4, 5, 7, 8, 9, 10, 11, 12, 6, 13),  # [L6, R6, Lg, Rg]
             data_keys={
@@ -94,12 +99,12 @@ ROBOT_TYPES: dict[str, RobotType] = {
             cameras=("observation.images.ego_view",),
             state_dim=29,  # left arm 7, right arm 7, left hand 6, right hand 6, waist 3
             action_dim=29,
-            state_sincos_groups=(7, 7, 6, 6, 3),
-            client_clip=True,
+            state_parts=((7, "sincos"), (7, "sincos"), (6, "sincos"), (6, "sincos"), (3, "sincos")),
             data_keys={"camera_keys": ["observation.images.ego_view"], "state_norm": "sincos"},
         ),
     )
 }
+
 
 # mixture name -> (robot type, [(dataset folder, weight)])
 NAMED_MIXTURES: dict[str, tuple[str, list[tuple[str, float]]]] = {

@@ -45,6 +45,7 @@ __all__ = [
     "TinyCosmosConfig",
     "TrainerConfig",
     "VLADataConfig",
+    "VectorPart",
 ]
 
 
@@ -58,6 +59,29 @@ class DatasetEntry:
     def check(self, key: str) -> None:
         require(bool(self.path), f"{key}.path", self.path, "a dataset folder")
         require(math.isfinite(self.weight) and self.weight > 0, f"{key}.weight", self.weight, "a number > 0")
+
+
+# How one part of a state/action vector is encoded for the model (one declaration, read by the
+# PolicyIO builder transforms/encodings.py): sincos (state only), a normalization, binary (on/off at
+# datasets.vla_data.gripper_threshold, both ways: DiT4DiT's RoboTwin grippers), or none (raw).
+PART_ENCODINGS = ("sincos", "min_max", "mean_std", "q99", "binary", "none")
+
+
+@dataclass
+class VectorPart:
+    """Consecutive dims of the state or action vector encoded one way (DiT4DiT: one state/action
+    key of its data config). ``norm`` null = the vector's own default (state_norm / action_norm)."""
+
+    size: int = 1
+    norm: Literal["sincos", "min_max", "mean_std", "q99", "binary", "none"] | None = None
+
+    def check(self, key: str) -> None:
+        require(self.size >= 1, f"{key}.size", self.size, ">= 1")
+
+
+def _check_order(order: list[int] | None, key: str) -> None:
+    if order is not None:
+        require(sorted(order) == list(range(len(order))), key, order, "a permutation of 0..N-1 (model = robot[order])")
 
 
 @dataclass
@@ -94,6 +118,25 @@ class VLADataConfig:
     action_norm: Literal["min_max", "mean_std", "q99"] = "min_max"
     # State input: sincos of raw joints (original), or normalized like actions, or raw.
     state_norm: Literal["sincos", "min_max", "mean_std", "q99", "none"] = "min_max"
+    # The state vector as parts, in the robot's dim order (DiT4DiT: its state keys), each encoded
+    # its own way; empty = one part, the whole vector, encoded by state_norm. sincos parts become
+    # [sin(part), cos(part)] in place: parts of size 1 interleave [sin x0, cos x0, sin x1, ...].
+    state_parts: list[VectorPart] = field(default_factory=list)
+    # The action vector as parts (no sincos); empty = the whole vector normalized by action_norm.
+    # A part with norm none stays in robot units (DiT4DiT's statistics mask False: its grippers).
+    action_parts: list[VectorPart] = field(default_factory=list)
+    # The model's dim order: model = robot[order] (DiT4DiT's RoboTwin [L6, R6, Lg, Rg] against the
+    # dataset's [L6, Lg, R6, Rg]); null = the robot's order.
+    state_order: list[int] | None = None
+    action_order: list[int] | None = None
+    # Predicted action dims (robot order) set to 1.0 at or above gripper_threshold, else 0.0 (its
+    # LIBERO client's gripper); binary parts use the same threshold (x > threshold).
+    gripper_dims: list[int] = field(default_factory=list)
+    gripper_threshold: float = 0.5
+    # Un-normalizing predicted actions: "none" = the exact inverse (this project's runs); "normalized"
+    # = clip the normalized dims to [-1, 1] first; "all" = clip every dim, passthrough and binary
+    # ones too (DiT4DiT's clients, the default of an imported DiT4DiT run).
+    action_clip: Literal["none", "normalized", "all"] = "none"
     # Episode-level hold-out: a fraction of each dataset's episodes, or explicit lists
     # ({dataset path: [episode indices]}); deterministic from the seed.
     val_fraction: float = 0.1
@@ -125,6 +168,18 @@ class VLADataConfig:
             raise ConfigError(f"{key}.camera_keys: expected at least one camera")
         require(len(set(self.camera_keys)) == len(self.camera_keys), f"{key}.camera_keys", self.camera_keys,
                 "no repeats")
+        for name in ("state_parts", "action_parts"):
+            for i, part in enumerate(getattr(self, name)):
+                part.check(f"{key}.{name}[{i}]")
+        require(all(p.norm != "sincos" for p in self.action_parts), f"{key}.action_parts",
+                [p.norm for p in self.action_parts], "no sincos part (actions are normalized, binary or raw)")
+        _check_order(self.state_order, f"{key}.state_order")
+        _check_order(self.action_order, f"{key}.action_order")
+        require(self.state_order is None or all(p.norm != "sincos" for p in self.state_parts), f"{key}.state_order",
+                self.state_order, "null with sincos state parts (reordering is for same-width encodings)")
+        require(all(d >= 0 for d in self.gripper_dims) and len(set(self.gripper_dims)) == len(self.gripper_dims),
+                f"{key}.gripper_dims", self.gripper_dims, "distinct action dims >= 0")
+        require(math.isfinite(self.gripper_threshold), f"{key}.gripper_threshold", self.gripper_threshold, "a number")
         if not 0.0 <= self.val_fraction < 1.0:
             raise ConfigError(f"{key}.val_fraction: got {self.val_fraction}, expected in [0, 1)")
         require(self.per_device_batch_size >= 1, f"{key}.per_device_batch_size", self.per_device_batch_size, ">= 1")

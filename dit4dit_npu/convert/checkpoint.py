@@ -133,7 +133,7 @@ def map_trainable(ckpt: OriginalCheckpoint, expected: dict[str, torch.Size], con
 # --------------------------------------------------------------------------------------------
 
 
-def _disk_to_memory(component: str, key: str) -> str:
+def disk_to_memory(component: str, key: str) -> str:
     """Saved text-encoder names -> the in-memory names DiT4DiT's state dict has (transformers
     4.57 and 5.x both save the legacy ``model.*`` / ``visual.*`` layout; newer names pass)."""
     if component != "text_encoder" or key.startswith(("model.language_model.", "model.visual.", "lm_head.")):
@@ -145,7 +145,7 @@ def _disk_to_memory(component: str, key: str) -> str:
     return key
 
 
-def _safetensors_files(folder: Path) -> list[Path]:
+def safetensors_files(folder: Path) -> list[Path]:
     index = sorted(folder.glob("*.safetensors.index.json"))
     if index:
         try:
@@ -164,7 +164,7 @@ def check_frozen(ckpt: OriginalCheckpoint, base: Path) -> None:
 
     for component, tensors in ckpt.frozen.items():
         folder = base / component
-        files = _safetensors_files(folder)
+        files = safetensors_files(folder)
         if not files:
             raise ConversionError(f"base model {base}: no {component}/*.safetensors to check the checkpoint's {component} against")
         seen = set()
@@ -189,7 +189,7 @@ def _check_file(
 
     with safe_open(str(f), framework="pt") as st:
         for disk_key in st.keys():
-            key = _disk_to_memory(component, disk_key)
+            key = disk_to_memory(component, disk_key)
             seen.add(key)
             if key not in tensors:
                 raise ConversionError(

@@ -34,7 +34,8 @@ from dit4dit_npu.convert.checkpoint import (
     read_checkpoint,
     step_of,
 )
-from dit4dit_npu.convert.embodiment import build_policy_io, choose_robot, latent_clip, read_statistics
+from dit4dit_npu.convert.conventions import KEYS, action_mask, choose_robot, decide, width
+from dit4dit_npu.convert.embodiment import build_policy_io, latent_clip, read_statistics
 
 log = logging.getLogger(__name__)
 
@@ -75,11 +76,13 @@ def import_config(
     raw: dict[str, Any],
     ckpt: OriginalCheckpoint,
     base_model: str,
-    image_size: Sequence[int],
     overrides: Sequence[str],
     notices: list[str],
+    conventions: dict[str, Any] | None = None,
+    config_name: str = "config.yaml",
 ) -> Config:
-    """DiT4DiT's config.yaml -> our Config with the original's conventions switched on."""
+    """DiT4DiT's config.yaml -> our Config with the original's conventions switched on
+    (``conventions``: datasets.vla_data values, ``conventions.decide``)."""
     raw = copy.deepcopy(raw)
     for path in DATA_ONLY:
         _pop(raw, path)
@@ -95,7 +98,9 @@ def import_config(
             width = int(ckpt.trainable[tensor].shape[shape_dim])
             migrate.apply_overrides(raw, [(path, width)])
             notices.append(f"{path}: {width} (from the checkpoint's {tensor})")
-    migrate.apply_overrides(raw, parse_overrides(list(overrides)))
+    pairs = parse_overrides(list(overrides))
+    migrate.apply_overrides(raw, head_sizes(raw, pairs, ckpt, config_name, notices) + pairs)
+    migrate.apply_overrides(raw, [(f"datasets.vla_data.{k}", v) for k, v in (conventions or {}).items()])
     raw, changed = migrate.migrate(raw)
     notices.extend(changed)
     cfg = from_dict(Config, raw)
@@ -105,8 +110,6 @@ def import_config(
     c.condition_latent = "sample"
     c.round_timesteps = True
     c.feature_noise_seed = None  # DiT4DiT drew the feature-pass noise from the global RNG
-    d.image_size = [int(image_size[0]), int(image_size[1])]
-    d.view_layout = "width"
     kept = latent_clip(d.clip_offsets)
     if len(kept) < len(d.clip_offsets):
         notices.append(
@@ -116,7 +119,66 @@ def import_config(
         d.video_delta_indices = d.video_delta_indices[: (len(kept) - 1) * d.action_video_freq_ratio + 1]
     cfg.trainer.enable_gradient_checkpointing = False
     validate(cfg)
+    check_head(cfg, ckpt, config_name)
     return cfg
+
+
+# --------------------------------------------------------------------------------------------
+# The action head's sizes: what the checkpoint cannot prove
+# --------------------------------------------------------------------------------------------
+
+TYPE = "framework.action_model.action_model_type"
+HEADS = "framework.action_model.diffusion_model_cfg.num_attention_heads"
+HEAD_DIM = "framework.action_model.diffusion_model_cfg.attention_head_dim"
+WIDTH = "framework.action_model.input_embedding_dim"
+ORIGINAL_PRESETS = ("DiT-B", "DiT-L")  # DiT4DiT's DiTConfig table (the same sizes as ours)
+ATTENTION = "action_model.model.transformer_blocks.0.attn1.to_q.weight"  # rows: heads x head dim
+ENCODER = "action_model.action_encoder.layer1.weight"  # rows: the head's width
+
+
+def head_sizes(
+    raw: dict[str, Any], pairs: list[tuple[str, Any]], ckpt: OriginalCheckpoint, config_name: str, notices: list[str]
+) -> list[tuple[str, Any]]:
+    """Head count and head dim are not in the checkpoint (2 x 32 and 4 x 16 give the same tensor
+    shapes): they are the config's (merged over its DiTConfig preset, as DiT4DiT did), never an
+    override's that contradicts them. A type outside its table (an entry its user added) needs them
+    stated; its width is the checkpoint's. -> the settings to apply before the overrides."""
+    given = dict(pairs)
+    for path in (HEADS, HEAD_DIM):
+        stated = _get(raw, path)
+        if stated is not _MISSING and stated is not None and path in given and given[path] != stated:
+            raise ConversionError(
+                f"{path}: the override says {given[path]} but {config_name} states {stated}, which the run trained with "
+                "(the checkpoint cannot tell head counts apart): drop the override"
+            )
+    kind = given.get(TYPE, _get(raw, TYPE))
+    if kind is _MISSING or kind in ORIGINAL_PRESETS:
+        return []
+    sizes = {p: given.get(p, _get(raw, p)) for p in (HEADS, HEAD_DIM)}
+    unknown = [p for p, v in sizes.items() if v is _MISSING or v is None]
+    if unknown:
+        raise ConversionError(
+            f"{config_name}: {TYPE} {kind!r} is not in DiT4DiT's size table (DiT-B, DiT-L) and the head count and head "
+            f"dim are not in the checkpoint; pass {' and '.join(p + '=N' for p in unknown)}"
+        )
+    extra: list[tuple[str, Any]] = [(TYPE, "DiT-B")]
+    if ENCODER in ckpt.trainable and WIDTH not in given:
+        extra.append((WIDTH, int(ckpt.trainable[ENCODER].shape[0])))
+    notices.append(
+        f"{TYPE}: {kind!r} (an entry added to DiT4DiT's size table) -> explicit sizes: {sizes[HEADS]} heads x "
+        f"{sizes[HEAD_DIM]}" + (f", width {extra[1][1]} (from the checkpoint's {ENCODER})" if len(extra) > 1 else "")
+    )
+    return extra + [(p, v) for p, v in sizes.items()]
+
+
+def check_head(cfg: Config, ckpt: OriginalCheckpoint, config_name: str) -> None:
+    """The sizes the checkpoint can check: heads x head dim is its attention width."""
+    a = cfg.framework.action_model
+    if ATTENTION in ckpt.trainable and a.num_heads * a.head_dim != ckpt.trainable[ATTENTION].shape[0]:
+        raise ConversionError(
+            f"{config_name}: {a.num_heads} heads x {a.head_dim} = {a.num_heads * a.head_dim}, but the checkpoint's "
+            f"attention is {ckpt.trainable[ATTENTION].shape[0]} wide ({ATTENTION}): set {HEADS} and {HEAD_DIM}"
+        )
 
 
 def _check_widths(raw: dict[str, Any], hidden: int, config_name: str) -> None:
@@ -145,16 +207,18 @@ def convert_dit4dit(
     base_model: str | Path,
     out: str | Path,
     stats: str | Path | None = None,
-    embodiment: str | None = None,
+    robot_type: str | None = None,
     tag: str | None = None,
-    image_size: Sequence[int] = (224, 224),
+    conventions: dict[str, Any] | None = None,
     overrides: Sequence[str] = (),
     instructions: Sequence[str] = (),
     allow_constant_dims: bool = False,
 ) -> tuple[Path, list[str]]:
-    """-> (the policy folder, notices of what changed). Raises ConversionError (nothing written).
-    ``allow_constant_dims``: convert statistics with min == max on dims the policy normalizes (a
-    joint it would always command to one value), with a notice instead of the refusal."""
+    """-> (the policy folder, notices of what changed or was inferred). ``conventions``:
+    datasets.vla_data values (``conventions.KEYS``) that win over the robot type's. Raises
+    ConversionError (nothing written). ``allow_constant_dims``: convert statistics with min == max
+    on dims the policy normalizes (a joint it would always command to one value), with a notice
+    instead of the refusal."""
     from dit4dit_npu.policy.folder import POLICY_JSON, export_policy
     from dit4dit_npu.prompt_cache import PromptCache
     from dit4dit_npu.weights import base_model_folder, build_dit4dit, build_prompt_encoder, text_identity
@@ -176,12 +240,22 @@ def convert_dit4dit(
         raise ConversionError(f"{config} {what}: expected the config.yaml a DiT4DiT run wrote (framework, datasets, trainer)")
     data_mix = _get(raw, "datasets.vla_data.data_mix")
     stat_tag, entry = read_statistics(stats_path, tag)
-    robot = choose_robot(embodiment, data_mix if data_mix is not _MISSING else None, stat_tag, entry, stats_path)
+    robot = choose_robot(robot_type, data_mix if data_mix is not _MISSING else None, stat_tag, entry, stats_path,
+                         notices)
     ckpt = read_checkpoint(checkpoint)
+    given = dict(conventions or {})
     try:
-        cfg = import_config(raw, ckpt, str(base_model), image_size, overrides, notices)
-        cfg.datasets.vla_data.camera_keys = list(robot.cameras)
-        io = build_policy_io(robot, stat_tag, entry, cfg, str(stats_path), allow_constant_dims, notices)
+        given |= {k.split(".")[-1]: v for k, v in parse_overrides(list(overrides))
+                  if k.startswith("datasets.vla_data.") and k.split(".")[-1] in KEYS}
+    except ConfigError as e:
+        raise ConversionError(str(e)) from None
+    dims = robot.action_dim if robot else width(entry.get("action"))
+    image_size = _get(raw, "datasets.vla_data.image_size")
+    chosen = decide(robot, given, action_mask(entry, dims, str(stats_path)), None if image_size is _MISSING else
+                    image_size, notices)
+    try:
+        cfg = import_config(raw, ckpt, str(base_model), overrides, notices, chosen, config.name)
+        io = build_policy_io(robot, stat_tag, entry, cfg, str(stats_path), notices, allow_constant_dims)
         base = base_model_folder(cfg)
     except (ConfigError, migrate.MigrationError) as e:
         raise ConversionError(f"{config}: {e}") from None
@@ -200,5 +274,8 @@ def convert_dit4dit(
     cache = PromptCache(text_identity(cfg), cfg.framework.cosmos25.max_sequence_length)
     if instructions:
         cache.build(list(instructions), build_prompt_encoder(cfg))
-    folder = export_policy(out, model, cfg, io, cache, split={}, dataset_paths=[], step=step_of(checkpoint))
+    trajectories = entry.get("num_trajectories")
+    folder = export_policy(out, model, cfg, io, cache, split={}, dataset_paths=[], step=step_of(checkpoint),
+                           statistics_tag=stat_tag,
+                           num_trajectories=trajectories if isinstance(trajectories, int) else None)
     return folder, notices

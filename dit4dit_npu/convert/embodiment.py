@@ -1,20 +1,17 @@
-"""DiT4DiT's ``dataset_statistics.json`` and robot-type conventions -> a PolicyIO.
+"""DiT4DiT's ``dataset_statistics.json`` -> FeatureStats in the robot's order, and the PolicyIO of
+the conventions an import chose (``conventions.py``, as ``datasets.vla_data`` keys).
 
 The statistics file is ``{tag: {"action": {mean, std, max, min, q01, q99, mask}, "state": {...},
 "num_transitions", "num_trajectories"}}``, per-dim lists in DiT4DiT's model order. The PolicyIO
-built here reproduces, step by step, what DiT4DiT's data config and client did for that robot
-type (``config/original_data.py``), in the robot's own dim order:
-
-- state: sin/cos per state key (``SinCos(groups)``; LIBERO interleaves [sin x0, cos x0, ...]), or
-  min-max on the joints and a binary threshold on the grippers (RoboTwin), then DiT4DiT's order
-  (``Reorder``) and zero padding to the head's width;
-- action: min-max on the dims its statistics mask marks (``Normalize(dims=..., clip=...)``; the
-  others, grippers, pass through), its grippers binarized (``Binarize``), reordered, padded. On
-  the way back: what its client did, clip to [-1, 1], binarize, un-normalize the masked dims.
+reproduces, step by step, what DiT4DiT's data config and client did (``transforms/encodings.py``):
+state keys encoded sin/cos, min-max, binary or raw, reordered, zero-padded to the head's width;
+actions min-max on the dims its statistics mask marks (the others raw, or binary), its client's
+gripper threshold, reordered, padded; on the way back its clients' clip to [-1, 1] of every dim.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 from typing import Any
@@ -22,11 +19,12 @@ from typing import Any
 import numpy as np
 
 from dit4dit_npu.config import Config
-from dit4dit_npu.config.original_data import ROBOT_TYPES, RobotType
+from dit4dit_npu.config.original_data import RobotType
 from dit4dit_npu.convert.checkpoint import ConversionError
+from dit4dit_npu.convert.conventions import width
 from dit4dit_npu.transforms.feature_stats import STAT_FIELDS, FeatureStats
-from dit4dit_npu.transforms.policy_io import PolicyIO
-from dit4dit_npu.transforms.vector import Binarize, Normalize, Reorder, SinCos, Step, TooNarrowError, padded
+from dit4dit_npu.transforms.policy_io import PolicyIO, PolicyIOError
+from dit4dit_npu.transforms.vector import Normalize
 
 
 def read_statistics(path: Path, tag: str | None) -> tuple[str, dict[str, Any]]:
@@ -48,33 +46,6 @@ def read_statistics(path: Path, tag: str | None) -> tuple[str, dict[str, Any]]:
     if tag not in data:
         raise ConversionError(f"{path} has no statistics for tag {tag!r} (it has {sorted(data)})")
     return tag, data[tag]
-
-
-def choose_robot(name: str | None, data_mix: Any, tag: str, entry: dict[str, Any], stats_path: Path) -> RobotType:
-    """The robot type: given, else the config's named mixture's, else the one whose tag and widths
-    the statistics have."""
-    from dit4dit_npu.config.original_data import NAMED_MIXTURES
-
-    if name is None and isinstance(data_mix, str) and data_mix in NAMED_MIXTURES:
-        name = NAMED_MIXTURES[data_mix][0]
-    if name is None:
-        dims = (_width(entry.get("state")), _width(entry["action"]))
-        fits = [r for r in ROBOT_TYPES.values() if r.tag == tag and (r.state_dim, r.action_dim) == dims]
-        if len(fits) != 1:
-            raise ConversionError(
-                f"{stats_path}: cannot tell the robot type from tag {tag!r} with (state, action) widths {dims}; "
-                f"pass --embodiment ({', '.join(ROBOT_TYPES)})"
-            )
-        return fits[0]
-    if name not in ROBOT_TYPES:
-        raise ConversionError(f"--embodiment {name!r}: expected one of {list(ROBOT_TYPES)}")
-    return ROBOT_TYPES[name]
-
-
-def _width(block: Any) -> int:
-    """The dims a statistics block has (0 when it is malformed: ``_feature`` then says how)."""
-    values = block.get("min") if isinstance(block, dict) else None
-    return len(values) if isinstance(values, list) else 0
 
 
 def _feature(entry: dict[str, Any], feature: str, dim: int, count: int, where: str) -> FeatureStats:
@@ -107,7 +78,7 @@ def _feature(entry: dict[str, Any], feature: str, dim: int, count: int, where: s
     return stats
 
 
-def _robot_order(stats: FeatureStats, order: tuple[int, ...] | None) -> FeatureStats:
+def _robot_order(stats: FeatureStats, order: list[int] | None) -> FeatureStats:
     """Stats in DiT4DiT's model order -> the robot's order (model = native[order])."""
     if order is None:
         return stats
@@ -115,11 +86,12 @@ def _robot_order(stats: FeatureStats, order: tuple[int, ...] | None) -> FeatureS
     return FeatureStats(**{f: getattr(stats, f)[inv] for f in STAT_FIELDS}, count=stats.count)
 
 
-def build_policy_io(
-    robot: RobotType, tag: str, entry: dict[str, Any], cfg: Config, where: str, allow_constant_dims: bool = False,
-    notices: list[str] | None = None,
-) -> PolicyIO:
-    if tag != robot.tag:
+def build_policy_io(robot: RobotType | None, tag: str, entry: dict[str, Any], cfg: Config, where: str,
+                    notices: list[str], allow_constant_dims: bool = False) -> PolicyIO:
+    """The statistics in the robot's order, and the PolicyIO of the run config's conventions
+    (``cfg.datasets.vla_data``, decided by ``conventions.decide``) with DiT4DiT's image resize.
+    ``allow_constant_dims``: statistics with min == max on normalized dims are a notice, not a refusal."""
+    if robot is not None and tag != robot.tag:
         raise ConversionError(
             f"{where}: statistics of embodiment {tag!r}, but robot type {robot.name} is {robot.tag!r} "
             "(statistics for another embodiment?)"
@@ -128,60 +100,40 @@ def build_policy_io(
     if not isinstance(count, int | float) or isinstance(count, bool) or count < 0:
         raise ConversionError(f"{where}: num_transitions: expected a count, got {count!r:.60}")
     count = int(count)
-    state = _robot_order(_feature(entry, "state", robot.state_dim, count, where), robot.model_order)
-    action = _robot_order(_feature(entry, "action", robot.action_dim, count, where), robot.model_order)
-    mask = entry["action"].get("mask")
-    if not isinstance(mask, list) or len(mask) != robot.action_dim or not all(isinstance(m, bool) for m in mask):
-        raise ConversionError(f"{where}: action statistics need a 'mask' of {robot.action_dim} booleans")
-    order = robot.model_order
-    mask_native = np.asarray(mask)[np.argsort(order)] if order else np.asarray(mask)
-    binary = set(robot.binary_dims)
-    reorder: list[Step] = [Reorder(order)] if order else []
-
-    if robot.state_sincos_groups is not None:
-        state_steps: list[Step] = [SinCos(robot.state_sincos_groups)]
-    else:
-        joints = [i for i in range(robot.state_dim) if i not in binary]
-        state_steps = [Normalize("min_max", state, dims=joints)]
-        state_steps += [Binarize(tuple(sorted(binary)))] if binary else []
-    action_steps: list[Step] = [Normalize("min_max", action, dims=np.flatnonzero(mask_native).tolist(), clip=robot.client_clip)]
-    if binary:
-        action_steps.append(Binarize(tuple(sorted(binary))))
-    if robot.client_binary_dims:
-        action_steps.append(Binarize(robot.client_binary_dims, inclusive=True, encode=False))
-
-    _check_constant(state_steps, action_steps, where, allow_constant_dims, notices)
     d = cfg.datasets.vla_data
+    state_dim = robot.state_dim if robot else width(entry.get("state"))
+    action_dim = robot.action_dim if robot else width(entry.get("action"))
+    state = _robot_order(_feature(entry, "state", state_dim, count, where), d.state_order)
+    action = _robot_order(_feature(entry, "action", action_dim, count, where), d.action_order)
+    # the encoded widths against the checkpoint's head first: a mismatch means other statistics
+    unpadded = copy.deepcopy(cfg)
+    unpadded.datasets.vla_data.max_state_dim = unpadded.datasets.vla_data.max_action_dim = None
     try:
-        state_pipe = padded(state_steps + reorder, robot.state_dim, d.max_state_dim, "state")
-        action_pipe = padded(action_steps + reorder, robot.action_dim, d.max_action_dim, "action")
-    except TooNarrowError as e:
-        raise ConversionError(
-            f"{where}: the encoded {e.name} has {e.encoded} dims but the checkpoint's head takes {e.width} "
-            "(statistics for another embodiment?)"
-        ) from None
-    return PolicyIO(
-        camera_keys=list(robot.cameras),
-        image_size=tuple(d.image_size),
-        view_layout="width",  # primary | wrist views side by side, as DiT4DiT concatenated them
-        clip_offsets=d.clip_offsets,
-        chunk_length=cfg.framework.action_model.chunk_length,
-        stats={"state": state, "action": action},
-        state=state_pipe,
-        action=action_pipe,
-        resize_method="torch_bilinear",
-    )
+        spec = PolicyIO.from_config(unpadded, state, action, warn=False).spec
+        for name, encoded, head in (("state", spec.state_width, d.max_state_dim),
+                                    ("action", spec.action_width, d.max_action_dim)):
+            if head is not None and encoded > head:
+                raise ConversionError(
+                    f"{where}: the encoded {name} has {encoded} dims but the checkpoint's head takes {head} "
+                    "(statistics for another embodiment?)"
+                )
+            if head is not None and encoded < head:
+                notices.append(f"{name}: its {encoded} encoded dims are zero-padded to the head's {head} "
+                               f"(datasets.vla_data.max_{name}_dim)")
+        io = PolicyIO.from_config(cfg, state, action, resize_method="torch_bilinear", warn=False)
+    except PolicyIOError as e:
+        raise ConversionError(f"{where}: {e}") from None
+    _check_constant(io, where, allow_constant_dims, notices)
+    return io
 
 
-def _check_constant(
-    state_steps: list[Step], action_steps: list[Step], where: str, allow: bool, notices: list[str] | None
-) -> None:
+def _check_constant(io: PolicyIO, where: str, allow: bool, notices: list[str]) -> None:
     """Dims the policy normalizes whose statistics have min == max: a state dim the model then
     never sees move, an action dim it always commands to one value. Statistics of one frame, or a
     joint that never moved: refused unless allowed, with a notice then."""
     found = []
-    for feature, steps in (("state", state_steps), ("action", action_steps)):
-        for step in steps:
+    for feature, pipe in (("state", io.state), ("action", io.action)):
+        for step in pipe.steps:
             if isinstance(step, Normalize) and step.degenerate_dims:
                 found.append(f"{feature} dims {step.degenerate_dims}")
     if not found:
@@ -193,9 +145,7 @@ def _check_constant(
             f"{what} (statistics of a single frame, or a joint that never moved?); pass --allow-constant-dims to "
             "convert anyway"
         )
-    if notices is not None:
-        notices.append(f"{what} (--allow-constant-dims)")
-
+    notices.append(f"{what} (--allow-constant-dims)")
 
 
 def latent_clip(offsets: list[int]) -> list[int]:

@@ -69,6 +69,8 @@ def export_policy(
     split: dict[str, Any],
     dataset_paths: list[str] | list[Path],
     step: int,
+    statistics_tag: str | None = None,
+    num_trajectories: int | None = None,
 ) -> Path:
     """Write the policy folder ``out_dir`` (format_version 3) atomically; returns it.
 
@@ -87,6 +89,7 @@ def export_policy(
         # joint names (from the first dataset's info.json) for messages about live inputs
         state_names=feature_names(paths, d.state_key, io.state_dim),
         action_names=feature_names(paths, d.action_key, io.action_dim),
+        statistics_tag=statistics_tag, num_trajectories=num_trajectories,
     )
 
     # replaces an existing folder: the old one is moved aside first so `out` is never half-new

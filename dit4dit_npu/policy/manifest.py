@@ -13,6 +13,7 @@ fact inference needs that is not a robot <-> model transform (those are ``policy
       "data": {                                       # what eval scores, and joint names
         "state_key": "observation.state", "action_key": "action",
         "state_names": [...] | null, "action_names": [...] | null,
+        "statistics_tag": "franka" | null, "num_trajectories": 1693 | null,   # an imported run's
         "datasets": {"/abs/dataset": {"held_out_episodes": [...], "train_episodes": [...] | null}}
       }
     }
@@ -72,6 +73,10 @@ class DataSection:
     # Names of the state / action dims (from the first dataset's info.json), for messages.
     state_names: list[str] | None = None
     action_names: list[str] | None = None
+    # An imported DiT4DiT run's statistics: their embodiment tag and episode count (what an
+    # export back to its format writes again; null for this project's runs).
+    statistics_tag: str | None = None
+    num_trajectories: int | None = None
 
 
 @dataclass
@@ -154,6 +159,7 @@ def base_model_ref(base_model: str) -> str:
 def manifest_of_run(
     cfg: Config, split: dict[str, Any], dataset_paths: list[str] | list[Path], step: int,
     state_names: list[str] | None, action_names: list[str] | None,
+    statistics_tag: str | None = None, num_trajectories: int | None = None,
 ) -> PolicyManifest:
     """The manifest of a policy exported from a run (or an import) configured by ``cfg``.
 
@@ -175,5 +181,6 @@ def manifest_of_run(
     return PolicyManifest(
         step=int(step),
         model=ModelSection(framework, cfg.trainer.mixed_precision),
-        data=DataSection(d.state_key, d.action_key, datasets, state_names, action_names),
+        data=DataSection(d.state_key, d.action_key, datasets, state_names, action_names, statistics_tag,
+                         num_trajectories),
     )

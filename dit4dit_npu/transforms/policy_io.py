@@ -29,18 +29,11 @@ import torch
 from dit4dit_npu.batch import Batch, BatchSpec
 from dit4dit_npu.config import Config, ConfigError
 from dit4dit_npu.errors import DiT4DiTError
+from dit4dit_npu.transforms import encodings
 from dit4dit_npu.transforms.feature_stats import FeatureStats
 from dit4dit_npu.transforms.images import RESIZE_METHODS, VIEW_LAYOUTS, tile_views, tiled_size
 from dit4dit_npu.transforms.observation import Observation, parse_observation
-from dit4dit_npu.transforms.vector import (
-    NORM_MODES,
-    Normalize,
-    SinCos,
-    Step,
-    TooNarrowError,
-    VectorPipeline,
-    padded,
-)
+from dit4dit_npu.transforms.vector import NORM_MODES, Normalize, TooNarrowError, VectorPipeline, padded
 
 FORMAT = "dit4dit_npu.policy_io/1"
 STATE_MODES = (*NORM_MODES, "sincos", "none")
@@ -102,20 +95,29 @@ class PolicyIO:
         max_action_dim: int | None = None,
         source_sizes: dict[str, list[list[int]]] | None = None,
         warn: bool = True,
+        state_parts: Sequence[Any] = (),
+        action_parts: Sequence[Any] = (),
+        state_order: Sequence[int] | None = None,
+        action_order: Sequence[int] | None = None,
+        gripper_dims: Sequence[int] = (),
+        gripper_threshold: float = 0.5,
+        action_clip: str = "none",
+        resize_method: str = "swscale",
     ) -> PolicyIO:
-        """The standard pipelines: state = encode (state_norm) + pad, action = normalize + pad."""
+        """state = encode (state_norm, or per part) + reorder + pad; action = normalize (per part)
+        + grippers + reorder + clip policy + pad (``encodings.py``; the keys are datasets.vla_data's)."""
         if state_norm not in STATE_MODES:
             raise PolicyIOError(f"state_norm {state_norm!r}: expected one of {list(STATE_MODES)}")
         if action_norm not in NORM_MODES:
             raise PolicyIOError(f"action_norm {action_norm!r}: expected one of {list(NORM_MODES)}")
-        state_steps: list[Step] = []
-        if state_norm == "sincos":
-            state_steps.append(SinCos())
-        elif state_norm != "none":
-            state_steps.append(Normalize(state_norm, state_stats))
         try:
+            state_steps = encodings.state_steps(state_parts, state_norm, state_stats, state_order, gripper_threshold)
+            action_steps = encodings.action_steps(action_parts, action_norm, action_stats, action_order,
+                                                  gripper_threshold, gripper_dims, action_clip)
             state = padded(state_steps, state_stats.dim, max_state_dim, "state")
-            action = padded([Normalize(action_norm, action_stats)], action_stats.dim, max_action_dim, "action")
+            action = padded(action_steps, action_stats.dim, max_action_dim, "action")
+        except encodings.EncodingError as e:
+            raise PolicyIOError(str(e)) from None
         except TooNarrowError as e:
             key = f"max_{e.name}_dim"
             raise PolicyIOError(
@@ -132,6 +134,7 @@ class PolicyIO:
             state=state,
             action=action,
             source_sizes=dict(source_sizes or {}),
+            resize_method=resize_method,
         )
         if warn:
             io.warn_degenerate()
@@ -145,6 +148,7 @@ class PolicyIO:
         action_stats: FeatureStats,
         source_sizes: dict[str, list[list[int]]] | None = None,
         warn: bool = True,
+        resize_method: str = "swscale",
     ) -> PolicyIO:
         """The one adapter from the run config (datasets.vla_data, action chunk) to a PolicyIO."""
         d = cfg.datasets.vla_data
@@ -162,6 +166,14 @@ class PolicyIO:
             max_action_dim=d.max_action_dim,
             source_sizes=source_sizes,
             warn=warn,
+            state_parts=d.state_parts,
+            action_parts=d.action_parts,
+            state_order=d.state_order,
+            action_order=d.action_order,
+            gripper_dims=d.gripper_dims,
+            gripper_threshold=d.gripper_threshold,
+            action_clip=d.action_clip,
+            resize_method=resize_method,
         )
 
     def warn_degenerate(self) -> None:

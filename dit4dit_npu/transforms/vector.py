@@ -140,11 +140,14 @@ class SinCos(Step):
     Layout: all sines, then all cosines; or with ``groups`` (sizes of consecutive dim groups,
     summing to the width) [sin(g1), cos(g1), sin(g2), cos(g2), ...], which is DiT4DiT's per-key
     layout: groups of 1 interleave [sin x0, cos x0, sin x1, ...] (LIBERO), GR1 has [7, 7, 6, 6, 3].
-    The inverse (atan2) returns angles in (-pi, pi].
+    ``keep``: indices of groups that pass through unchanged, in place (a state whose keys are
+    encoded differently: ``datasets.vla_data.state_parts``). The inverse (atan2) returns angles
+    in (-pi, pi].
     """
 
     kind: ClassVar[str] = "sincos"
     groups: tuple[int, ...] | None = None
+    keep: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.groups is not None:
@@ -152,32 +155,48 @@ class SinCos(Step):
             if not groups or min(groups) < 1:
                 raise ValueError(f"sincos groups {list(groups)}: expected sizes >= 1")
             object.__setattr__(self, "groups", groups)
+        keep = _index_tuple(self.keep, "sincos keep") or ()
+        if keep and (self.groups is None or max(keep) >= len(self.groups)):
+            raise ValueError(f"sincos keep {list(keep)}: expected indices of its groups")
+        object.__setattr__(self, "keep", keep)
 
-    def _splits(self, width: int) -> list[int]:
-        return np.cumsum(self.groups or (width,))[:-1].tolist()
+    def _sizes(self, width: int) -> tuple[int, ...]:
+        return self.groups or (width,)
 
     def forward(self, x: np.ndarray) -> np.ndarray:
         x = np.asarray(x, np.float64)
-        parts = np.split(x, self._splits(x.shape[-1]), axis=-1)
-        return np.concatenate([f(p) for p in parts for f in (np.sin, np.cos)], axis=-1)
+        parts = np.split(x, np.cumsum(self._sizes(x.shape[-1]))[:-1].tolist(), axis=-1)
+        out = [[p] if i in self.keep else [np.sin(p), np.cos(p)] for i, p in enumerate(parts)]
+        return np.concatenate([q for pair in out for q in pair], axis=-1)
+
+    def _encoded_sizes(self, sizes: tuple[int, ...]) -> list[int]:
+        return [g if i in self.keep else 2 * g for i, g in enumerate(sizes)]
 
     def inverse(self, y: np.ndarray) -> np.ndarray:
         y = np.asarray(y, np.float64)
         sizes = self.groups or (y.shape[-1] // 2,)
-        pairs = np.split(y, np.cumsum([2 * g for g in sizes])[:-1].tolist(), axis=-1)
-        return np.concatenate([np.arctan2(p[..., : g], p[..., g:]) for p, g in zip(pairs, sizes)], axis=-1)
+        parts = np.split(y, np.cumsum(self._encoded_sizes(sizes))[:-1].tolist(), axis=-1)
+        return np.concatenate(
+            [p if i in self.keep else np.arctan2(p[..., :g], p[..., g:]) for i, (p, g) in enumerate(zip(parts, sizes))],
+            axis=-1,
+        )
 
     def out_dim(self, in_dim: int) -> int:
         if self.groups is not None and sum(self.groups) != in_dim:
             raise ValueError(f"sincos groups {list(self.groups)} sum to {sum(self.groups)}, the vector has {in_dim} dims")
-        return 2 * in_dim
+        return sum(self._encoded_sizes(self._sizes(in_dim)))
 
     def forward_mask(self, mask: np.ndarray) -> np.ndarray:
-        parts = np.split(mask, self._splits(len(mask)))
-        return np.concatenate([p for p in parts for _ in range(2)])
+        parts = np.split(mask, np.cumsum(self._sizes(len(mask)))[:-1].tolist())
+        return np.concatenate([p for i, p in enumerate(parts) for _ in range(1 if i in self.keep else 2)])
 
     def to_config(self) -> dict[str, Any]:
-        return {"kind": self.kind} | ({"groups": list(self.groups)} if self.groups is not None else {})
+        cfg: dict[str, Any] = {"kind": self.kind}
+        if self.groups is not None:
+            cfg["groups"] = list(self.groups)
+        if self.keep:
+            cfg["keep"] = list(self.keep)
+        return cfg
 
 
 @dataclass(frozen=True, eq=False)
@@ -252,6 +271,21 @@ class Reorder(Step):
 
 
 @dataclass(frozen=True, eq=False)
+class Clip(Step):
+    """Model outputs clipped to [-1, 1] on the way back, every dim (normalized, binary and
+    passthrough alike), before any other step's inverse: DiT4DiT's clients
+    (``np.clip(normalized_actions, -1, 1)`` first). The way in is the identity."""
+
+    kind: ClassVar[str] = "clip"
+
+    def forward(self, x: np.ndarray) -> np.ndarray:
+        return np.asarray(x, np.float64)
+
+    def inverse(self, y: np.ndarray) -> np.ndarray:
+        return np.clip(np.asarray(y, np.float64), -1.0, 1.0)
+
+
+@dataclass(frozen=True, eq=False)
 class Pad(Step):
     """Zero-pad ``real`` dims to ``width`` (mixed embodiments share one padded width)."""
 
@@ -283,7 +317,7 @@ class Pad(Step):
         return {"kind": self.kind, "real": self.real, "width": self.width}
 
 
-STEPS: dict[str, type[Step]] = {cls.kind: cls for cls in (Normalize, SinCos, Binarize, Reorder, Pad)}
+STEPS: dict[str, type[Step]] = {cls.kind: cls for cls in (Normalize, SinCos, Binarize, Reorder, Clip, Pad)}
 
 
 def step_from_config(config: dict[str, Any], stats: FeatureStats) -> Step:
