@@ -12,7 +12,11 @@ import sys
 from pathlib import Path
 
 import pytest
-import tomllib
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: tomli, which pytest itself requires there
+    import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "configs/robotwin/dit4dit_robotwin_tiny.yaml"
