@@ -25,17 +25,21 @@ START=$SECONDS
 say() { echo "$*"; case "$*" in FAIL*) FAILS=$((FAILS + 1)) ;; esac; }
 last() { grep -v '^\s*$' "$1" | tail -1; }
 
-python310() {  # PYTHON310, else python3.10 on PATH, else pyenv's newest 3.10
-  if [ -n "${PYTHON310:-}" ]; then echo "$PYTHON310"; return; fi
-  if command -v python3.10 >/dev/null; then command -v python3.10; return; fi
-  local root
+python310() {  # PYTHON310, else pyenv's newest 3.10, else python3.10 on PATH: the first that runs
+  local root candidate
   root="$(pyenv root 2>/dev/null || echo "$HOME/.pyenv")"
-  find "$root/versions" -maxdepth 3 -path '*/3.10.*/bin/python3.10' 2>/dev/null | sort -V | tail -1
+  for candidate in ${PYTHON310:-} $(find "$root/versions" -maxdepth 3 -path '*/3.10.*/bin/python3.10' 2>/dev/null \
+      | sort -rV) "$(command -v python3.10 || true)"; do
+    if [ -n "$candidate" ] && "$candidate" -c 'import sys; assert sys.version_info[:2] == (3, 10)' 2>/dev/null; then
+      echo "$candidate"
+      return
+    fi
+  done
 }
 
 mkdir -p "$LOGS"
 PY310="$(python310)"
-if [ -z "$PY310" ] || ! "$PY310" -c 'import sys; assert sys.version_info[:2] == (3, 10)' 2>/dev/null; then
+if [ -z "$PY310" ]; then
   say "FAIL setup: no Python 3.10 found (pyenv install 3.10, or PYTHON310=/path/to/python3.10)"
   exit 1
 fi

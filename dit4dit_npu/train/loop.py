@@ -14,7 +14,7 @@ from pathlib import Path
 from dit4dit_npu import device
 from dit4dit_npu.config import Config
 from dit4dit_npu.prompt_cache import prepare_prompt_cache
-from dit4dit_npu.train.distributed import build_accelerator, building_outside_deepspeed
+from dit4dit_npu.train.distributed import build_accelerator, building_outside_deepspeed, gather_from_ranks
 from dit4dit_npu.train.errors import TrainingError
 from dit4dit_npu.train.optim import freeze_modules
 from dit4dit_npu.train.resume import check_data
@@ -38,7 +38,7 @@ def train(cfg: Config) -> Path:
 
 def _train(cfg: Config, accelerator) -> Path:
     check_ema_supported(cfg, accelerator)  # before the run folder is touched
-    run = open_run(cfg, accelerator.is_main_process, accelerator.wait_for_everyone)
+    run = open_run(cfg, accelerator.is_main_process, accelerator.wait_for_everyone, gather_from_ranks(accelerator))
     try:
         return _run(cfg, accelerator, run)
     except BaseException:
