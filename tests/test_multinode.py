@@ -41,7 +41,7 @@ def two_nodes(command: list[str], cwd: list[Path], env: list[dict[str, str]] | N
         procs.append(subprocess.Popen(command, cwd=cwd[rank], env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                       text=True))
     out = []
-    for rank, p in enumerate(procs):
+    for p in procs:
         stdout, stderr = p.communicate(timeout=600)
         out.append(subprocess.CompletedProcess(p.args, p.returncode, stdout, stderr))
     return out

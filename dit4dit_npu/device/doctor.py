@@ -116,7 +116,8 @@ def check_torch_npu(version: str | None, torch: stack.TorchImport) -> Result:
         return Result(SKIP, "torch_npu", "not installed (no Ascend NPU stack here)")
     torch_version = torch.version or stack.installed_version("torch")
     if torch_version is None:
-        return Result(FAIL, "torch_npu", f"{version} is installed without torch: install torch=={stack.release(version)}")
+        want = ".".join(map(str, stack.release(version) or ()))
+        return Result(FAIL, "torch_npu", f"{version} is installed without torch: install torch=={want}")
     problem = stack.pair_problem(torch_version, version)
     if problem:
         return Result(FAIL, "torch_npu", problem)
