@@ -55,8 +55,8 @@ def meta_parts(cfg: Config) -> dict[str, torch.nn.Module]:
     from diffusers import AutoencoderKLWan, CosmosTransformer3DModel
     from transformers import Qwen2_5_VLTextConfig, Qwen2_5_VLTextModel
 
-    from dit4dit_npu.models import build_action_head
     from dit4dit_npu.models import tiny as tiny_parts
+    from dit4dit_npu.weights import build_action_head
 
     with torch.device("meta"):
         transformer = CosmosTransformer3DModel(**tiny_parts.transformer_kwargs(FULL_SIZE))
@@ -177,9 +177,10 @@ def check(cfg: Config, fits: dict, head_fits: dict, batch: int, gc: bool) -> tup
     from _common import step_peak_mib
 
     from dit4dit_npu import device as dev
-    from dit4dit_npu.models import DiT4DiT, DiT4DiTConfig, build_action_head
+    from dit4dit_npu.models import DiT4DiT
     from dit4dit_npu.models.testing import make_batch
     from dit4dit_npu.prompt_cache import PromptCache
+    from dit4dit_npu.weights import build_action_head
 
     full = dev.device_type() != dev.CPU
     spec = bench_spec(cfg)
@@ -192,7 +193,7 @@ def check(cfg: Config, fits: dict, head_fits: dict, batch: int, gc: bool) -> tup
     head = build_action_head(cfg, spec, 2048)
     free_grads_on_accumulation(head)
     device = dev.get_device()
-    model = DiT4DiT(backbone, head, DiT4DiTConfig(autocast=True), spec).to(device).train()
+    model = DiT4DiT(backbone, head, cfg.framework, spec, autocast=True).to(device).train()
     model.backbone.vae.to(torch.bfloat16)
     text = cfg.framework.cosmos25.max_sequence_length
     cache = PromptCache()
@@ -250,7 +251,7 @@ def main() -> None:
 
     print("measuring activations on CPU (real classes, reduced size):")
     fits = measure_transformer(cfg.framework.cosmos25.max_sequence_length, 28 * 3584, print)
-    from dit4dit_npu.models import build_action_head
+    from dit4dit_npu.weights import build_action_head
 
     head = measure_head(build_action_head(cfg, bench_spec(cfg), 2048), bench_spec(cfg), 2048, print)
     from diffusers import AutoencoderKLWan

@@ -68,9 +68,9 @@ def build_tiny_policy(root: Path) -> Path:
     """The tiny config's demo data + an untrained tiny model, exported as a policy folder."""
     from dit4dit_npu.config import load_config
     from dit4dit_npu.data import build_training_data
-    from dit4dit_npu.models import build_dit4dit, build_prompt_encoder
     from dit4dit_npu.policy import export_policy
     from dit4dit_npu.prompt_cache import PromptCache
+    from dit4dit_npu.weights import build_dit4dit, build_prompt_encoder
 
     cfg = load_config(TINY, [f"datasets.vla_data.data_root_dir={root}/data", f"run_root_dir={root}/runs"])
     data = build_training_data(cfg)

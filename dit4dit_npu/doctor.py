@@ -121,7 +121,9 @@ def check_model(cfg, path: str) -> Result:
 
 
 def check_base_model(cfg) -> Result:
-    from dit4dit_npu.models.build import COMPONENTS, TINY, check_base_model, tiny_cache_root
+    from dit4dit_npu.models.configs import TINY
+    from dit4dit_npu.weights.layout import COMPONENTS, check_base_model
+    from dit4dit_npu.weights.tiny_cache import tiny_cache_root
 
     base = cfg.framework.cosmos25.base_model
     if base == TINY:

@@ -8,16 +8,33 @@ code 2), while a bug (any other exception) keeps its traceback. Subclasses keep 
 Its message is one line meant for the user: it names the file, key or flag at fault and what was
 expected.
 
-Nothing here imports anything: models/, data/ and the robot-side client can all depend on it.
+A leaf module (nothing from the project imported): models/, data/, config/ and the robot-side
+client can all depend on it. ``ConfigError`` lives here because the run config's sections are
+declared in ``config/schema.py`` and, for the model's own sections, in ``models/configs.py``
+(which the schema imports): both validate next to their declarations, without an import cycle.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 
 class DiT4DiTError(Exception):
     """A user-facing problem (input, files, config, environment); the message is one line."""
 
     cli_prefix = "error"  # what dit4dit_npu.cli prints before the message; a subclass may name its kind
+
+
+class ConfigError(DiT4DiTError, ValueError):
+    """A config problem with a one-line, user-facing message naming the run-config key."""
+
+    cli_prefix = "config error"
+
+
+def require(ok: bool, key: str, value: Any, expected: str) -> None:
+    """``ConfigError("<key>: got <value>, expected <expected>")`` unless ``ok``."""
+    if not ok:
+        raise ConfigError(f"{key}: got {value!r}, expected {expected}")
 
 
 def unwrap_worker_error(e: Exception) -> Exception:

@@ -225,7 +225,7 @@ def prepare_prompt_cache(cfg: Config, accelerator: Any, instructions: list[str],
 
 
 def _encode_missing(cfg: Config, cache: PromptCache, instructions: list[str]) -> None:
-    from dit4dit_npu.models import build_prompt_encoder
+    from dit4dit_npu.weights import build_prompt_encoder
 
     missing = [t for t in dict.fromkeys(instructions) if t not in cache]
     if missing:

@@ -156,7 +156,7 @@ BAD_INPUT = {
     "dit4dit-serve": [
         (["--policy", NOPE], f"error: policy folder not found: {NOPE}"),
         (["--policy", "{tmp}"], "error: {tmp} is not a policy folder: no policy.json in it, in {tmp}/policy or "
-         "under {tmp}/checkpoints (an exported policy has policy.json, config.yaml, model.safetensors, "
+         "under {tmp}/checkpoints (an exported policy has policy.json, model.safetensors, "
          "policy_io.json, prompt_cache.safetensors)"),
     ],
     "dit4dit-data-inspect": [
@@ -281,7 +281,7 @@ def test_every_user_error_class_is_a_dit4dit_error_and_keeps_its_builtin_base() 
     assert found >= {
         "MigrationError", "ConfigError", "PolicyIOError", "NonFiniteActionError", "PolicyInputError", "RequestError",
         "ServerError", "WireFormatError", "ServeError", "PolicyLoadError", "ConversionError", "BatchError", "SimError",
-        "EpisodeError", "TrainingError", "ModelConfigError", "PromptCacheError", "NoiseError", "FrameInputError",
+        "EpisodeError", "TrainingError", "ManifestError", "PromptCacheError", "NoiseError", "FrameInputError",
         "DatasetError", "EvalError", "DeviceError",
     }
     for c in subclasses(DiT4DiTError) - {DiT4DiTError}:

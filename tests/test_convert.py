@@ -19,8 +19,7 @@ from safetensors.torch import load_file
 
 from dit4dit_npu.config import load_config
 from dit4dit_npu.convert import ConversionError, convert_dit4dit
-from dit4dit_npu.models import build_dit4dit, tiny_base_model
-from dit4dit_npu.models.build import tiny_sizes
+from dit4dit_npu.weights import build_dit4dit, tiny_base_model
 
 ROOT = Path(__file__).resolve().parents[1]
 CHUNK, BLOCKS = 4, 2
@@ -142,7 +141,7 @@ def run(tmp_path_factory):
     """An original run folder: checkpoints/steps_7_pytorch_model.pt, config.yaml, statistics."""
     root = tmp_path_factory.mktemp("dit4dit_run")
     cfg, model = our_model()
-    base = tiny_base_model(tiny_sizes(cfg))
+    base = tiny_base_model(cfg.framework.cosmos25.tiny)
     g = torch.Generator().manual_seed(0)
     trained = {k: v + 0.01 * torch.randn(v.shape, generator=g) for k, v in model.trainable_state_dict().items()}
     ckpt = {original_name(k): v for k, v in trained.items()} | frozen_tensors(base)

@@ -70,8 +70,8 @@ def test_each_nodes_local_rank_0_writes_its_node_local_tiny_cache(tmp_path):
         "import sys, torch.distributed as dist\n"
         "dist.init_process_group('gloo')\n"
         "from dit4dit_npu.config import load_config\n"
-        "from dit4dit_npu.models.build import tiny_base_model, tiny_sizes\n"
-        "print(tiny_base_model(tiny_sizes(load_config(sys.argv[1]))))\n"
+        "from dit4dit_npu.weights import tiny_base_model\n"
+        "print(tiny_base_model(load_config(sys.argv[1]).framework.cosmos25.tiny))\n"
         "dist.barrier()\n"
         "dist.destroy_process_group()\n"
     )

@@ -159,7 +159,7 @@ def test_unseen_instruction_is_encoded_once_and_cached(setup) -> None:
 
 
 def test_unseen_instruction_without_text_encoder_is_a_clear_error(setup, tmp_path: Path) -> None:
-    from dit4dit_npu.models import save_tiny_base_model
+    from dit4dit_npu.weights import save_tiny_base_model
 
     base = save_tiny_base_model(setup.cfg, tmp_path / "cosmos")
     shutil.rmtree(base / "text_encoder")  # a deployment folder with transformer + VAE only

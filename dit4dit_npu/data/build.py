@@ -126,9 +126,8 @@ def build_training_data(
             raise _not_found(p, d)
     datasets = [LeRobotDataset(p, image_size=tuple(d.image_size)) for p in paths]
     raise_first(feature_problems(datasets, d.camera_keys, [d.state_key, d.action_key], d.video_delta_indices))
-    clip = d.video_delta_indices[:: d.action_video_freq_ratio]
     chunk = cfg.framework.action_model.chunk_length
-    raise_first(episode_length_problems(datasets, [None] * len(datasets), clip, chunk))
+    raise_first(episode_length_problems(datasets, [None] * len(datasets), d.clip_offsets, chunk))
 
     known = {e.path for e in d.data_mix} | {str(p) for p in paths}
     unknown = sorted(set(d.val_episodes or {}) - known)

@@ -195,7 +195,7 @@ class DiT4DiTPolicy:
 
     def _encoder(self, missing: list[str]) -> Any:
         if self._text_encoder is None:
-            from dit4dit_npu.models import build_prompt_encoder
+            from dit4dit_npu.weights import build_prompt_encoder
 
             try:
                 self._text_encoder = build_prompt_encoder(inference_config(self.manifest.model)).to(self.device)

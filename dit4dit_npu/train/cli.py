@@ -70,21 +70,12 @@ def print_notices(notices: list[str]) -> None:
 def check_model_build(cfg: Config) -> None:
     """What building the model checks, on its module tree without weights: the base folder, the
     model sizes, and that every learning-rate key and freeze_modules path names a module."""
-    from dit4dit_npu.batch import BatchSpec
-    from dit4dit_npu.models import build_skeleton
     from dit4dit_npu.train.optim import freeze_modules, param_groups
-    from dit4dit_npu.transforms.images import tiled_size
+    from dit4dit_npu.transforms.policy_io import config_spec
+    from dit4dit_npu.weights import build_skeleton
 
-    d = cfg.datasets.vla_data
-    # widths come from the data (PolicyIO); the padded widths or placeholders build the same tree
-    spec = BatchSpec(
-        state_width=d.max_state_dim or 1,
-        action_width=d.max_action_dim or 1,
-        chunk_length=cfg.framework.action_model.chunk_length,
-        num_frames=len(d.video_delta_indices[:: d.action_video_freq_ratio]),
-        frame_size=tiled_size(d.image_size, len(d.camera_keys), d.view_layout),
-    )
-    model = build_skeleton(cfg, spec)
+    # the raw widths come from the data: any placeholder builds the same module tree
+    model = build_skeleton(cfg, config_spec(cfg, state_dim=1, action_dim=1))
     freeze_modules(model, cfg.trainer.freeze_modules)
     param_groups(model, cfg.trainer.learning_rate)
 

@@ -7,4 +7,3 @@ from dit4dit_npu.errors import DiT4DiTError
 
 class TrainingError(DiT4DiTError, RuntimeError):
     """A training problem with a one-line, user-facing message."""
-
