@@ -225,6 +225,8 @@ def main() -> None:
     p.add_argument("--ema", action="store_true", help="plan trainer.ema on (also on when the config sets it)")
     p.add_argument("--check", action="store_true", help="also measure one real step and compare (see check())")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--json", type=Path, metavar="OUT.json",
+                   help="also write the per-card totals (bytes) there (what `python -m dit4dit_npu.doctor` reads)")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     cfg = load_config(args.config)
@@ -298,6 +300,12 @@ def main() -> None:
     print(f"start-up, rank 0 only, before DeepSpeed takes the model (no optimizer state, no partitioning yet): the bf16 "
           f"text encoder ({text / GIB:.1f} GiB) next to the whole model ({whole / GIB:.1f} GiB); freed once the prompt "
           "cache is built")
+    if args.json is not None:  # the total of the config's own gradient checkpointing setting first
+        gc = cfg.trainer.enable_gradient_checkpointing
+        args.json.write_text(json.dumps({
+            "per_card_bytes": total["gc" if gc else "no_gc"], "gradient_checkpointing": gc,
+            "total_bytes": total, "zero": args.zero, "world_size": args.world_size, "batch": batch,
+        }))
     if args.check:
         for gc in (False, True):
             measured, planned, s = check(cfg, fits, head, shape.batch, gc)

@@ -12,7 +12,11 @@ import sys
 from pathlib import Path
 
 import pytest
-import tomllib
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: tomli, which pytest itself requires there
+    import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "configs/robotwin/dit4dit_robotwin_tiny.yaml"
@@ -30,7 +34,8 @@ def _call(target: str, args: list[str], prelude: str = "") -> subprocess.Complet
 def test_every_entry_point_has_a_console_script() -> None:
     assert set(SCRIPTS) == {
         "dit4dit-train", "dit4dit-eval", "dit4dit-serve", "dit4dit-data-inspect", "dit4dit-data-demo",
-        "dit4dit-data-encode-latents", "dit4dit-convert", "dit4dit-device", "dit4dit-sim-demos", "dit4dit-sim-eval",
+        "dit4dit-data-encode-latents", "dit4dit-convert", "dit4dit-device", "dit4dit-doctor", "dit4dit-sim-demos",
+        "dit4dit-sim-eval",
     }
 
 
@@ -176,6 +181,10 @@ BAD_INPUT = {
     "dit4dit-device": [
         (["env", "--ranks", "0"], "error: --ranks='0': expected a positive integer (ranks per node)"),
         (["env", "--ranks", "x"], "error: --ranks='x': expected a positive integer (ranks per node)"),
+    ],
+    "dit4dit-doctor": [
+        (["--num-processes", "0"], "error: --num-processes: expected a positive integer, got 0"),
+        (["trainer.max_train_steps=3"], "error: config overrides (trainer.max_train_steps=3) need --config"),
     ],
     "dit4dit-sim-eval": [
         (["--policy", "hold", "--task", "fold", "--out", "{tmp}/eval"],

@@ -214,6 +214,16 @@ def memory_stats() -> dict[str, float]:
     return {"peak_rss_gib": peak_kib / 2**20}
 
 
+def memory_info(index: int = 0) -> tuple[int, int] | None:
+    """(free, total) bytes of card ``index`` as its runtime reports them now (what other processes
+    hold is not free); None on CPU, where no card memory exists."""
+    mod = _device_module()
+    if mod is None:
+        return None
+    free, total = mod.mem_get_info(index)
+    return int(free), int(total)
+
+
 def reset_peak_memory() -> None:
     mod = _device_module()
     if mod is not None:

@@ -3,11 +3,14 @@ card (``scripts/train_8p.sh`` asks through ``python -m dit4dit_npu.device env --
 
 from __future__ import annotations
 
-import importlib.util
 import os
 
 from dit4dit_npu.device import api
-from dit4dit_npu.device.api import CPU, NPU, DeviceError
+from dit4dit_npu.device.api import CPU, CUDA, NPU, DeviceError
+from dit4dit_npu.device.stack import launch_library_path, library_paths
+
+__all__ = ["ASCEND_ENV_DEFAULTS", "apply_env_defaults", "check_local_ranks", "cpu_cores", "launch_env",
+           "launch_library_path", "library_paths", "VISIBLE_DEVICES"]
 
 # Ascend defaults the seed documents use: the level-2 task queue hides host dispatch latency,
 # expandable segments curb fragmentation, and coarse core binding keeps the host threads local.
@@ -16,6 +19,9 @@ ASCEND_ENV_DEFAULTS = {
     "PYTORCH_NPU_ALLOC_CONF": "expandable_segments:True",
     "CPU_AFFINITY_CONF": "1",
 }
+
+# The variable that narrows which cards a process sees.
+VISIBLE_DEVICES = {NPU: "ASCEND_RT_VISIBLE_DEVICES", CUDA: "CUDA_VISIBLE_DEVICES"}
 
 
 def apply_env_defaults(environ: dict[str, str] | None = None) -> dict[str, str]:
@@ -50,7 +56,7 @@ def check_local_ranks(local_world_size: int | None = None) -> str | None:
         return None
     cards = api.device_count()
     if n > cards:
-        visible = "ASCEND_RT_VISIBLE_DEVICES" if kind == NPU else "CUDA_VISIBLE_DEVICES"
+        visible = VISIBLE_DEVICES[kind]
         procs = f"{n} process{'es' if n != 1 else ''} per node"
         if cards == 0:  # e.g. DIT4DIT_DEVICE names a device this host does not show
             raise DeviceError(f"{procs} but no visible {kind} card (check {visible} and DIT4DIT_DEVICE)")
@@ -68,23 +74,12 @@ def cpu_cores() -> int:
     return os.cpu_count() or 1
 
 
-def library_paths() -> list[str]:
-    """torch's (and torch_npu's, when installed) lib folders: compiled extensions imported before
-    torch otherwise fail with "libc10.so: cannot open shared object file". Never imports them."""
-    paths = []
-    for name in ("torch", "torch_npu"):
-        spec = importlib.util.find_spec(name)
-        if spec is not None and spec.origin:
-            paths.append(os.path.join(os.path.dirname(spec.origin), "lib"))
-    return paths
-
-
 def launch_env(environ: dict[str, str] | None = None) -> dict[str, str]:
     """The variables a launcher exports on this host: the Ascend defaults (only on an Ascend
     host, never one the user set) and LD_LIBRARY_PATH with the torch/torch_npu lib folders first."""
     env = dict(os.environ if environ is None else environ)
     out = apply_env_defaults(env)
-    ld = ":".join([*library_paths(), *([env["LD_LIBRARY_PATH"]] if env.get("LD_LIBRARY_PATH") else [])])
+    ld = launch_library_path(env)
     if ld:
         out["LD_LIBRARY_PATH"] = ld
     return out

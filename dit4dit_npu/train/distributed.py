@@ -140,6 +140,16 @@ def building_outside_deepspeed(accelerator) -> Iterator[None]:
         plugin.set_deepspeed_weakref()
 
 
+def gather_from_ranks(accelerator) -> Callable[[Any], list[Any]] | None:
+    """A collective for start-up checks: every rank's (picklable) value, in rank order, on every
+    rank; None with one process."""
+    if accelerator.num_processes == 1:
+        return None
+    from accelerate.utils import gather_object
+
+    return lambda value: gather_object([value])
+
+
 def zero_stage(accelerator) -> int | None:
     """The DeepSpeed ZeRO stage, or None without DeepSpeed."""
     plugin = accelerator.state.deepspeed_plugin

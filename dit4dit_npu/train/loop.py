@@ -16,7 +16,12 @@ from dit4dit_npu import device
 from dit4dit_npu.config import Config
 from dit4dit_npu.prompt_cache import prepare_prompt_cache
 from dit4dit_npu.sim.training_eval import check_sim_eval
-from dit4dit_npu.train.distributed import build_accelerator, building_outside_deepspeed, share_from_main
+from dit4dit_npu.train.distributed import (
+    build_accelerator,
+    building_outside_deepspeed,
+    gather_from_ranks,
+    share_from_main,
+)
 from dit4dit_npu.train.errors import TrainingError
 from dit4dit_npu.train.optim import freeze_modules
 from dit4dit_npu.train.resume import check_config, check_data
@@ -42,7 +47,11 @@ def _train(cfg: Config, accelerator) -> Path:
     check_ema_supported(cfg, accelerator)  # before the run folder is touched
     check_sim_eval(cfg.trainer.sim_eval)
     run = open_run(
-        cfg, accelerator.is_main_process, accelerator.wait_for_everyone, lambda x: share_from_main(accelerator, x)
+        cfg,
+        accelerator.is_main_process,
+        accelerator.wait_for_everyone,
+        lambda x: share_from_main(accelerator, x),
+        gather_from_ranks(accelerator),
     )
     try:
         return _run(cfg, accelerator, run)

@@ -1,6 +1,8 @@
 """Opening a run folder: check everything that can refuse the run before anything is written.
 
-A refused run overwrites nothing: the folder must be writable, a fresh run must not land on
+A refused run overwrites nothing: the folder must be writable and, with several ranks, one folder
+that every rank sees (rank 0 writes a token, every rank reads it back: node-local storage on a
+multi-node run stops here, on every rank, in one line), a fresh run must not land on
 another run's checkpoints, and a resumed run's checkpoint must be whole (``resume.py``: a damaged
 newest one is named and the run falls back to the newest whole one) and made with a compatible
 config. Then rank 0 finishes what a killed run left half-done (partial ``.tmp-*`` saves,
@@ -14,7 +16,9 @@ once the data has been checked too (a resume on changed data is refused after ``
 from __future__ import annotations
 
 import os
+import socket
 import sys
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -22,6 +26,7 @@ from typing import Any
 
 from dit4dit_npu.config import Config, ConfigError, save_config
 from dit4dit_npu.errors import DiT4DiTError
+from dit4dit_npu.files import atomic_write_text
 from dit4dit_npu.train import checkpoint as ckpt_io
 from dit4dit_npu.train import resume
 from dit4dit_npu.train.errors import TrainingError
@@ -36,13 +41,25 @@ class RunFolder:
     created: bool = False  # this run made the folder (it may take it away again, see discard_if_unused)
 
 
+SHARED_TOKEN = ".shared-check"  # hidden: never matched by the step_* globs of a run folder
+
+
 def open_run(
-    cfg: Config, is_main: bool, barrier: Callable[[], None] = lambda: None, share: Share = lambda x: x
+    cfg: Config,
+    is_main: bool,
+    barrier: Callable[[], None] = lambda: None,
+    share: Share = lambda x: x,
+    gather: Callable[[Any], list[Any]] | None = None,
 ) -> RunFolder:
+    """``share`` gives rank 0's value to every rank; ``gather`` (a collective: every rank's value,
+    in rank order, on every rank) is given when there are several ranks: they check that they all
+    see the same folder."""
     path = cfg.run_dir
     created = not path.exists()
     barrier()  # every rank looked before any rank creates it
     _check_writable(path)
+    if gather is not None:
+        _check_shared(path, is_main, barrier, gather, created)
     if is_main:  # before choosing: a kill inside a commit may have left the only copy aside
         for line in ckpt_io.clean_stale(path):
             _say(line)
@@ -127,6 +144,38 @@ def discard_if_unused(run: RunFolder, is_main: bool) -> None:
 
 def _say(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
+
+
+def _check_shared(path: Path, is_main: bool, barrier: Callable[[], None], gather: Callable[[Any], list[Any]],
+                  created: bool) -> None:
+    """Rank 0 writes a token only this start knows; every rank reads it back and all compare
+    what they saw, so every rank stops with the same line when any rank sees another folder (a
+    node-local disk), instead of the others waiting for it at the next barrier."""
+    token = path / SHARED_TOKEN
+    if is_main:
+        atomic_write_text(token, uuid.uuid4().hex)
+    barrier()
+    try:
+        seen = token.read_text()
+    except OSError:
+        seen = None
+    views = gather((socket.gethostname(), seen))  # collective: every rank has read it after this
+    if is_main:
+        token.unlink(missing_ok=True)
+    blind = [f"{rank} ({host})" for rank, (host, text) in enumerate(views) if text != views[0][1]]
+    if not blind:
+        return
+    if created:
+        try:
+            path.rmdir()  # a refused start leaves no folder behind (only when empty)
+        except OSError:
+            pass
+    ranks = ", ".join(blind[:8]) + (f" and {len(blind) - 8} more" if len(blind) > 8 else "")
+    raise ConfigError(
+        f"run_root_dir/run_id: {path} is not one folder shared by all ranks: rank {ranks} "
+        f"{'does' if len(blind) == 1 else 'do'} not see what rank 0 ({views[0][0]}) wrote there; every node must "
+        "see the same run folder (shared storage such as NFS or Lustre)"
+    )
 
 
 def _check_writable(path: Path) -> None:

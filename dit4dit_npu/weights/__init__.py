@@ -1,8 +1,8 @@
 """Weights on disk and the model assembled from a run config (``models/`` does no file I/O).
 
 - ``layout.py``: what a Cosmos-Predict2.5-2B diffusers folder holds, and its check;
-- ``tiny_cache.py``: the tiny base model written once as such a folder (per sizes; other ranks
-  wait for rank 0's);
+- ``tiny_cache.py``: the tiny base model written once as such a folder (per sizes; written by each
+  node's local rank 0, the node's other ranks wait for it);
 - ``base_model.py``: loading a part from the folder (dtype keyword per library), the frozen
   parts' dtype, the identities of the text encoder and VAE weights;
 - ``build.py``: ``build_dit4dit(cfg, spec)`` and the parts (backbone, VAE, action head, prompt

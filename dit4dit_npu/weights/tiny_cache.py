@@ -14,6 +14,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import multiprocessing
 import os
 import time
 from collections.abc import Iterator
@@ -22,6 +23,7 @@ from typing import Any
 
 import torch
 
+from dit4dit_npu import device as dev
 from dit4dit_npu.config import Config, ConfigError
 from dit4dit_npu.files import atomic_folder
 from dit4dit_npu.models import tiny
@@ -55,13 +57,13 @@ def tiny_base_model(sizes: TinyCosmosConfig) -> Path:
     folder = root / f"cosmos25-tiny-{key}"
     if (folder / "model_index.json").is_file():
         return folder
-    if torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_rank():
-        # transformers' save_pretrained writes weights on global rank 0 only (an empty text_encoder/
-        # elsewhere), so the other ranks wait for rank 0's folder instead of racing it with a broken one
+    if dev.local_rank() != 0:
+        # One writer per node, its local rank 0, so a cache on node-local storage works on every
+        # node; where the nodes share the cache, their writers race safely (atomic_folder below).
         return _wait_for_folder(folder)
     try:
         with atomic_folder(folder, replace=False) as tmp:
-            write_tiny_base_model(sizes, tmp)
+            _write_from_any_rank(sizes, tmp)
             check_base_model(tmp)  # never publish an incomplete folder
     except FileExistsError:
         if not (folder / "model_index.json").is_file():  # not just another process winning the race
@@ -74,12 +76,28 @@ def tiny_base_model(sizes: TinyCosmosConfig) -> Path:
     return folder
 
 
+def _write_from_any_rank(sizes: TinyCosmosConfig, path: Path) -> None:
+    """``write_tiny_base_model``, also from a node's local rank 0 that is not global rank 0:
+    transformers' save_pretrained writes weights only on global rank 0 of an initialized process
+    group (an empty text_encoder/ elsewhere), so such a rank writes from a fresh process, which
+    has no process group."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_rank()):
+        write_tiny_base_model(sizes, path)
+        return
+    child = multiprocessing.get_context("spawn").Process(target=write_tiny_base_model, args=(sizes, path))
+    child.start()
+    child.join()
+    if child.exitcode != 0:
+        raise ConfigError(f"framework.cosmos25.base_model=tiny: writing {path} failed (exit code {child.exitcode})")
+
+
 def _wait_for_folder(folder: Path, timeout_s: float = RANK_WAIT_S) -> Path:
     deadline = time.monotonic() + timeout_s
     while not (folder / "model_index.json").is_file():
         if time.monotonic() > deadline:
             raise ConfigError(
-                f"framework.cosmos25.base_model=tiny: rank 0 did not write {folder} within {timeout_s:.0f} s"
+                f"framework.cosmos25.base_model=tiny: this node's local rank 0 did not write {folder} within "
+                f"{timeout_s:.0f} s"
             )
         time.sleep(0.2)
     return folder
