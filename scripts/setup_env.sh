@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # Create/refresh the project virtualenv at .venv/ (idempotent: a second run only checks).
 # Order matters: torch first, then wheel, then DeepSpeed with --no-build-isolation (its sdist
-# imports torch at build time), then this package in editable mode with the dev and sim extras.
+# imports torch at build time), then the robot-side client package (client/, a dependency of
+# this one, not on any index), then this package in editable mode with the dev and sim extras.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="$ROOT/.venv"
 PY="${PYTHON:-python3}"
 TORCH_SPEC="${TORCH_SPEC:-torch==2.14.1 torchvision==0.29.1}"
 STAMP="$VENV/.dit4dit-installed"
-want="$(cat "$ROOT/pyproject.toml" "$ROOT/scripts/setup_env.sh" | sha256sum | cut -c1-16)"
+want="$(cat "$ROOT/pyproject.toml" "$ROOT/client/pyproject.toml" "$ROOT/scripts/setup_env.sh" | sha256sum | cut -c1-16)"
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && [ -x "$VENV/bin/python" ]; then
   exit 0
 fi
@@ -21,6 +22,8 @@ echo "[setup] installing torch ($TORCH_SPEC) into $VENV ..."
 quiet "${PIP[@]}" $TORCH_SPEC wheel setuptools
 echo "[setup] installing deepspeed (--no-build-isolation) ..."
 quiet "${PIP[@]}" --no-build-isolation deepspeed
+echo "[setup] installing dit4dit-client (client/: the robot side, no torch) ..."
+quiet "${PIP[@]}" --no-build-isolation -e "$ROOT/client"
 echo "[setup] installing dit4dit-npu[dev,sim] ..."
 quiet "${PIP[@]}" --no-build-isolation -e "$ROOT[dev,sim]"
 # The simulation renders offscreen; say so now (not halfway through the tests) if it cannot here.

@@ -15,9 +15,8 @@ from typing import Any
 
 import numpy as np
 import websockets.sync.client
+from dit4dit_client import ServerError, WebsocketClientPolicy, msgpack_numpy
 
-from dit4dit_npu.serve import msgpack_numpy
-from dit4dit_npu.serve.client import ServerError, WebsocketClientPolicy
 from dit4dit_npu.serve.server import PolicyServer
 
 TIMEOUT = 30.0  # every wait is bounded: a hang is a failure, not a stuck CI job
@@ -69,9 +68,9 @@ class SlowPolicy:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.policy, name)
 
-    def predict_parsed(self, observation: Any, seed: int | None = None) -> np.ndarray:
+    def predict_parsed(self, observation: Any, seed: int | None = None, **kwargs: Any) -> np.ndarray:
         time.sleep(self.delay_s)
-        return self.policy.predict_parsed(observation, seed=seed)
+        return self.policy.predict_parsed(observation, seed=seed, **kwargs)
 
 
 def concurrently(server: RunningServer, requests: list[dict[str, Any]], rounds: int = 1) -> list[list[Any]]:

@@ -114,7 +114,7 @@ class RemotePolicy:
     """A policy served by ``python -m dit4dit_npu.serve``, through ``WebsocketClientPolicy``."""
 
     def __init__(self, uri: str, connect_timeout_s: float = CONNECT_TIMEOUT_S) -> None:
-        from dit4dit_npu.serve.client import WebsocketClientPolicy
+        from dit4dit_client import WebsocketClientPolicy
 
         try:
             self._client = WebsocketClientPolicy(uri, None, connect_timeout_s=connect_timeout_s)
@@ -131,7 +131,7 @@ class RemotePolicy:
         pass
 
     def act(self, obs: dict[str, Any]) -> np.ndarray:
-        from dit4dit_npu.serve.client import ServerError
+        from dit4dit_client import ServerError
 
         try:
             reply = self._client.infer(_policy_observation(obs, self.metadata["camera_keys"]))

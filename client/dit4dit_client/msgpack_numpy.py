@@ -11,8 +11,8 @@ peer's bytes. Decoding also checks that the byte count matches dtype x shape, so
 truncated message becomes a ``WireFormatError`` (a ``ValueError``) instead of a numpy crash
 deep in the policy.
 
-This module imports only numpy and msgpack: robots use it through ``dit4dit_npu.client``
-without torch.
+This module imports only numpy and msgpack. It is the one definition of the wire format: the
+robot-side client (this package) and the server (``dit4dit_npu.serve``) both import it from here.
 """
 
 from __future__ import annotations
