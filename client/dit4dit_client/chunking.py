@@ -1,8 +1,8 @@
 """Which action to execute at each control step when chunks arrive late: the four ways to merge.
 
 A chunk policy answers an observation with H actions; inference takes d control steps. The robot
-asks for the next chunk once it has executed ``execution_horizon`` s actions of the current one,
-and keeps executing while it waits. ``ChunkExecutor`` is that bookkeeping on an integer clock of
+asks for the next chunk once it has executed ``execution_horizon`` s actions of the current one
+(None: all of it), and keeps executing while it waits. ``ChunkExecutor`` is that bookkeeping on an integer clock of
 control steps, shared by the real-time loop (``runtime.py``: wall clock, a background inference
 thread) and the simulated one (``dit4dit_npu.sim``: an artificial delay), so both run the same
 merging code:
@@ -58,8 +58,7 @@ class ChunkRequest:
 @dataclass
 class ChunkExecutor:
     mode: str
-    chunk_length: int
-    execution_horizon: int  # s: actions executed from a chunk before the next is requested
+    execution_horizon: int | None = None  # s: actions executed from a chunk before the next is requested; None: all
     ensemble_decay: float = ACT_ENSEMBLE_DECAY
     initial_delay: int = 0  # the delay assumed before any was measured
     delay_window: int = 5  # measured delays remembered (the max is sent)
@@ -72,10 +71,8 @@ class ChunkExecutor:
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"mode: expected one of {list(MODES)}, got {self.mode!r}")
-        if not 1 <= self.execution_horizon <= self.chunk_length:
-            raise ValueError(
-                f"execution_horizon: expected 1 to {self.chunk_length} (the chunk length), got {self.execution_horizon}"
-            )
+        if self.execution_horizon is not None and self.execution_horizon < 1:
+            raise ValueError(f"execution_horizon: expected >= 1 (or None: whole chunks), got {self.execution_horizon}")
         if self.initial_delay < 0 or self.delay_window < 1 or not self.ensemble_decay >= 0:
             raise ValueError("initial_delay >= 0, delay_window >= 1 and ensemble_decay >= 0 expected")
         self.delays = deque(maxlen=self.delay_window)
@@ -88,7 +85,10 @@ class ChunkExecutor:
         """No request in flight, and no chunk yet or ``execution_horizon`` actions of the newest done."""
         if self._in_flight is not None:
             return False
-        return not self._chunks or step - self._chunks[-1][0] >= self.execution_horizon
+        if not self._chunks:
+            return True
+        start, chunk = self._chunks[-1]
+        return step - start >= min(len(chunk), self.execution_horizon or len(chunk))
 
     def request(self, step: int) -> ChunkRequest:
         """Mark a request for the observation of ``step`` as sent."""
@@ -106,13 +106,16 @@ class ChunkExecutor:
         return self._in_flight
 
     def receive(self, chunk: np.ndarray, step: int) -> None:
-        """The chunk for the request in flight, usable from control step ``step`` on."""
+        """The chunk for the request in flight, usable from control step ``step`` on. A chunk with
+        NaN/inf is refused whole (ValueError): none of it may reach the robot."""
         req = self._in_flight
         if req is None:
             raise RuntimeError("received a chunk nobody asked for")
         chunk = np.asarray(chunk)
-        if chunk.ndim != 2 or len(chunk) != self.chunk_length or not np.isfinite(chunk).all():
-            raise ValueError(f"chunk: expected ({self.chunk_length}, action_dim) finite actions, got {chunk.shape}")
+        if chunk.ndim != 2 or len(chunk) == 0:
+            raise ValueError(f"chunk: expected (steps, action_dim) actions, got shape {chunk.shape}")
+        if not np.isfinite(chunk).all():
+            raise ValueError(f"chunk: {int((~np.isfinite(chunk)).sum())} NaN/inf value(s); refusing the whole chunk")
         self._in_flight = None
         self.delays.append(step - req.step)
         # sync: the robot waited, so the chunk starts where it arrives; else at its observation

@@ -4,7 +4,7 @@
 
     client = WebsocketClientPolicy("policy-host", 8000)
     meta = client.get_server_metadata()
-    executor = ChunkExecutor("rtc", meta["chunk_length"], execution_horizon=8)
+    executor = ChunkExecutor("rtc", execution_horizon=meta["chunk_length"] // 2)
     runner = AsyncChunkRunner(websocket_infer(client), executor, control_hz=50,
                               get_observation=robot.observe, send_action=robot.command)
     stats = runner.run(steps=3000)
