@@ -14,7 +14,9 @@ Runs, in one process:
 2. the medium config (``bench/medium.yaml``, real proportions at CPU scale): ours vs reference
    (``bench/reference.py``, the same modules and weights), alternating call by call so machine
    noise hits both alike;
-3. with ``--full-size`` (meant for a lent accelerator): the real architecture with random weights
+3. for our path, the action-sampling stage with real-time-chunking guidance against plain (RTC's
+   extra cost: one vector-Jacobian product through the head per Euler step);
+4. with ``--full-size`` (meant for a lent accelerator): the real architecture with random weights
    (Cosmos-Predict2.5-2B transformer, Wan2.1 VAE, a 28 x 3584 Qwen2.5-VL text model), backbone in
    bf16, 3 views of 224 x 224 tiled; reports Hz.
 
@@ -43,6 +45,7 @@ from dit4dit_npu import device as dev
 from dit4dit_npu.batch import Batch, BatchSpec
 from dit4dit_npu.config import Config, load_config
 from dit4dit_npu.models import DiT4DiT, PromptCache, build_dit4dit, build_prompt_encoder
+from dit4dit_npu.models.rtc import PrefixGuidance, prefix_weights
 from dit4dit_npu.models.testing import make_batch
 
 REPO = Path(__file__).resolve().parents[1]
@@ -72,7 +75,7 @@ class Ours:
         return self.model.prompt_embeddings(instructions)
 
     def condition(self, video: torch.Tensor) -> torch.Tensor:
-        return self.model.backbone.encode_video(video[:, :, :1])
+        return self.model.backbone.encode_clip(video[:, :, :1])[1]
 
     def features(self, cond: torch.Tensor, prompts: torch.Tensor, call_seed: int) -> torch.Tensor:
         m = self.model
@@ -138,6 +141,35 @@ def measure(
                 times[name][s].append(t[s])
             times[name]["total"].append(sum(t.values()))
     return times
+
+
+@torch.no_grad()  # as predict_action; the guided steps turn autograd on for the head alone
+def rtc_cost(model: DiT4DiT, batch: Batch, iters: int) -> None:
+    """The action-sampling stage plain vs with real-time-chunking guidance (a vector-Jacobian
+    product through the head per Euler step), on the same features, alternating call by call. The
+    prefix: a chunk of the model itself, half the chunk long, the first quarter frozen."""
+    m = model
+    b = batch.to(m.device)
+    cond, prompts = m._observation(b, seed=0)
+    with dev.autocast(enabled=m.cfg.autocast):
+        feats = m.backbone.features(cond, prompts, m.feature_latent_frames, call_seed=0)
+    head = m.action_model
+    h = head.cfg.chunk_length
+    prev = head.sample(feats, b.state, torch.Generator().manual_seed(1))
+    weights = prefix_weights(h, max(1, h // 4), h // 2)[None, :, None].expand_as(prev).contiguous()
+    guidance = PrefixGuidance(prev, weights)
+    runs: dict[str, list[float]] = {"plain": [], "rtc": []}
+    for i in range(iters + 1):
+        for name, g in (("plain", None), ("rtc", guidance)):
+            dev.synchronize()
+            t0 = time.perf_counter()
+            head.sample(feats, b.state, torch.Generator().manual_seed(i), guidance=g)
+            dev.synchronize()
+            if i:  # the first round warms up
+                runs[name].append(time.perf_counter() - t0)
+    plain, rtc = statistics.median(runs["plain"]), statistics.median(runs["rtc"])
+    print(f"action_sampling with RTC guidance: {rtc * 1e3:.2f} ms vs {plain * 1e3:.2f} ms plain "
+          f"({rtc / plain:.2f}x, +{(rtc - plain) * 1e3:.2f} ms per call, {head.cfg.num_inference_timesteps} VJPs)")
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -216,6 +248,8 @@ def run_config(
     available = {"ours": lambda: Ours(model), "reference": lambda: Reference(model, encoder)}
     times = measure({p: available[p]() for p in paths}, batch, args.iters)
     report(title, times, args.batch_size)
+    if "ours" in paths:
+        rtc_cost(model, batch, args.iters)
     return times
 
 
