@@ -19,6 +19,7 @@ concatenated, so rows of different lengths and delays share one model call.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -95,7 +96,8 @@ def chunk_prefix(
             f"(chunk length {chunk_length} minus the steps of prev_chunk it follows, at least inference_delay), "
             f"got {execution_horizon}"
         )
-    if not (isinstance(max_guidance_weight, int | float) and max_guidance_weight >= 0 and np.isfinite(max_guidance_weight)):
+    beta = max_guidance_weight
+    if isinstance(beta, bool | np.bool_) or not isinstance(beta, numbers.Real) or not 0 <= beta < np.inf:
         raise PolicyInputError(f"max_guidance_weight: expected a finite number >= 0, got {max_guidance_weight!r}")
     # pad with the last action (any finite value works: its weight is 0) so normalization sees robot values
     padded = np.concatenate([chunk, np.repeat(chunk[:, -1:], chunk_length - length, axis=1)], axis=1)
