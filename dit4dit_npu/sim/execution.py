@@ -12,7 +12,8 @@ Jerk: the third difference of the executed arm-joint targets, |a_k - 3 a_{k-1} +
 a_{k-3}| x fps^3 (rad/s^3, the 12 arm joints: the grippers are open/close commands). At a chunk
 boundary b (the first step executed from a newly arrived chunk) the three third differences that
 straddle the switch from a_{b-1} to a_b are its jerk; the boundary jerk of an episode is the mean
-of their maxima, the interior jerk the mean over every other step.
+of their maxima over its hand-overs (the first chunk, which starts the robot from rest, is not
+one), the interior jerk the mean over every other step.
 """
 
 from __future__ import annotations
