@@ -194,7 +194,7 @@ def test_bad_input_one_line_exit_2(tmp_path: Path, capsys, policy_dir: Path) -> 
         (["--policy", "hold", "--execution", "rtc"], "--execution rtc: policy hold cannot inpaint onto a previous chunk"),
         (["--policy", "expert", "--execution", "async"], "--execution: the async modes need a chunk policy"),
         (["--policy", str(policy_dir), "--execution", "rtc", "--replan", "4", "--delay-ms", "100"],
-         "--replan 4 plus the delay's 5 steps exceed the chunk length 8"),
+         "--replan 4 and the delay's 5 steps need chunks of max(replan, delay) + delay = 10 steps"),
         (["--policy", "hold", "--delay-ms", "-5"], "--delay-ms: expected 0 to 60000, got -5"),
         (["--policy", "hold", "--size", "31x40"], "--size: height and width must be even"),
         (["--policy", "hold", "--episodes", "0"], "--episodes: expected >= 1, got 0"),

@@ -97,15 +97,17 @@ class Worker:
 
 
 def _async_horizon(replan: int | None, chunk: int | None, delay: int) -> int:
-    """The execution horizon s of an async mode: half the chunk by default; s + d must fit the chunk
-    (a new chunk must arrive before the old one runs out)."""
+    """The execution horizon s of an async mode: half the chunk by default. One request is in flight
+    at a time, so requests are max(s, d) steps apart and a chunk must last max(s, d) + d steps: else
+    the robot runs out of actions before every new chunk arrives."""
     if not chunk:
         raise SimError("--execution: the async modes need a chunk policy (a policy folder, ws:// or expert_chunks)")
     horizon = replan if replan is not None else max(1, chunk // 2)
-    if horizon + delay > chunk:
+    if max(horizon, delay) + delay > chunk:
         raise SimError(
-            f"--replan {horizon} plus the delay's {delay} steps exceed the chunk length {chunk}: the robot would run "
-            "out of actions before every new chunk (lower --replan or --delay-ms)"
+            f"--replan {horizon} and the delay's {delay} steps need chunks of max(replan, delay) + delay = "
+            f"{max(horizon, delay) + delay} steps, the policy's have {chunk}: the robot would run out of actions "
+            "before every new chunk (lower --replan or --delay-ms)"
         )
     return horizon
 
