@@ -36,7 +36,8 @@ from torch.distributed._tools.mem_tracker import MemTracker, _ModState
 
 from dit4dit_npu import device as dev
 from dit4dit_npu.models import tiny as tiny_parts
-from dit4dit_npu.models.cosmos import BackboneConfig, CosmosBackbone, vae_latents
+from dit4dit_npu.models.configs import Cosmos25Config
+from dit4dit_npu.models.cosmos import CosmosBackbone, vae_latents
 
 PARAM_KEYS = ("Parameter", "Buffer")
 POINTS = ((1, 4, 12), (1, 8, 12), (2, 4, 12), (2, 8, 12))  # (batch, latent h, latent w); T_lat = 3
@@ -112,7 +113,7 @@ def real_width_backbone(layers: int, extract_layer: int) -> CosmosBackbone:
     sizes = dataclasses.replace(FULL_SIZE, num_layers=layers, vae_base_dim=8)
     transformer = tiny_parts.build_transformer(sizes)
     vae = tiny_parts.build_vae(sizes)
-    backbone = CosmosBackbone(transformer, vae, tiny_parts.build_scheduler(), BackboneConfig(extract_layer=extract_layer))
+    backbone = CosmosBackbone(transformer, vae, tiny_parts.build_scheduler(), Cosmos25Config(extract_layer=extract_layer))
     free_grads_on_accumulation(backbone.transformer)
     return backbone
 

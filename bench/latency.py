@@ -1,6 +1,6 @@
 """``predict_action`` latency per stage: our inference path vs the reference-faithful one.
 
-    python bench/latency.py [--iters 20] [--batch-size 1] [--threads 2] [--full-size]
+    python bench/latency.py [--iters 20] [--batch-size 1] [--threads 2] [--full-size] [--smoke]
 
 The model's part of inference, on a ``Batch`` (tiled uint8 frame, encoded state; PolicyIO's
 pre/post-processing is not timed here). Stages (device synchronised between them): text (prompt-
@@ -23,7 +23,8 @@ Runs, in one process:
 Before timing, each staged call is checked against its whole call (``DiT4DiT.predict_action`` /
 ``ReferenceDiT4DiT.predict_action``: same output), so the stages cannot drift from the real
 paths. The last line is ``speedup: X.XX`` = reference p50 / ours p50 of the total on the medium
-config (or on the full-size model when it ran).
+config (or on the full-size model when it ran; with ``--smoke``, a seconds-long check of this
+script, on the tiny config, 3 calls each, whose ratio means little).
 """
 
 from __future__ import annotations
@@ -43,10 +44,13 @@ from reference import ReferenceDiT4DiT
 
 from dit4dit_npu import device as dev
 from dit4dit_npu.batch import Batch, BatchSpec
+from dit4dit_npu.cli import run
 from dit4dit_npu.config import Config, load_config
-from dit4dit_npu.models import DiT4DiT, PromptCache, build_dit4dit, build_prompt_encoder
+from dit4dit_npu.models import DiT4DiT
 from dit4dit_npu.models.rtc import PrefixGuidance, prefix_weights
 from dit4dit_npu.models.testing import make_batch
+from dit4dit_npu.prompt_cache import PromptCache
+from dit4dit_npu.weights import build_dit4dit, build_prompt_encoder
 
 REPO = Path(__file__).resolve().parents[1]
 STAGES = ("text", "vae_encode", "feature_pass", "action_sampling")
@@ -79,7 +83,7 @@ class Ours:
 
     def features(self, cond: torch.Tensor, prompts: torch.Tensor, call_seed: int) -> torch.Tensor:
         m = self.model
-        with dev.autocast(enabled=m.cfg.autocast):
+        with dev.autocast(enabled=m.autocast):
             return m.backbone.features(cond, prompts, m.feature_latent_frames, call_seed=call_seed)
 
     def predict_action(self, batch: Batch, seed: int) -> torch.Tensor:
@@ -151,10 +155,10 @@ def rtc_cost(model: DiT4DiT, batch: Batch, iters: int) -> None:
     m = model
     b = batch.to(m.device)
     cond, prompts = m._observation(b, seed=0)
-    with dev.autocast(enabled=m.cfg.autocast):
+    with dev.autocast(enabled=m.autocast):
         feats = m.backbone.features(cond, prompts, m.feature_latent_frames, call_seed=0)
     head = m.action_model
-    h = head.cfg.chunk_length
+    h = head.chunk_length
     prev = head.sample(feats, b.state, torch.Generator().manual_seed(1))
     weights = prefix_weights(h, max(1, h // 4), h // 2)[None, :, None].expand_as(prev).contiguous()
     guidance = PrefixGuidance(prev, weights)
@@ -197,24 +201,19 @@ def build_full_size(
 ) -> tuple[DiT4DiT, Any]:
     """Cosmos-Predict2.5-2B transformer + Wan2.1 VAE + a Qwen2.5-VL-7B-sized text model, random,
     built directly on ``device`` (cosmos25_tiny_recipe.md §1 configs) and composed with the
-    model-local configs ``build.py`` derives from ``cfg``. The tokenizer is the tiny one: its
+    ``framework`` sections of ``cfg``. The tokenizer is the tiny one: its
     vocabulary only changes the embedding table, not the per-token compute. ``layers`` < 28 keeps
     every width but fewer blocks (a CPU smoke test of this builder)."""
     from diffusers import AutoencoderKLWan, CosmosTransformer3DModel
     from transformers import Qwen2_5_VLTextConfig, Qwen2_5_VLTextModel
 
-    from dit4dit_npu.models import (
-        CosmosBackbone,
-        PromptEncoder,
-        backbone_config,
-        build_action_head,
-        dit4dit_config,
-    )
+    from dit4dit_npu.models import CosmosBackbone, PromptEncoder
     from dit4dit_npu.models import tiny as tiny_parts
+    from dit4dit_npu.weights import build_action_head
 
     real = dataclasses.replace(FULL_SIZE, num_layers=layers, text_num_layers=layers)
-    bb_cfg = backbone_config(cfg)
-    bb_cfg = dataclasses.replace(bb_cfg, extract_layer=min(bb_cfg.extract_layer, layers - 1))
+    c = cfg.framework.cosmos25
+    bb_cfg = dataclasses.replace(c, extract_layer=min(c.extract_layer, layers - 1))
     with torch.device(device):
         transformer = CosmosTransformer3DModel(**tiny_parts.transformer_kwargs(real)).to(dtype)
         vae = AutoencoderKLWan().to(dtype)  # the class defaults are Wan2.1's
@@ -222,10 +221,13 @@ def build_full_size(
         text = Qwen2_5_VLTextModel(
             Qwen2_5_VLTextConfig(**full_size_text_config(len(tok), layers, tok.pad_token_id, tok.eos_token_id))
         ).to(dtype)
-    backbone = CosmosBackbone(transformer, vae, tiny_parts.build_scheduler(), bb_cfg)
+    backbone = CosmosBackbone(
+        transformer, vae, tiny_parts.build_scheduler(), bb_cfg, cfg.trainer.enable_gradient_checkpointing
+    )
     head = build_action_head(cfg, spec, backbone.hidden_size).to(device)
     encoder = PromptEncoder(tok, text, cfg.framework.cosmos25.max_sequence_length, identity="full-size-random")
-    model = DiT4DiT(backbone, head, dataclasses.replace(dit4dit_config(cfg), autocast=True), spec)
+    framework = dataclasses.replace(cfg.framework, cosmos25=bb_cfg)
+    model = DiT4DiT(backbone, head, framework, spec, autocast=True)
     return model, encoder
 
 
@@ -263,7 +265,10 @@ def main() -> None:
     p.add_argument("--full-size-paths", default="ours,reference", help="paths for --full-size")
     p.add_argument("--full-size-layers", type=int, default=28, help=argparse.SUPPRESS)  # smoke tests only
     p.add_argument("--skip-small", action="store_true", help="skip the tiny and medium configs")
+    p.add_argument("--smoke", action="store_true", help="seconds: the tiny config only, ours vs reference, 3 calls")
     args = p.parse_args()
+    if args.smoke:
+        args.iters = min(args.iters, 3)
     torch.set_num_threads(args.threads)
     dev.seed_everything(0)
     device = dev.get_device()
@@ -275,14 +280,16 @@ def main() -> None:
     times: dict[str, dict[str, list[float]]] = {}
     if not args.skip_small:
         tiny = load_config(REPO / "configs" / "robotwin" / "dit4dit_robotwin_tiny.yaml")
-        run_config("tiny", args, bench_spec(tiny), ["ours"], builder(tiny, bench_spec(tiny)))
+        tiny_paths = ["ours", "reference"] if args.smoke else ["ours"]
+        times = run_config("tiny", args, bench_spec(tiny), tiny_paths, builder(tiny, bench_spec(tiny)))
+    if not args.skip_small and not args.smoke:
         medium = load_config(args.medium)
         times = run_config("medium", args, bench_spec(medium), ["ours", "reference"],
                            builder(medium, bench_spec(medium)))
     if args.full_size:
         full = load_config(REPO / "configs" / "robotwin" / "dit4dit_robotwin.yaml")
         spec = bench_spec(full)
-        dtype = torch.float32 if dev.device_type() == dev.CPU and full.trainer.mixed_precision == "no" else torch.bfloat16
+        dtype = torch.float32 if dev.device_type() == dev.CPU and not full.trainer.autocast else torch.bfloat16
         paths = [s for s in args.full_size_paths.split(",") if s]
         full_times = run_config("full-size (random weights)", args, spec, paths,
                                 lambda: build_full_size(full, spec, device, dtype, args.full_size_layers))
@@ -294,4 +301,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(run(main))  # user errors: one line, exit code 2 (dit4dit_npu.cli)

@@ -15,7 +15,7 @@ The plan, per card, in GiB (card sizes are given in GB = 1e9 bytes, as vendors q
   ``--zero 0`` is one card without DeepSpeed (whole gradients and moments), the shape of a
   single-card allocator check;
 - the prompt cache: one 512 x 100352 bf16 embedding per instruction, on the card when the
-  whole cache is <= 2 GiB (``train/prompt_cache.py``), else in host memory;
+  whole cache is <= 2 GiB (``dit4dit_npu/prompt_cache.py``), else in host memory;
 - the step's working memory, measured on this CPU with the real classes and extrapolated
   (``_activations.py``): the VAE encode (skipped with a latent cache), the no-grad feature pass,
   and the video + action passes' forward end and backward peak, with and without gradient
@@ -39,14 +39,15 @@ from pathlib import Path
 import torch
 from _common import FULL_SIZE, QWEN_VOCAB, bench_spec, full_size_text_config
 
+from dit4dit_npu.cli import run
 from dit4dit_npu.config import Config, load_config
+from dit4dit_npu.prompt_cache import PROMPT_CACHE_ON_DEVICE_BYTES
 
 os.environ.setdefault("KINETO_LOG_LEVEL", "5")  # quiet profiler sessions (set before torch loads kineto)
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 GIB = 2**30
-PROMPT_CACHE_ON_DEVICE_BYTES = 2 * GIB  # train/prompt_cache.py
 
 
 def meta_parts(cfg: Config) -> dict[str, torch.nn.Module]:
@@ -54,8 +55,8 @@ def meta_parts(cfg: Config) -> dict[str, torch.nn.Module]:
     from diffusers import AutoencoderKLWan, CosmosTransformer3DModel
     from transformers import Qwen2_5_VLTextConfig, Qwen2_5_VLTextModel
 
-    from dit4dit_npu.models import build_action_head
     from dit4dit_npu.models import tiny as tiny_parts
+    from dit4dit_npu.weights import build_action_head
 
     with torch.device("meta"):
         transformer = CosmosTransformer3DModel(**tiny_parts.transformer_kwargs(FULL_SIZE))
@@ -176,8 +177,10 @@ def check(cfg: Config, fits: dict, head_fits: dict, batch: int, gc: bool) -> tup
     from _common import step_peak_mib
 
     from dit4dit_npu import device as dev
-    from dit4dit_npu.models import DiT4DiT, DiT4DiTConfig, PromptCache, build_action_head
+    from dit4dit_npu.models import DiT4DiT
     from dit4dit_npu.models.testing import make_batch
+    from dit4dit_npu.prompt_cache import PromptCache
+    from dit4dit_npu.weights import build_action_head
 
     full = dev.device_type() != dev.CPU
     spec = bench_spec(cfg)
@@ -190,7 +193,7 @@ def check(cfg: Config, fits: dict, head_fits: dict, batch: int, gc: bool) -> tup
     head = build_action_head(cfg, spec, 2048)
     free_grads_on_accumulation(head)
     device = dev.get_device()
-    model = DiT4DiT(backbone, head, DiT4DiTConfig(autocast=True), spec).to(device).train()
+    model = DiT4DiT(backbone, head, cfg.framework, spec, autocast=True).to(device).train()
     model.backbone.vae.to(torch.bfloat16)
     text = cfg.framework.cosmos25.max_sequence_length
     cache = PromptCache()
@@ -246,7 +249,7 @@ def main() -> None:
 
     print("measuring activations on CPU (real classes, reduced size):")
     fits = measure_transformer(cfg.framework.cosmos25.max_sequence_length, 28 * 3584, print)
-    from dit4dit_npu.models import build_action_head
+    from dit4dit_npu.weights import build_action_head
 
     head = measure_head(build_action_head(cfg, bench_spec(cfg), 2048), bench_spec(cfg), 2048, print)
     from diffusers import AutoencoderKLWan
@@ -306,4 +309,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(run(main))  # user errors: one line, exit code 2 (dit4dit_npu.cli)

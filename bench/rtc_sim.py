@@ -61,7 +61,7 @@ def run_cell(policy: str, mode: str, delay_ms: float, a: argparse.Namespace, out
         sys.executable, "-m", "dit4dit_npu.sim.eval", "--policy", policy, "--task", a.task,
         "--episodes", str(a.episodes), "--seed", str(a.seed), "--max-steps", str(a.max_steps),
         "--execution", mode, "--delay-ms", f"{delay_ms:g}", "--replan", str(a.replan),
-        "--videos", "0", "--workers", str(a.workers), "--output", str(out),
+        "--videos", "0", "--workers", str(a.workers), "--out", str(out),
     ]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from dit4dit_npu.cli import run
 from dit4dit_npu.sim.eval import main as eval_main
 from dit4dit_npu.sim.scene import AlohaScene
 from dit4dit_npu.sim.tasks import get_task, parse_size
@@ -88,7 +89,7 @@ def eval_rate(spec: str, episodes: int, workers: int, size: str, root: Path) -> 
         size,
         "--videos",
         "0",
-        "--output",
+        "--out",
         str(out),
     ]
     if eval_main(args) != 0:
@@ -132,4 +133,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(run(main))  # user errors: one line, exit code 2 (dit4dit_npu.cli)

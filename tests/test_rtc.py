@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from test_models_action_head import SMALL, _inputs
+from test_models_action_head import ACTION, SMALL, STATE, _inputs
 
 from dit4dit_npu.models import FlowMatchingActionHead
 from dit4dit_npu.models.rtc import (
@@ -23,7 +23,7 @@ from dit4dit_npu.models.rtc import (
 from dit4dit_npu.policy.rtc import chunk_prefix
 from dit4dit_npu.transforms.observation import PolicyInputError
 
-B, H, A = 3, SMALL.chunk_length, SMALL.action_width
+B, H, A = 3, SMALL.chunk_length, ACTION
 
 
 def test_prefix_weights_are_the_papers():
@@ -52,7 +52,7 @@ def test_guidance_scale_is_clamped_pigdm():
 
 def _head() -> FlowMatchingActionHead:
     torch.manual_seed(0)
-    return FlowMatchingActionHead(SMALL, 32).eval()
+    return FlowMatchingActionHead(SMALL, 32, STATE, ACTION).eval()
 
 
 def test_guidance_is_the_vector_jacobian_product_toward_the_target():

@@ -175,7 +175,7 @@ def test_health_check(server: RunningServer) -> None:
 
 
 def test_cli_refuses_a_folder_that_is_not_a_policy(tmp_path, capsys) -> None:
-    assert serve_main(["--checkpoint", str(tmp_path), "--port", "0"]) == 2
+    assert serve_main(["--policy", str(tmp_path), "--port", "0"]) == 2
     assert "not a policy folder" in capsys.readouterr().err
 
 
@@ -186,7 +186,7 @@ def test_busy_port_is_one_line_before_the_model_loads(policy: DiT4DiTPolicy, tmp
         port = taken.getsockname()[1]
         t0 = time.monotonic()
         # A folder that is not a policy: the port is checked first, so the port error wins.
-        assert serve_main(["--checkpoint", str(tmp_path), "--port", str(port)]) == 2
+        assert serve_main(["--policy", str(tmp_path), "--port", str(port)]) == 2
         assert time.monotonic() - t0 < 5
         err = capsys.readouterr().err.strip()
         assert err == f"error: cannot listen on 127.0.0.1:{port}: the port is already in use " \
@@ -204,7 +204,7 @@ def test_cli_checks_its_numbers(capsys) -> None:
                         (["--port", "-1"], "--port must be in 0..65535, got -1"),  # was 'unknown host'
                         (["--log-level", "LOUD"], "--log-level must be DEBUG, INFO, WARNING or ERROR")):
         with pytest.raises(SystemExit) as info:
-            serve_main(["--checkpoint", "x", *args])
+            serve_main(["--policy", "x", *args])
         assert info.value.code == 2 and match in capsys.readouterr().err
 
 

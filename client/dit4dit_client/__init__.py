@@ -11,6 +11,7 @@ Depends on numpy, msgpack and websockets only.
 """
 
 from dit4dit_client.chunking import MODES, ChunkExecutor, ChunkRequest, delay_steps
+from dit4dit_client.errors import ClientError
 from dit4dit_client.msgpack_numpy import WireFormatError
 from dit4dit_client.runtime import AsyncChunkRunner, RunStats, websocket_infer
 from dit4dit_client.websocket_client import Dit4DitClient, ServerError, WebsocketClientPolicy
@@ -19,6 +20,7 @@ __all__ = [
     "MODES",
     "AsyncChunkRunner",
     "ChunkExecutor",
+    "ClientError",
     "ChunkRequest",
     "Dit4DitClient",
     "RunStats",

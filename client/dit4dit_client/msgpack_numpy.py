@@ -24,6 +24,8 @@ from typing import Any
 import msgpack
 import numpy as np
 
+from dit4dit_client.errors import ClientError
+
 __all__ = ["Packer", "WireFormatError", "pack_array", "packb", "unpack_array", "unpackb"]
 
 _NDARRAY = b"__ndarray__"
@@ -33,7 +35,7 @@ _NPGENERIC = b"__npgeneric__"
 _REJECTED_KINDS = {"O": "object", "V": "void/structured", "c": "complex"}
 
 
-class WireFormatError(ValueError):
+class WireFormatError(ClientError, ValueError):
     """A message that cannot be encoded or decoded; the text says why."""
 
 

@@ -31,6 +31,7 @@ import websockets.sync.client
 from websockets.exceptions import InvalidMessage, InvalidURI
 
 from dit4dit_client import msgpack_numpy
+from dit4dit_client.errors import ClientError
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +40,7 @@ logger = logging.getLogger(__name__)
 _CLIENT_MAX_SIZE = 64 * 1024 * 1024
 
 
-class ServerError(RuntimeError):
+class ServerError(ClientError, RuntimeError):
     """The server refused the request (its message is the text); the connection lives on."""
 
 

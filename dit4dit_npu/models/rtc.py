@@ -34,10 +34,12 @@ from dataclasses import dataclass
 
 import torch
 
+from dit4dit_npu.errors import DiT4DiTError
+
 DEFAULT_MAX_GUIDANCE = 5.0  # the paper's beta
 
 
-class GuidanceError(ValueError):
+class GuidanceError(DiT4DiTError, ValueError):
     """A guidance request that does not fit the call (one line naming the field)."""
 
 

@@ -19,7 +19,7 @@ does, for the server's DiT4DiT protocol, whose clients un-normalize themselves.
 halves apart, parsing each request once on arrival. Neither ever returns NaN/inf
 (``NonFiniteActionError``).
 
-The folder format is defined by ``export_policy`` in ``folder.py``.
+The folder format is defined by ``folder.py`` (files) and ``manifest.py`` (policy.json).
 """
 
 from __future__ import annotations
@@ -35,9 +35,9 @@ import torch
 
 from dit4dit_npu import device as dev
 from dit4dit_npu.batch import Batch
-from dit4dit_npu.config import Config
 from dit4dit_npu.models.rtc import DEFAULT_MAX_GUIDANCE
-from dit4dit_npu.policy.folder import FORMAT_VERSION, load_policy_folder
+from dit4dit_npu.policy.folder import load_policy_folder
+from dit4dit_npu.policy.manifest import FORMAT_VERSION, PolicyManifest, inference_config
 from dit4dit_npu.policy.rtc import ChunkPrefix, chunk_prefix
 from dit4dit_npu.transforms.observation import Observation, PolicyInputError
 from dit4dit_npu.transforms.policy_io import NonFiniteActionError, PolicyIO
@@ -62,23 +62,25 @@ def state_out_of_range(stats: Any, state: np.ndarray, limit: float = STATE_RANGE
 
 
 class DiT4DiTPolicy:
-    """A trained DiT4DiT model with its PolicyIO and prompt cache, ready for inference."""
+    """A trained DiT4DiT model with its PolicyIO and prompt cache, ready for inference.
+
+    ``manifest`` is the folder's policy.json in memory (``policy/manifest.py``): the model
+    section, the recorded datasets and held-out episodes, joint names; ``io`` every transform
+    between robot and model."""
 
     def __init__(
         self,
         model: torch.nn.Module,
-        cfg: Config,
+        manifest: PolicyManifest,
         io: PolicyIO,
         prompt_cache: Any,
-        info: dict[str, Any],
         path: Path | None = None,
     ) -> None:
         self.model = model.eval()
         self.path = path  # the policy folder it was loaded from (None when built in memory)
-        self.cfg = cfg
+        self.manifest = manifest
         self.io = io
         self.prompt_cache = prompt_cache
-        self.info = info
         self._text_encoder: Any = None
         # Instructions encoded at run time (not exported with the policy), least recently used
         # first. ``max_added_instructions`` caps them (None = no cap): each embedding is ~100 MB at
@@ -117,7 +119,7 @@ class DiT4DiTPolicy:
                 raise ValueError(f"backbone_dtype: expected float32 or {dev.autocast_dtype()}, got {backbone_dtype}")
             loaded.model.use_backbone_dtype(backbone_dtype)
         model = loaded.model.to(target)
-        return cls(model, loaded.cfg, loaded.io, loaded.prompt_cache, loaded.info, loaded.path)
+        return cls(model, loaded.manifest, loaded.io, loaded.prompt_cache, loaded.path)
 
     @property
     def device(self) -> torch.device:
@@ -156,8 +158,8 @@ class DiT4DiTPolicy:
             "state_dim": self.state_dim,
             "action_dim": self.action_dim,
             "chunk_length": self.chunk_length,
-            "step": self.info.get("step"),
-            "base_model": self.info.get("base_model"),
+            "step": self.manifest.step,
+            "base_model": self.manifest.base_model,
             "instructions": sorted(self.prompt_cache.instructions),
             "observation_keys": [*self.camera_keys, "state", "instruction"],
         }
@@ -195,10 +197,10 @@ class DiT4DiTPolicy:
 
     def _encoder(self, missing: list[str]) -> Any:
         if self._text_encoder is None:
-            from dit4dit_npu.models import build_prompt_encoder
+            from dit4dit_npu.weights import build_prompt_encoder
 
             try:
-                self._text_encoder = build_prompt_encoder(self.cfg).to(self.device)
+                self._text_encoder = build_prompt_encoder(inference_config(self.manifest.model)).to(self.device)
             except Exception as e:  # base folder without text_encoder/, or weights that do not load
                 raise PolicyInputError(
                     f"instruction(s) {missing[:3]} are not in the policy's prompt cache and no text encoder "
@@ -281,7 +283,7 @@ class DiT4DiTPolicy:
         bad = ~np.isfinite(actions)
         if bad.any():
             joints = np.flatnonzero(bad.reshape(-1, actions.shape[-1]).any(0)).tolist()
-            names = list(self.info.get("action_names") or [f"action[{j}]" for j in range(self.action_dim)])
+            names = list(self.manifest.data.action_names or [f"action[{j}]" for j in range(self.action_dim)])
             names += [f"padding[{j}]" for j in range(len(names), actions.shape[-1])]
             raise NonFiniteActionError(
                 f"{call} produced {int(bad.sum())} NaN/inf value(s) of {bad.size} (joints "
@@ -299,7 +301,7 @@ class DiT4DiTPolicy:
         joints = state_out_of_range(self.io.stats["state"], state)
         if joints:
             _warned_state_range = True
-            names = self.info.get("state_names") or [f"state[{j}]" for j in range(self.io.state_dim)]
+            names = self.manifest.data.state_names or [f"state[{j}]" for j in range(self.io.state_dim)]
             log.warning(
                 "state far outside the training range (min-max normalized |x| > %g) in %s; actions "
                 "there are extrapolation. Check the robot's units and joint order (warned once per process)",

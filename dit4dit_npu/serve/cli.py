@@ -1,4 +1,4 @@
-"""``python -m dit4dit_npu.serve --checkpoint DIR [--host 127.0.0.1 --port 8000]`` (``dit4dit-serve``):
+"""``python -m dit4dit_npu.serve --policy DIR [--host 127.0.0.1 --port 8000]`` (``dit4dit-serve``):
 the command line of the policy server (``server.py``). Checks the port before the (minutes-long at
 full size) model load, loads the policy, serves until interrupted; every user error is one line
 and exit code 2.
@@ -9,16 +9,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import sys
 import time
 
+from dit4dit_npu.cli import entry_point, former_names, require
 from dit4dit_npu.serve.server import (
     DEFAULT_BATCH_WINDOW_MS,
     DEFAULT_MAX_BATCH,
     DEFAULT_MAX_MESSAGE_BYTES,
     DEFAULT_MAX_NEW_INSTRUCTIONS,
     PolicyServer,
-    ServeError,
     check_port,
 )
 
@@ -31,7 +30,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         description="Serve an exported DiT4DiT policy over websocket + msgpack (openpi wire format; "
         "DiT4DiT's own {'examples': [...]} requests too).",
     )
-    p.add_argument("--checkpoint", required=True, help="exported policy folder (contains policy.json)")
+    policy = p.add_argument("--policy", help="exported policy folder (contains policy.json; required)")
+    former_names(p, policy, "--checkpoint")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default: localhost only)")
     p.add_argument("--port", type=int, default=8000, help="TCP port (0 = any free port)")
     p.add_argument("--base-model", default=None, help="override the base model path recorded at export")
@@ -51,6 +51,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="answer only the instructions the policy was trained with")
     p.add_argument("--log-level", default="INFO", help="DEBUG, INFO (default), WARNING or ERROR")
     args = p.parse_args(argv)
+    require(p, args, policy)
     for name, low in (("max_batch", 1), ("max_new_instructions", 0)):
         if getattr(args, name) < low:
             p.error(f"--{name.replace('_', '-')} must be >= {low}, got {getattr(args, name)}")
@@ -63,27 +64,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+@entry_point
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    try:
-        check_port(args.host, args.port)
-    except ServeError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    check_port(args.host, args.port)  # before the (minutes-long at full size) model load
     import torch  # only once we need it
 
-    from dit4dit_npu.policy import DiT4DiTPolicy, PolicyLoadError
+    from dit4dit_npu.policy import DiT4DiTPolicy
 
     t0 = time.perf_counter()
-    try:
-        policy = DiT4DiTPolicy.from_pretrained(
-            args.checkpoint, base_model=args.base_model, backbone_dtype=torch.bfloat16 if args.bf16 else None,
-            merge_lora=args.merge_lora,
-        )
-    except PolicyLoadError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    policy = DiT4DiTPolicy.from_pretrained(
+        args.policy, base_model=args.base_model, backbone_dtype=torch.bfloat16 if args.bf16 else None,
+        merge_lora=args.merge_lora,
+    )
     logger.info("policy loaded in %.1f s", time.perf_counter() - t0)
     server = PolicyServer(
         policy, args.host, args.port, max_message_bytes=int(args.max_message_mb * 2**20),
@@ -93,11 +87,5 @@ def main(argv: list[str] | None = None) -> int:
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         logger.warning("binding %s: the server has no authentication; expose it on trusted networks only",
                        args.host)
-    try:
-        asyncio.run(server.serve_forever())
-    except ServeError as e:  # the port was taken while the model loaded
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        pass
+    asyncio.run(server.serve_forever())  # a port taken while the model loaded: ServeError, one line
     return 0

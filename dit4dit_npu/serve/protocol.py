@@ -53,6 +53,8 @@ from typing import Any
 
 import numpy as np
 
+from dit4dit_npu.errors import DiT4DiTError
+
 SEED_LIMIT = 2**63  # seeds are ints in [0, 2**63): any torch / numpy generator takes them
 DIT4DIT_INFER = ("infer", "predict_action")
 DIT4DIT_PING = "ping"
@@ -64,7 +66,7 @@ OPENPI_CTRL = "__ctrl__"
 RTC = "rtc"  # the real-time-chunking field of an observation request (and of its reply)
 
 
-class RequestError(ValueError):
+class RequestError(DiT4DiTError, ValueError):
     """A request the server refuses before any inference; the message is the client's answer."""
 
 

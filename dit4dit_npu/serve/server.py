@@ -1,4 +1,4 @@
-"""Policy server (its command line: ``cli.py``, ``python -m dit4dit_npu.serve --checkpoint DIR``).
+"""Policy server (its command line: ``cli.py``, ``python -m dit4dit_npu.serve --policy DIR``).
 
 Wire format: websocket + msgpack with numpy arrays (``msgpack_numpy``, openpi's encoding).
 
@@ -40,6 +40,7 @@ import websockets
 import websockets.asyncio.server as ws_server
 from dit4dit_client import msgpack_numpy
 
+from dit4dit_npu.errors import DiT4DiTError
 from dit4dit_npu.serve.batching import Batcher
 from dit4dit_npu.serve.handlers import (
     Call,
@@ -71,7 +72,7 @@ DEFAULT_BATCH_WINDOW_MS = 5.0
 DEFAULT_MAX_NEW_INSTRUCTIONS = 8
 
 
-class ServeError(RuntimeError):
+class ServeError(DiT4DiTError, RuntimeError):
     """The server cannot start (busy port, bad address); one line for the user."""
 
 

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from dit4dit_npu.errors import DiT4DiTError
 from dit4dit_npu.transforms.images import resize_rgb
 
 STATE, INSTRUCTION = "state", "instruction"
@@ -33,7 +34,7 @@ CAMERA_PREFIX = "observation.images."
 ASPECT_TOLERANCE = 0.02
 
 
-class PolicyInputError(ValueError):
+class PolicyInputError(DiT4DiTError, ValueError):
     """An observation the policy cannot take; the message says what was expected and what came."""
 
 
