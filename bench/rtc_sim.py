@@ -20,8 +20,9 @@ table, with each cell's wall time) and ``OUT/rtc_sim.png``.
 
 The last line is ``speedup: X.XX`` = the policy's boundary jerk with naive async / with RTC at the
 largest delay both ran (how much smoother RTC makes the hand-over between chunks). ``--smoke``
-(seconds to a minute: 1 episode of 30 steps per cell, delays 0 and 100 ms, under
-``bench/results/rtc_sim_smoke`` by default) checks the script, not the method.
+(1 episode of 30 steps per cell, delays 0 and 100 ms, under ``bench/results/rtc_sim_smoke`` by
+default; about a minute for the expert alone, 3 with a tiny policy: each cell is a process)
+checks the script, not the method.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from pathlib import Path
 from dit4dit_client import MODES, delay_steps
 
 from dit4dit_npu.cli import run
+from dit4dit_npu.errors import DiT4DiTError
 from dit4dit_npu.files import atomic_path, atomic_write_json, atomic_write_text
 
 REPO = Path(__file__).resolve().parents[1]
@@ -149,6 +151,8 @@ def main() -> None:
     a = p.parse_args()
     if a.smoke:
         a.episodes, a.max_steps, a.delays = 1, 30, "0,100"
+    if not (a.policy or a.expert):
+        raise DiT4DiTError("--no-expert: give --policy, else there is nothing to run")
     a.out = a.out or REPO / "bench" / "results" / ("rtc_sim_smoke" if a.smoke else "rtc_sim")
     delays = [float(d) for d in a.delays.split(",")]
     a.out.mkdir(parents=True, exist_ok=True)
