@@ -1,6 +1,6 @@
 """``predict_action`` latency per stage: our inference path vs the reference-faithful one.
 
-    python bench/latency.py [--iters 20] [--batch-size 1] [--threads 2] [--full-size]
+    python bench/latency.py [--iters 20] [--batch-size 1] [--threads 2] [--full-size] [--smoke]
 
 The model's part of inference, on a ``Batch`` (tiled uint8 frame, encoded state; PolicyIO's
 pre/post-processing is not timed here). Stages (device synchronised between them): text (prompt-
@@ -14,14 +14,17 @@ Runs, in one process:
 2. the medium config (``bench/medium.yaml``, real proportions at CPU scale): ours vs reference
    (``bench/reference.py``, the same modules and weights), alternating call by call so machine
    noise hits both alike;
-3. with ``--full-size`` (meant for a lent accelerator): the real architecture with random weights
+3. for our path, the action-sampling stage with real-time-chunking guidance against plain (RTC's
+   extra cost: one vector-Jacobian product through the head per Euler step);
+4. with ``--full-size`` (meant for a lent accelerator): the real architecture with random weights
    (Cosmos-Predict2.5-2B transformer, Wan2.1 VAE, a 28 x 3584 Qwen2.5-VL text model), backbone in
    bf16, 3 views of 224 x 224 tiled; reports Hz.
 
 Before timing, each staged call is checked against its whole call (``DiT4DiT.predict_action`` /
 ``ReferenceDiT4DiT.predict_action``: same output), so the stages cannot drift from the real
 paths. The last line is ``speedup: X.XX`` = reference p50 / ours p50 of the total on the medium
-config (or on the full-size model when it ran).
+config (or on the full-size model when it ran; with ``--smoke``, a seconds-long check of this
+script, on the tiny config, 3 calls each, whose ratio means little).
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from dit4dit_npu.batch import Batch, BatchSpec
 from dit4dit_npu.cli import run
 from dit4dit_npu.config import Config, load_config
 from dit4dit_npu.models import DiT4DiT
+from dit4dit_npu.models.rtc import PrefixGuidance, prefix_weights
 from dit4dit_npu.models.testing import make_batch
 from dit4dit_npu.prompt_cache import PromptCache
 from dit4dit_npu.weights import build_dit4dit, build_prompt_encoder
@@ -75,7 +79,7 @@ class Ours:
         return self.model.prompt_embeddings(instructions)
 
     def condition(self, video: torch.Tensor) -> torch.Tensor:
-        return self.model.backbone.encode_video(video[:, :, :1])
+        return self.model.backbone.encode_clip(video[:, :, :1])[1]
 
     def features(self, cond: torch.Tensor, prompts: torch.Tensor, call_seed: int) -> torch.Tensor:
         m = self.model
@@ -141,6 +145,35 @@ def measure(
                 times[name][s].append(t[s])
             times[name]["total"].append(sum(t.values()))
     return times
+
+
+@torch.no_grad()  # as predict_action; the guided steps turn autograd on for the head alone
+def rtc_cost(model: DiT4DiT, batch: Batch, iters: int) -> None:
+    """The action-sampling stage plain vs with real-time-chunking guidance (a vector-Jacobian
+    product through the head per Euler step), on the same features, alternating call by call. The
+    prefix: a chunk of the model itself, half the chunk long, the first quarter frozen."""
+    m = model
+    b = batch.to(m.device)
+    cond, prompts = m._observation(b, seed=0)
+    with dev.autocast(enabled=m.autocast):
+        feats = m.backbone.features(cond, prompts, m.feature_latent_frames, call_seed=0)
+    head = m.action_model
+    h = head.chunk_length
+    prev = head.sample(feats, b.state, torch.Generator().manual_seed(1))
+    weights = prefix_weights(h, max(1, h // 4), h // 2)[None, :, None].expand_as(prev).contiguous()
+    guidance = PrefixGuidance(prev, weights)
+    runs: dict[str, list[float]] = {"plain": [], "rtc": []}
+    for i in range(iters + 1):
+        for name, g in (("plain", None), ("rtc", guidance)):
+            dev.synchronize()
+            t0 = time.perf_counter()
+            head.sample(feats, b.state, torch.Generator().manual_seed(i), guidance=g)
+            dev.synchronize()
+            if i:  # the first round warms up
+                runs[name].append(time.perf_counter() - t0)
+    plain, rtc = statistics.median(runs["plain"]), statistics.median(runs["rtc"])
+    print(f"action_sampling with RTC guidance: {rtc * 1e3:.2f} ms vs {plain * 1e3:.2f} ms plain "
+          f"({rtc / plain:.2f}x, +{(rtc - plain) * 1e3:.2f} ms per call, {head.cfg.num_inference_timesteps} VJPs)")
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -217,6 +250,8 @@ def run_config(
     available = {"ours": lambda: Ours(model), "reference": lambda: Reference(model, encoder)}
     times = measure({p: available[p]() for p in paths}, batch, args.iters)
     report(title, times, args.batch_size)
+    if "ours" in paths:
+        rtc_cost(model, batch, args.iters)
     return times
 
 
@@ -230,7 +265,10 @@ def main() -> None:
     p.add_argument("--full-size-paths", default="ours,reference", help="paths for --full-size")
     p.add_argument("--full-size-layers", type=int, default=28, help=argparse.SUPPRESS)  # smoke tests only
     p.add_argument("--skip-small", action="store_true", help="skip the tiny and medium configs")
+    p.add_argument("--smoke", action="store_true", help="seconds: the tiny config only, ours vs reference, 3 calls")
     args = p.parse_args()
+    if args.smoke:
+        args.iters = min(args.iters, 3)
     torch.set_num_threads(args.threads)
     dev.seed_everything(0)
     device = dev.get_device()
@@ -242,7 +280,9 @@ def main() -> None:
     times: dict[str, dict[str, list[float]]] = {}
     if not args.skip_small:
         tiny = load_config(REPO / "configs" / "robotwin" / "dit4dit_robotwin_tiny.yaml")
-        run_config("tiny", args, bench_spec(tiny), ["ours"], builder(tiny, bench_spec(tiny)))
+        tiny_paths = ["ours", "reference"] if args.smoke else ["ours"]
+        times = run_config("tiny", args, bench_spec(tiny), tiny_paths, builder(tiny, bench_spec(tiny)))
+    if not args.skip_small and not args.smoke:
         medium = load_config(args.medium)
         times = run_config("medium", args, bench_spec(medium), ["ours", "reference"],
                            builder(medium, bench_spec(medium)))

@@ -6,7 +6,7 @@
 Starts two real server processes (``python -m dit4dit_npu.serve``) on the same policy: the
 default batching one (``--max-batch``, ``--batch-window-ms``) and ``--max-batch 1`` (one request
 at a time). Then, for each client count, that many client threads connect through real
-websockets (``dit4dit_npu.serve.client``) and each sends unseeded observations (its own random
+websockets (``dit4dit_client``) and each sends unseeded observations (its own random
 images and state, one after another, as a robot does): ``--rounds`` bursts per server,
 alternating between the two servers burst by burst so that the load of a shared machine hits
 both alike, ``--requests`` timed requests per client in all. Reported per server and client
@@ -38,9 +38,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from dit4dit_client import WebsocketClientPolicy
 
 from dit4dit_npu.cli import run
-from dit4dit_npu.serve.client import WebsocketClientPolicy
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = REPO / "configs" / "robotwin" / "dit4dit_robotwin_tiny.yaml"

@@ -3,7 +3,8 @@
     @entry_point
     def main(argv: list[str] | None = None) -> int: ...
 
-A problem the user can fix (a ``DiT4DiTError``: bad input, files, config, environment) or a full
+A problem the user can fix (a ``DiT4DiTError``: bad input, files, config, environment; or the
+client package's ``ClientError``: a malformed message, a request a server refused) or a full
 disk (an ``OSError``, or a writer's own error type for it, e.g. safetensors') becomes exactly one
 line on stderr, ``error: <message>`` (``config error: <message>`` for a
 ``ConfigError``), and exit code 2, with no traceback; Ctrl-C exits with 130 quietly. Any other
@@ -22,11 +23,15 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from dit4dit_client.errors import ClientError
+
 from dit4dit_npu.errors import DiT4DiTError, unwrap_worker_error
 from dit4dit_npu.files import is_out_of_space
 
 EXIT_USER_ERROR = 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for Ctrl-C
+# The robot-side client package has its own base (it installs without this package).
+USER_ERRORS = (DiT4DiTError, ClientError)
 
 
 def error_line(e: BaseException) -> str:
@@ -35,8 +40,8 @@ def error_line(e: BaseException) -> str:
     if isinstance(e, DiT4DiTError):
         e = unwrap_worker_error(e)
     text = " ".join(str(e).split()) or type(e).__name__
-    if isinstance(e, DiT4DiTError):
-        return f"{e.cli_prefix}: {text}"
+    if isinstance(e, USER_ERRORS):
+        return f"{getattr(e, 'cli_prefix', 'error')}: {text}"
     return f"error: no space left: {text}"
 
 
@@ -44,7 +49,7 @@ def run(command: Callable[[], int | None]) -> int:
     """Run ``command`` (a CLI's body) and return its exit code, user errors as one line (code 2)."""
     try:
         code = command()
-    except DiT4DiTError as e:
+    except USER_ERRORS as e:
         print(error_line(e), file=sys.stderr)
         return EXIT_USER_ERROR
     except Exception as e:  # a full disk is the user's to fix, whatever type the writer raised it as

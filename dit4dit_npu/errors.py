@@ -8,10 +8,12 @@ code 2), while a bug (any other exception) keeps its traceback. Subclasses keep 
 Its message is one line meant for the user: it names the file, key or flag at fault and what was
 expected.
 
-A leaf module (nothing from the project imported): models/, data/, config/ and the robot-side
-client can all depend on it. ``ConfigError`` lives here because the run config's sections are
-declared in ``config/schema.py`` and, for the model's own sections, in ``models/configs.py``
-(which the schema imports): both validate next to their declarations, without an import cycle.
+A leaf module (nothing from the project imported): models/, data/ and config/ can all depend
+on it. The robot-side client package (``client/``) cannot, since it installs alone: its errors
+subclass ``dit4dit_client.errors.ClientError``, which ``dit4dit_npu.cli`` treats the same way.
+``ConfigError`` lives here because the run config's sections are declared in ``config/schema.py``
+and, for the model's own sections, in ``models/configs.py`` (which the schema imports): both
+validate next to their declarations, without an import cycle.
 """
 
 from __future__ import annotations

@@ -14,7 +14,8 @@
 # backtrack for tens of minutes on this dependency graph); then torch: an installed torch is kept,
 # else TORCH_SPEC is installed; then the stack is checked (python -m dit4dit_npu.doctor --stack:
 # torch imports, a torch_npu matches it, CANN is there) before anything builds against it; then
-# wheel, DeepSpeed with --no-build-isolation (its sdist imports torch at build time), then this
+# wheel, DeepSpeed with --no-build-isolation (its sdist imports torch at build time), then the
+# robot-side client package (client/, a dependency of this one, not on any index), then this
 # package in editable mode with the dev and sim extras, always with torch pinned to the one kept.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -53,7 +54,7 @@ try:
 except m.PackageNotFoundError:
     pass' "$1"
 }
-want="$(cat "$ROOT/pyproject.toml" "$ROOT/scripts/setup_env.sh" | sha256sum | cut -c1-16) $site"
+want="$(cat "$ROOT/pyproject.toml" "$ROOT/client/pyproject.toml" "$ROOT/scripts/setup_env.sh" | sha256sum | cut -c1-16) $site"
 if [ "$torch_only" = 0 ] && [ -f "$STAMP" ] && [ -x "$TARGET" ] \
   && [ "$(cat "$STAMP")" = "$want torch=$(version_of torch)" ]; then
   exit 0
@@ -107,6 +108,8 @@ echo "torch==$torch_version" >"$CONSTRAINTS"
 echo "[setup] installing wheel, setuptools, deepspeed (--no-build-isolation) ..."
 quiet "${PIP[@]}" -c "$CONSTRAINTS" wheel setuptools
 quiet "${PIP[@]}" -c "$CONSTRAINTS" --no-build-isolation deepspeed
+echo "[setup] installing dit4dit-client (client/: the robot side, no torch) ..."
+quiet "${PIP[@]}" -c "$CONSTRAINTS" --no-build-isolation -e "$ROOT/client"
 echo "[setup] installing dit4dit-npu[dev,sim] ..."
 quiet "${PIP[@]}" -c "$CONSTRAINTS" --no-build-isolation -e "$ROOT[dev,sim]"
 # The simulation renders offscreen; say so now (not halfway through the tests) if it cannot here.

@@ -15,9 +15,8 @@ from typing import Any
 
 import numpy as np
 import websockets.sync.client
+from dit4dit_client import ServerError, WebsocketClientPolicy, msgpack_numpy
 
-from dit4dit_npu.serve import msgpack_numpy
-from dit4dit_npu.serve.client import ServerError, WebsocketClientPolicy
 from dit4dit_npu.serve.server import PolicyServer
 
 TIMEOUT = 30.0  # every wait is bounded: a hang is a failure, not a stuck CI job

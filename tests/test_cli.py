@@ -235,6 +235,8 @@ def test_device_error_from_the_environment_is_one_line(monkeypatch, capsys) -> N
 def test_the_wrapper_folds_user_errors_into_one_line_and_lets_bugs_through(capsys) -> None:
     import errno
 
+    from dit4dit_client import ServerError
+
     from dit4dit_npu.cli import run
     from dit4dit_npu.config import ConfigError
     from dit4dit_npu.data import DatasetError
@@ -250,6 +252,8 @@ def test_the_wrapper_folds_user_errors_into_one_line_and_lets_bugs_through(capsy
     assert capsys.readouterr().err == "error: bad episode 3\n"
     assert run(fail(ConfigError("a.b: got 1"))) == 2
     assert capsys.readouterr().err == "config error: a.b: got 1\n"
+    assert run(fail(ServerError("policy server refused: bad\n state"))) == 2
+    assert capsys.readouterr().err == "error: policy server refused: bad state\n"
     # torch re-raises a DataLoader worker's error as the same type with the worker's traceback
     worker = DatasetError("Caught DatasetError in DataLoader worker process 0.\nOriginal Traceback (most recent "
                           "call last):\n  File ...\ndit4dit_npu.data.errors.DatasetError: cannot open video v.mp4")
@@ -280,12 +284,18 @@ def test_every_user_error_class_is_a_dit4dit_error_and_keeps_its_builtin_base() 
     found = {c.__name__ for c in subclasses(DiT4DiTError) if c.__module__.startswith("dit4dit_npu")}
     assert found >= {
         "MigrationError", "ConfigError", "PolicyIOError", "NonFiniteActionError", "PolicyInputError", "RequestError",
-        "ServerError", "WireFormatError", "ServeError", "PolicyLoadError", "ConversionError", "BatchError", "SimError",
+        "ServeError", "PolicyLoadError", "ConversionError", "BatchError", "SimError", "GuidanceError",
         "EpisodeError", "TrainingError", "ManifestError", "PromptCacheError", "NoiseError", "FrameInputError",
         "DatasetError", "EvalError", "DeviceError",
     }
     for c in subclasses(DiT4DiTError) - {DiT4DiTError}:
         assert issubclass(c, ValueError | RuntimeError), c  # `except ValueError` callers keep working
+    # the client package installs without this one: its own base, which the CLI wrapper also takes
+    from dit4dit_client import ClientError, ServerError, WireFormatError
+
+    assert {ServerError, WireFormatError} <= subclasses(ClientError)
+    for c in subclasses(ClientError) - {ClientError}:
+        assert issubclass(c, ValueError | RuntimeError), c
 
 
 @pytest.mark.parametrize(

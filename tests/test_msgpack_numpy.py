@@ -8,8 +8,7 @@ import sys
 import msgpack
 import numpy as np
 import pytest
-
-from dit4dit_npu.serve import msgpack_numpy as mn
+from dit4dit_client import msgpack_numpy as mn
 
 
 @pytest.mark.parametrize(
@@ -96,6 +95,6 @@ def test_decoded_arrays_are_read_only_views() -> None:
 
 
 def test_client_modules_do_not_import_torch() -> None:
-    code = "import sys, dit4dit_npu, dit4dit_npu.serve.client, dit4dit_npu.serve.msgpack_numpy; print('torch' in sys.modules)"
+    code = "import sys, dit4dit_npu, dit4dit_npu.serve.client, dit4dit_client.msgpack_numpy; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

@@ -15,12 +15,11 @@ import msgpack
 import numpy as np
 import pytest
 import websockets.sync.client
+from dit4dit_client import ServerError, msgpack_numpy
 from serve_fixtures import TIMEOUT, RunningServer, SlowPolicy, concurrently, load_policy, sample_observations
 
 from dit4dit_npu.policy import DiT4DiTPolicy
-from dit4dit_npu.serve import msgpack_numpy
 from dit4dit_npu.serve.cli import main as serve_main
-from dit4dit_npu.serve.client import ServerError
 from dit4dit_npu.serve.server import PolicyServer, ServeError
 
 
@@ -211,7 +210,7 @@ def test_cli_checks_its_numbers(capsys) -> None:
 
 def test_client_refuses_a_malformed_address_at_once() -> None:
     """Was websockets' InvalidURI / a bare 'Port out of range' ValueError (sim.eval: a traceback)."""
-    from dit4dit_npu.serve.client import WebsocketClientPolicy
+    from dit4dit_client import WebsocketClientPolicy
 
     for uri, why in (("ws://127.0.0.1:99999", "Port out of range"), ("ws://", "hostname isn't provided")):
         t0 = time.monotonic()

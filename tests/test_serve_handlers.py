@@ -12,6 +12,7 @@ from typing import Any
 import msgpack
 import numpy as np
 import pytest
+from dit4dit_client import ServerError, msgpack_numpy
 from serve_fixtures import (
     TIMEOUT,
     Dit4DitProtocolClient,
@@ -23,8 +24,7 @@ from serve_fixtures import (
 
 from dit4dit_npu.batch import Batch
 from dit4dit_npu.policy import DiT4DiTPolicy, StateRangeWarning
-from dit4dit_npu.serve import msgpack_numpy, protocol
-from dit4dit_npu.serve.client import ServerError
+from dit4dit_npu.serve import protocol
 from dit4dit_npu.serve.handlers import Handlers, InstructionGate
 from dit4dit_npu.transforms.observation import Observation
 from dit4dit_npu.transforms.policy_io import PolicyIO

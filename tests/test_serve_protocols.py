@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from dit4dit_client import ServerError, msgpack_numpy
 from serve_fixtures import (
     TIMEOUT,
     Dit4DitProtocolClient,
@@ -21,8 +22,6 @@ from serve_fixtures import (
 )
 
 from dit4dit_npu.policy import DiT4DiTPolicy
-from dit4dit_npu.serve import msgpack_numpy
-from dit4dit_npu.serve.client import ServerError
 
 BATCH_WINDOW_MS = 5000.0  # long: the window closes as soon as every connected client has sent
 

@@ -190,7 +190,12 @@ def test_bad_input_one_line_exit_2(tmp_path: Path, capsys, policy_dir: Path) -> 
     out = tmp_path / "o"
     cases = [
         (["--policy", "hold", "--task", "fold_shirt"], "error: unknown task 'fold_shirt'; expected one of"),
-        (["--policy", str(tmp_path / "nope")], "is not expert, hold, ws://host:port or a policy folder"),
+        (["--policy", str(tmp_path / "nope")], "is not expert, expert_chunks, hold, ws://host:port or a policy folder"),
+        (["--policy", "hold", "--execution", "rtc"], "--execution rtc: policy hold cannot inpaint onto a previous chunk"),
+        (["--policy", "expert", "--execution", "async"], "--execution: the async modes need a chunk policy"),
+        (["--policy", str(policy_dir), "--execution", "rtc", "--replan", "4", "--delay-ms", "100"],
+         "--replan 4 and the delay's 5 steps need chunks of max(replan, delay) + delay = 10 steps"),
+        (["--policy", "hold", "--delay-ms", "-5"], "--delay-ms: expected 0 to 60000, got -5"),
         (["--policy", "hold", "--size", "31x40"], "--size: height and width must be even"),
         (["--policy", "hold", "--episodes", "0"], "--episodes: expected >= 1, got 0"),
         (["--policy", str(policy_dir), "--replan", "9"], "--replan 9 exceeds the policy's chunk length 8"),
@@ -241,7 +246,7 @@ def test_policy_observation_is_exactly_what_predict_action_takes(policy_dir: Pat
 class _ChunkOf:
     """A stand-in policy that returns a fixed chunk: the harness's own guard is what is tested."""
 
-    name, metadata = "fixed", {}
+    name, metadata, takes_prefix = "fixed", {}, False
 
     def __init__(self, chunk: np.ndarray) -> None:
         self.chunk = chunk
@@ -249,7 +254,7 @@ class _ChunkOf:
     def reset(self, scene, seed: int) -> None:
         pass
 
-    def act(self, obs) -> np.ndarray:
+    def act(self, obs, request=None) -> np.ndarray:
         return self.chunk
 
     def close(self) -> None:
@@ -264,7 +269,8 @@ def test_non_finite_actions_never_reach_the_scene_and_bad_shapes_stop_the_eval()
         start = scene.reset(0)["state"]
         chunk = np.stack([start, start, np.full(14, np.inf, np.float32)])
         r = run_episode(scene, _ChunkOf(chunk), seed=0, max_steps=50, replan=None)
-        assert r["steps"] == 2 and not r["success"] and "non-finite action at step 2" in r["error"]
+        # refused whole when it arrives: not even its finite actions run
+        assert r["steps"] == 0 and not r["success"] and "non-finite actions from the policy at step 0" in r["error"]
         with pytest.raises(SimError, match=r"returned actions of shape \(4, 7\), expected \(k, 14\)"):
             run_episode(scene, _ChunkOf(np.zeros((4, 7), np.float32)), seed=0, max_steps=5, replan=None)
 

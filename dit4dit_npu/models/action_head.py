@@ -18,6 +18,7 @@ dtype (fp32 unless a wrapper cast the whole model), and targets are built in fp3
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -29,6 +30,7 @@ from dit4dit_npu.errors import ConfigError
 from dit4dit_npu.models.configs import ActionModelConfig
 from dit4dit_npu.models.dit import KV, CrossAttentionDiT
 from dit4dit_npu.models.noise import checked
+from dit4dit_npu.models.rtc import PrefixGuidance, guided_velocity
 
 
 def sinusoidal(t: torch.Tensor, dim: int) -> torch.Tensor:
@@ -197,15 +199,21 @@ class FlowMatchingActionHead(nn.Module):
         state: torch.Tensor | None,
         generator: torch.Generator | None = None,
         noise: torch.Tensor | None = None,
+        guidance: PrefixGuidance | None = None,
     ) -> torch.Tensor:
         """Euler from t = 1 to 0 -> normalised chunk (B, chunk_length, action_width), float32.
 
         With a generator (a seeded call): one (CPU) draw of (1, H_a, A) shared by every row, so a
         row's chunk depends on its own observation and the seed only — not on the device, nor on
         the batch it came in (row i of a batch == the same observation alone). Without one:
-        independent global-RNG noise per row. ``noise`` (B, H_a, A): the start x_1, given."""
+        independent global-RNG noise per row. ``noise`` (B, H_a, A): the start x_1, given.
+        ``guidance``: real-time chunking (``rtc.py``): each step's velocity is steered toward the
+        previous chunk's prefix; without it (or with all-zero weights) the steps are exactly the
+        plain ones."""
         b, n, chunk = features.shape[0], self.cfg.num_inference_timesteps, (self.chunk_length, self.action_width)
         x = checked(noise, "action", (b, *chunk), features.device)
+        if guidance is not None:
+            guidance = guidance.checked((b, *chunk), features.device)
         kv = self.context_kv(features)  # once for all Euler steps
         with torch.autocast(dev.device_type(), enabled=False):
             state_tok = self._state_token(state)
@@ -218,5 +226,10 @@ class FlowMatchingActionHead(nn.Module):
                 t_int = torch.full(
                     (b,), int(self.cfg.num_timestep_buckets * (1.0 - i / n)), device=x.device, dtype=torch.long
                 )
-                x = x - self._velocity(x, t_int, state_tok, kv, 1) / n
+                if guidance is None:
+                    v = self._velocity(x, t_int, state_tok, kv, 1)
+                else:  # autograd through the head alone, for the guidance's vector-Jacobian product
+                    step = functools.partial(self._velocity, t_int=t_int, state_tok=state_tok, kv=kv, repeats=1)
+                    v = guided_velocity(step, x, 1.0 - i / n, guidance)
+                x = x - v / n
         return x

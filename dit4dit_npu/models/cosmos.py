@@ -16,12 +16,14 @@ import warnings
 from typing import Any
 
 import torch
+from diffusers.models.autoencoders.vae import DiagonalGaussianDistribution
 from torch import nn
 
 from dit4dit_npu import device as dev
 from dit4dit_npu.errors import ConfigError
 from dit4dit_npu.models.configs import Cosmos25Config, FlowMatchingConfig
 from dit4dit_npu.models.noise import NoiseError, checked
+from dit4dit_npu.models.wan_frame import first_frame_moments
 
 
 def fresh_schedule(scheduler: Any, num_steps: int, device: torch.device | None = None) -> Any:
@@ -194,8 +196,9 @@ class CosmosBackbone(nn.Module):
         with ``condition_latent="sample"`` mean + std * eps (``condition_noise``, else one draw
         from ``generator`` shared by the batch, else global-RNG draws per sample): the causal VAE
         gives latent 0 the same posterior whatever follows frame 0, so this equals DiT4DiT's
-        separate encode of frame 0 zero-padded."""
-        dist = self.vae.encode(self.pad_clip(video).to(self.vae_dtype)).latent_dist
+        separate encode of frame 0 zero-padded. A single frame (inference's observation) is
+        encoded by the VAE's 2-D equivalent (``wan_frame.py``: a third of the work)."""
+        dist = self._posterior(self.pad_clip(video).to(self.vae_dtype))
         latents = self.normalize(dist.mode())
         if self.cfg.condition_latent == "mean":
             if condition_noise is not None:
@@ -210,6 +213,10 @@ class CosmosBackbone(nn.Module):
             eps = torch.randn((1, *mean0.shape[1:]), generator=generator).to(mean0.device).expand_as(mean0)
         eps = torch.randn_like(mean0) if eps is None else eps.to(mean0.dtype)
         return latents, self.normalize(mean0 + std0 * eps)
+
+    def _posterior(self, video: torch.Tensor) -> DiagonalGaussianDistribution:
+        moments = first_frame_moments(self.vae, video) if video.shape[2] == 1 else None
+        return self.vae.encode(video).latent_dist if moments is None else DiagonalGaussianDistribution(moments)
 
     @torch.no_grad()
     def encode_video(self, video: torch.Tensor) -> torch.Tensor:

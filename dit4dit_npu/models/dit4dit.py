@@ -34,6 +34,7 @@ from dit4dit_npu.models.imagine import imagine
 from dit4dit_npu.models.lora import has_lora
 from dit4dit_npu.models.noise import InferenceNoise, TrainingNoise, noise_from
 from dit4dit_npu.models.pixels import to_vae_range
+from dit4dit_npu.models.rtc import PrefixGuidance
 from dit4dit_npu.prompt_cache import PromptCache, PromptCacheError
 
 log = logging.getLogger(__name__)
@@ -188,7 +189,11 @@ class DiT4DiT(nn.Module):
 
     @torch.no_grad()
     def predict_action(
-        self, batch: Batch, seed: int | None = None, noise: InferenceNoise | dict | None = None
+        self,
+        batch: Batch,
+        seed: int | None = None,
+        noise: InferenceNoise | dict | None = None,
+        guidance: PrefixGuidance | None = None,
     ) -> torch.Tensor:
         """Observation batch (frame 0 is used) -> normalised chunk (B, chunk_length, action_width),
         float32, padded dims included (PolicyIO drops them).
@@ -196,7 +201,9 @@ class DiT4DiT(nn.Module):
         Deterministic under ``seed`` (feature and action noise from CPU generators), dropout off
         whatever mode the module is in (the original evaluated in train mode, SPEC A6).
         ``noise``: the action start, feature-pass latents and (condition_latent="sample") the
-        conditioning eps, given explicitly (``noise.py``); given fields override ``seed``."""
+        conditioning eps, given explicitly (``noise.py``); given fields override ``seed``.
+        ``guidance``: real-time chunking onto a previous chunk (``rtc.py``; normalized space): only
+        the action head's Euler loop runs with autograd, for its vector-Jacobian products."""
         if self.action_model is None:
             raise ConfigError("framework.cosmos25.training: predict_action needs an action head; training is 'video'")
         n = noise_from(noise, InferenceNoise) or InferenceNoise()
@@ -210,7 +217,7 @@ class DiT4DiT(nn.Module):
                     cond, prompts, self.feature_latent_frames, call_seed=seed, noise=n.feature
                 )
             g = torch.Generator().manual_seed(seed) if seed is not None else None
-            return self.action_model.sample(feats, batch.state, g, n.action)
+            return self.action_model.sample(feats, batch.state, g, n.action, guidance)
         finally:
             self.train(was_training)
 

@@ -38,8 +38,10 @@ import torch
 
 from dit4dit_npu import device as dev
 from dit4dit_npu.batch import Batch
+from dit4dit_npu.models.rtc import DEFAULT_MAX_GUIDANCE
 from dit4dit_npu.policy.folder import load_policy_folder
 from dit4dit_npu.policy.manifest import FORMAT_VERSION, PolicyManifest, inference_config
+from dit4dit_npu.policy.rtc import ChunkPrefix, chunk_prefix
 from dit4dit_npu.transforms.observation import Observation, PolicyInputError, parse_seed
 from dit4dit_npu.transforms.policy_io import NonFiniteActionError, PolicyIO
 
@@ -227,9 +229,17 @@ class DiT4DiTPolicy:
 
     # ------------------------------------------------------------------ inference
 
-    @torch.inference_mode()
     def predict_action(
-        self, obs: dict[str, Any], seed: int | None = None, noise: Any = None, allow_out_of_range: bool = False
+        self,
+        obs: dict[str, Any],
+        seed: int | None = None,
+        noise: Any = None,
+        allow_out_of_range: bool = False,
+        *,
+        prev_chunk: Any = None,
+        inference_delay: Any = 0,
+        execution_horizon: Any = None,
+        max_guidance_weight: float = DEFAULT_MAX_GUIDANCE,
     ) -> np.ndarray:
         """Observation -> action chunk in robot units: (chunk, action_dim), or (B, chunk, action_dim)
         for batched input. Same ``seed`` (an int in [0, 2**63)) and input -> same output.
@@ -244,30 +254,57 @@ class DiT4DiTPolicy:
         chunk, action width) the Euler start in the model's normalized, padded action space,
         ``feature`` (B, 16, T_lat, h, w) the feature-pass latents, and ``condition`` (B, 16, 1,
         h, w) the conditioning latent's posterior eps (policies imported from DiT4DiT); B = 1 for
-        unbatched input. See dit4dit_npu/models/noise.py."""
+        unbatched input. See dit4dit_npu/models/noise.py.
+
+        Real-time chunking (``policy/rtc.py``): ``prev_chunk`` (L, action_dim) robot units, the
+        previous chunk's actions still to execute from this observation on; ``inference_delay`` d
+        of them execute before this chunk arrives; ``execution_horizon`` s (default H - L) ends the
+        guidance at step H - s. The new chunk is inpainted onto that prefix (its first d actions
+        follow ``prev_chunk``, the next ones blend into the new plan); without ``prev_chunk`` the
+        call is plain sampling, bit for bit. ``max_guidance_weight``: the paper's beta."""
         seed = parse_seed(seed)  # before the (resizing) parse: a bad argument fails at once
+        observation = self.io.parse_observation(obs)
+        prefix = None
+        if prev_chunk is not None:
+            prefix = chunk_prefix(
+                prev_chunk, inference_delay, execution_horizon, chunk_length=self.chunk_length,
+                action_dim=self.action_dim, rows=observation.rows, batched=observation.batched,
+                max_guidance_weight=max_guidance_weight,
+            )
         return self.predict_parsed(
-            self.io.parse_observation(obs), seed=seed, noise=noise, allow_out_of_range=allow_out_of_range
+            observation, seed=seed, noise=noise, allow_out_of_range=allow_out_of_range, prefix=prefix
         )
 
-    @torch.inference_mode()
     def predict_parsed(
-        self, observation: Observation, seed: int | None = None, noise: Any = None, allow_out_of_range: bool = False
+        self,
+        observation: Observation,
+        seed: int | None = None,
+        noise: Any = None,
+        allow_out_of_range: bool = False,
+        prefix: ChunkPrefix | None = None,
     ) -> np.ndarray:
         """``predict_action`` for an observation already parsed by ``io.parse_observation`` (checked,
-        resized): the server parses each request once, on arrival, and batches the parsed ones
-        (``concat_observations``). Raises ``NonFiniteActionError`` rather than return NaN/inf."""
+        resized) and a real-time-chunking ``prefix`` already checked by ``rtc.chunk_prefix``: the
+        server parses each request once, on arrival, and batches the parsed ones
+        (``concat_observations``, ``concat_prefixes``). Raises ``NonFiniteActionError`` rather
+        than return NaN/inf."""
         seed = parse_seed(seed)
+        if prefix is not None and prefix.rows != observation.rows:
+            raise PolicyInputError(f"prev_chunk: {prefix.rows} rows for an observation of {observation.rows}")
         problem = self.state_range_problem(observation.state)
         if problem is not None:
             if not allow_out_of_range:
                 raise StateOutOfRangeError(f"{problem}; refused (allow_out_of_range=True acts on it anyway)")
             warnings.warn(problem, StateRangeWarning, stacklevel=3)
-        batch = self.io.encode_parsed(observation)
-        self.add_instructions(batch.instruction)
-        with self._lock:
-            normalized = self.model.predict_action(batch, seed=seed, noise=noise)
-        actions = self._finite(self.io.decode_actions(normalized), "predict_action")
+        # Inference mode for plain sampling; RTC differentiates the head (rtc.py), which inference
+        # tensors cannot take part in, so it runs under no_grad with autograd re-enabled inside.
+        with torch.inference_mode() if prefix is None else torch.no_grad():
+            batch = self.io.encode_parsed(observation)
+            self.add_instructions(batch.instruction)
+            guidance = prefix.to_guidance(self.io) if prefix is not None else None
+            with self._lock:
+                normalized = self.model.predict_action(batch, seed=seed, noise=noise, guidance=guidance)
+            actions = self._finite(self.io.decode_actions(normalized), "predict_action")
         return actions if observation.batched else actions[0]
 
     def _finite(self, actions: np.ndarray, call: str) -> np.ndarray:

@@ -7,12 +7,13 @@ A handler owns everything about its kind, so the server never branches on it:
 - ``prepare(msg, conn)``: check it alone, before any batching -> a ``Call`` for the model, or
   an immediate reply (a ping, an acknowledgement). Raises on bad input;
 - ``run(payloads, seed)``: on the inference thread, one model call for the ``Call`` payloads of
-  its kind that arrived together with the same seed -> one result per payload;
+  its kind that arrived together with the same seed and group -> one result per payload;
 - ``reply(msg, result, timing, conn)`` / ``error(msg, text)``: the answer in its clients' format.
 
 Every method that sees a request gets the ``Connection`` it arrived on. A connection's messages
 are handled one after another (the next is read only once this one is answered), so a handler may
-keep per-connection state there without locks, even though ``prepare`` may run on a helper thread.
+keep per-connection state there without locks, even though ``prepare`` may run on a helper thread:
+its ``session`` (``session.py``: the last chunk sent, for real-time chunking), dropped with it.
 
 A reply is a dict (packed with msgpack) or a str (sent as a text frame: how openpi's server
 reports errors, and its client raises with the text).
@@ -21,14 +22,16 @@ reports errors, and its client raises with the text).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Hashable, Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
+from dit4dit_npu.policy.rtc import ChunkPrefix, concat_prefixes
 from dit4dit_npu.serve import protocol
 from dit4dit_npu.serve.batching import Timing
+from dit4dit_npu.serve.session import Session
 from dit4dit_npu.transforms.observation import Observation, concat_observations
 
 Reply = dict[str, Any] | str
@@ -47,7 +50,12 @@ class ServablePolicy(Protocol):
     def state_range_problem(self, state: np.ndarray) -> str | None: ...
 
     def predict_parsed(
-        self, observation: Observation, seed: int | None = None, allow_out_of_range: bool = False
+        self,
+        observation: Observation,
+        seed: int | None = None,
+        noise: Any = None,
+        allow_out_of_range: bool = False,
+        prefix: ChunkPrefix | None = None,
     ) -> np.ndarray: ...
 
     def predict_normalized(
@@ -55,28 +63,48 @@ class ServablePolicy(Protocol):
     ) -> np.ndarray: ...
 
 
-@dataclass
+@dataclass(eq=False)  # one per socket: compared and hashed by identity
 class Connection:
-    """One client connection, handed to every handler call for its requests. It holds only the
-    peer's address so far: per-connection state (a real-time-chunking session's previous chunk
-    and step counter) belongs here."""
+    """One client connection, handed to every handler call for its requests: the peer's address
+    and its session (the real-time-chunking state), dropped when the connection closes."""
 
     remote: Any = None
+    session: Session | None = field(default_factory=Session)
+
+    def close(self) -> None:
+        """Free the session's state (a request still in the model finds no session to update)."""
+        if self.session is not None:
+            self.session.reset()
+        self.session = None
 
 
 @dataclass(frozen=True)
 class Call:
-    """A checked request waiting for the model. Calls of the same handler and seed that arrive
-    together share one model call (``batching.py``): a seeded call draws one noise for all its
-    rows, so only equal seeds can share one and still get their single-call answers."""
+    """A checked request waiting for the model. Calls of the same handler, seed and group that
+    arrive together share one model call (``batching.py``): a seeded call draws one noise for all
+    its rows, so only equal seeds can share one and still get their single-call answers; the
+    group keeps apart calls that cannot be one model call (RTC vs plain, guidance strength)."""
 
-    payload: Any  # what the handler's ``run`` takes: an Observation, protocol.ModelInputs
+    payload: Any  # what the handler's ``run`` takes: an ObservationCall, protocol.ModelInputs
     seed: int | None
     warnings: tuple[str, ...] = ()  # sent back with the reply ("warnings"), e.g. an allowed out-of-range state
+    group: Hashable = None
 
     @property
     def rows(self) -> int:
         return self.payload.rows
+
+
+@dataclass(frozen=True)
+class ObservationCall:
+    """A parsed observation and its checked real-time-chunking prefix (None: plain sampling)."""
+
+    observation: Observation
+    prefix: ChunkPrefix | None = None
+
+    @property
+    def rows(self) -> int:
+        return self.observation.rows
 
 
 @dataclass(frozen=True)
@@ -122,7 +150,8 @@ class Handler(ABC):
 
 
 class OpenpiControl(Handler):
-    """openpi's episode bookkeeping ``{"__ctrl__": ...}``, acknowledged as openpi's server does."""
+    """openpi's episode bookkeeping ``{"__ctrl__": ...}``, acknowledged as openpi's server does; an
+    episode's start or end also clears the connection's session (its chunk is the old episode's)."""
 
     name = "openpi_control"
 
@@ -130,15 +159,20 @@ class OpenpiControl(Handler):
         return protocol.OPENPI_CTRL in msg
 
     def prepare(self, msg: dict[Any, Any], conn: Connection) -> Reply:
-        return protocol.openpi_ack(msg[protocol.OPENPI_CTRL])
+        ack = protocol.openpi_ack(msg[protocol.OPENPI_CTRL])
+        if ack["__ack__"] != "ignored" and conn.session is not None:
+            conn.session.reset()
+        return ack
 
     def error(self, msg: dict[Any, Any], text: str) -> Reply:
         return text
 
 
 class ObservationRequest(Handler):
-    """A robot observation (ours or openpi's layout, single or batched, optional ``seed``) ->
-    ``{"actions": float32 robot units, "server_timing"}``; errors as one-line text frames.
+    """A robot observation (ours or openpi's layout, single or batched, optional ``seed``, optional
+    ``rtc``) -> ``{"actions": float32 robot units, "server_timing", "chunk_id"[, "rtc"]}``; errors as
+    one-line text frames. Every chunk sent is remembered in the connection's session, so a later
+    request can ask for real-time chunking onto it (``session.py``).
 
     Before it is parsed, its rows and decoded size are checked against ``limits`` (from shapes
     alone: nothing is converted or resized for a request that is refused). A state far outside the
@@ -162,6 +196,7 @@ class ObservationRequest(Handler):
     def prepare(self, msg: dict[Any, Any], conn: Connection) -> Call:
         obs = dict(msg)
         seed = protocol.parse_seed(obs.pop("seed", None))
+        rtc = obs.pop(protocol.RTC, None)
         io = self._policy.io
         if self._limits is not None:
             protocol.check_observation_size(obs, self._limits, len(io.camera_keys), io.image_size)
@@ -173,16 +208,35 @@ class ObservationRequest(Handler):
                 f"{problem}; refused (a server started with --allow-out-of-range-state answers it, with this warning "
                 "in the reply)"
             )
-        return Call(observation, seed, (problem,) if problem else ())
+        warnings = (problem,) if problem else ()
+        if rtc is None:
+            if conn.session is not None:
+                conn.session.pending = None
+            return Call(ObservationCall(observation), seed, warnings)
+        prefix = conn.session.prefix(rtc, observation, io.chunk_length, io.action_dim)
+        return Call(ObservationCall(observation, prefix), seed, warnings, group=("rtc", prefix.max_guidance_weight))
 
-    def run(self, payloads: Sequence[Observation], seed: int | None) -> list[np.ndarray]:
+    def run(self, payloads: Sequence[ObservationCall], seed: int | None) -> list[np.ndarray]:
         if len(payloads) == 1:
-            return [self._policy.predict_parsed(payloads[0], seed=seed, allow_out_of_range=self._allow)]
-        out = self._policy.predict_parsed(concat_observations(payloads), seed=seed, allow_out_of_range=self._allow)
-        return _split(out, [(p.rows, p.batched) for p in payloads])
+            p = payloads[0]
+            return [self._policy.predict_parsed(p.observation, seed=seed, allow_out_of_range=self._allow, prefix=p.prefix)]
+        prefixes = [p.prefix for p in payloads]
+        prefix = None if prefixes[0] is None else concat_prefixes(prefixes)  # a group is all RTC or none
+        out = self._policy.predict_parsed(
+            concat_observations([p.observation for p in payloads]), seed=seed, allow_out_of_range=self._allow,
+            prefix=prefix,
+        )
+        return _split(out, [(p.rows, p.observation.batched) for p in payloads])
 
     def reply(self, msg: dict[Any, Any], result: np.ndarray, timing: Timing, conn: Connection) -> Reply:
-        return {"actions": np.asarray(result, dtype=np.float32), "server_timing": timing.as_dict()}
+        actions = np.asarray(result, dtype=np.float32)
+        out: dict[str, Any] = {"actions": actions, "server_timing": timing.as_dict()}
+        session = conn.session
+        if session is not None:  # None only once the connection closed
+            if session.pending is not None:
+                out[protocol.RTC] = session.pending
+            out["chunk_id"] = session.remember(actions, (timing.queue_ms + timing.infer_ms) / 1e3)
+        return out
 
     def error(self, msg: dict[Any, Any], text: str) -> Reply:
         return text

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from dit4dit_npu.serve.session import RTC_KEYS
 from dit4dit_npu.transforms.observation import CAMERA_PREFIX
 
 
@@ -49,6 +50,12 @@ def server_metadata(
             },
             "batched": "a leading batch axis B on every image and the state; instruction a str or B strs",
             "seed": "optional int in [0, 2**63): the same seed and observation give the same actions",
+            "rtc": {  # real-time chunking (serve/session.py; README "Real-time chunking")
+                "keys": list(RTC_KEYS),
+                "executed": "int: actions of this connection's last chunk executed when the observation was taken",
+                "prev_chunk": f"or float (L, {io.action_dim}) robot units: the previous chunk's actions still to come",
+                "inference_delay": "int control steps until this chunk executes; default: estimated from control_hz",
+            },
         },
         "dit4dit_examples": {  # DiT4DiT's own protocol: model-space in, normalized out
             "image": [*spec.frame_size, 3],

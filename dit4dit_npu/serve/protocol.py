@@ -1,12 +1,32 @@
 """The two request formats one server answers on the same websocket, and their replies.
 
-**openpi / dit4dit_npu** (what ``dit4dit_npu.serve.client`` and openpi's ``WebsocketClientPolicy``
+**openpi / dit4dit_npu** (what ``dit4dit_client`` and openpi's ``WebsocketClientPolicy``
 send): an observation dict (``transforms/observation.py``: our flat camera keys, or openpi's
 nested ``images`` + ``prompt``), an optional ``seed`` -> ``{"actions": float32 (chunk, action_dim)
 in robot units, "server_timing": {...}}``. A refused request is answered the way openpi's server
 reports errors, with a text frame holding the one-line message (openpi's client raises
 ``RuntimeError`` with it, ours ``ServerError``), but the connection stays open for the next
-request. ``{"__ctrl__": ...}`` episode messages are acknowledged as openpi does.
+request. ``{"__ctrl__": ...}`` episode messages are acknowledged as openpi does (and clear the
+connection's session). Every reply also carries ``chunk_id``, the count of chunks sent on the
+connection.
+
+**Real-time chunking** (our addition; ``session.py``): an observation may carry ``"rtc": {...}``
+to have its chunk inpainted onto the previous one (``DiT4DiTPolicy.predict_action``'s
+``prev_chunk`` / ``inference_delay`` / ``execution_horizon``):
+
+================================  ===========================================================
+``executed``: int                 actions of this connection's last chunk executed when the
+                                  observation was taken (the server keeps that chunk)
+``prev_chunk``: (L, A) float      or: the previous chunk's actions still to come, sent as is
+``inference_delay``: int          control steps until this reply is executed (frozen prefix);
+                                  left out: ceil(max recent server latency x ``control_hz``)
+``control_hz``: float             the robot's control rate (remembered by the connection)
+``execution_horizon``: int        the paper's s (default: H - L, all of the prefix)
+``max_guidance_weight``: float    the paper's beta (default 5)
+``chunk_id``: int                 the chunk ``executed`` counts from (refused if not the last)
+================================  ===========================================================
+
+The reply then echoes ``"rtc": {"inference_delay", "executed", "prefix_steps"}``.
 
 **DiT4DiT's own** (its LIBERO / RoboCasa clients, ``websocket_policy_client.py``): a message with
 ``examples`` or ``type``. ``type`` ``"ping"`` -> ``{"status": "ok", "ok": True, "type": "ping",
@@ -43,6 +63,7 @@ DIT4DIT_PING = "ping"
 DIT4DIT_IGNORED = ("do_sample", "use_ddim", "num_ddim_steps")
 DIT4DIT_KEYS = ("type", "request_id", "examples", "seed", *DIT4DIT_IGNORED)
 OPENPI_CTRL = "__ctrl__"
+RTC = "rtc"  # the real-time-chunking field of an observation request (and of its reply)
 
 
 class RequestError(DiT4DiTError, ValueError):

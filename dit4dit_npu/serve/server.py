@@ -11,7 +11,11 @@ Wire format: websocket + msgpack with numpy arrays (``msgpack_numpy``, openpi's 
    text frame as openpi's server reports errors; DiT4DiT's ``{"examples": [...]}`` -> its
    ``{"status": "ok", "data": {"normalized_actions"}}`` envelope, and its ``ping``; openpi's
    ``__ctrl__`` messages. The connection stays open either way.
-3. Requests arriving together are answered by one batched model call (``batching.py``).
+3. Requests arriving together are answered by one batched model call (``batching.py``); real-time
+   chunking requests batch with each other.
+4. Each connection has a session (``session.py``): the last chunk sent on it, so an observation
+   with ``"rtc": {"executed": s}`` is inpainted onto that chunk's rest without resending it.
+   It is dropped when the connection closes.
 
 Why this differs from the original server (SPEC A18, B10): inference runs on a worker thread,
 so the event loop keeps answering pings and other clients while a batch is computed; requests
@@ -34,9 +38,9 @@ from typing import Any
 
 import websockets
 import websockets.asyncio.server as ws_server
+from dit4dit_client import msgpack_numpy
 
 from dit4dit_npu.errors import DiT4DiTError
-from dit4dit_npu.serve import msgpack_numpy
 from dit4dit_npu.serve.batching import Batcher
 from dit4dit_npu.serve.handlers import (
     Call,
@@ -49,6 +53,7 @@ from dit4dit_npu.serve.handlers import (
 )
 from dit4dit_npu.serve.metadata import server_metadata
 from dit4dit_npu.serve.protocol import RequestLimits
+from dit4dit_npu.serve.session import Session
 from dit4dit_npu.transforms.policy_io import NonFiniteActionError
 
 logger = logging.getLogger("dit4dit_npu.serve")
@@ -131,10 +136,10 @@ class PolicyServer:
         # time. Decoding and validation run on their own threads, beside a running model call.
         self._infer_pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="infer")
         self._prep_pool = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="prepare")
-        self._connections = 0
+        self._connections: set[Connection] = set()  # open ones; each holds its session
         self._batcher = Batcher(
             self._run_batch, self._infer_pool, max_batch=max_batch, window_s=batch_window_ms / 1e3,
-            open_connections=lambda: self._connections,
+            open_connections=lambda: len(self._connections),
         )
         self._server: ws_server.Server | None = None
 
@@ -174,10 +179,15 @@ class PolicyServer:
         self._infer_pool.shutdown(wait=False, cancel_futures=True)
         self._prep_pool.shutdown(wait=False, cancel_futures=True)
 
+    @property
+    def sessions(self) -> list[Session]:
+        """The sessions of the open connections (a closed connection's is dropped with it)."""
+        return [c.session for c in self._connections if c.session is not None]
+
     async def _serve_connection(self, ws: ws_server.ServerConnection) -> None:
         logger.info("connection from %s", ws.remote_address)
-        self._connections += 1
         conn = Connection(ws.remote_address)
+        self._connections.add(conn)
         try:
             await ws.send(msgpack_numpy.packb(self._metadata))
             async for message in ws:
@@ -189,7 +199,8 @@ class PolicyServer:
         except websockets.ConnectionClosed:
             pass
         finally:
-            self._connections -= 1
+            self._connections.discard(conn)
+            conn.close()  # its previous chunk and latencies go with it
         logger.info("connection from %s closed", ws.remote_address)
 
     async def _answer(self, message: str | bytes, conn: Connection) -> Reply:
@@ -209,7 +220,7 @@ class PolicyServer:
             return prepared
         handler, msg, call = prepared.handler, prepared.msg, prepared.call
         try:
-            result, timing = await self._batcher.submit((handler, call.seed), call.payload, call.rows)
+            result, timing = await self._batcher.submit((handler, call.seed, call.group), call.payload, call.rows)
         except Exception as e:
             return handler.error(msg, self._error_text(e, "inference", NonFiniteActionError))
         reply = handler.reply(msg, result, timing, conn)
@@ -239,9 +250,9 @@ class PolicyServer:
         logger.error("%s failed", during, exc_info=e)
         return f"internal error: {_one_line(e)}"
 
-    def _run_batch(self, key: tuple[Handler, int | None], payloads: Sequence[Any]) -> Sequence[Any]:
-        """On the worker thread: one model call for requests of the same kind and seed."""
-        handler, seed = key
+    def _run_batch(self, key: tuple[Handler, int | None, Any], payloads: Sequence[Any]) -> Sequence[Any]:
+        """On the worker thread: one model call for requests of the same kind, seed and group."""
+        handler, seed, _ = key
         return handler.run(payloads, seed)
 
 

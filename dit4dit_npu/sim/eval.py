@@ -1,12 +1,16 @@
 """Closed-loop success rate of a policy on an ALOHA scene.
 
-    python -m dit4dit_npu.sim.eval --policy POLICY_DIR|ws://host:port|expert|hold \
+    python -m dit4dit_npu.sim.eval --policy POLICY_DIR|ws://host:port|expert|expert_chunks|hold \
         --task transfer_cube --episodes 50 --seed 0 [--replan K] [--size HxW] [--videos N] \
-        [--workers W] --out DIR
+        [--execution sync|async|ensemble|rtc] [--delay-ms D] [--workers W] --out DIR
 
 Episode i uses seed S+i (gym-aloha's object placement for that seed; demos use seeds >= 100000).
 Each query returns an action chunk; its first K actions are executed (default: all of it), then
-the policy sees the new observation. An episode succeeds when gym-aloha's reward reaches 4 (it
+the policy sees the new observation. ``--delay-ms`` simulates inference time: a chunk is usable
+d = ceil(D x 50 Hz) steps after its observation, and ``--execution`` says what the robot does
+meanwhile (``execution.py``: pause, keep executing the old chunk, temporal ensembling, or
+real-time chunking); the boundary jerk of every episode is reported with it. An episode
+succeeds when gym-aloha's reward reaches 4 (it
 ends there, as gym-aloha's env terminates); success within gym-aloha's 300-step limit is reported
 too. Prints one line per episode and ``success k/N = p% (95% Wilson CI lo–hi%)``; writes
 ``results.json`` and mp4s (cam_high | left wrist | right wrist) of the first N episodes.
@@ -22,9 +26,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from dit4dit_client import MODES
+
 from dit4dit_npu.cli import entry_point, former_names, require
 from dit4dit_npu.files import atomic_write_json
 from dit4dit_npu.sim.errors import SimError
+from dit4dit_npu.sim.execution import Execution
+from dit4dit_npu.sim.policies import BUILTIN
 from dit4dit_npu.sim.rollout import EvalSetup
 from dit4dit_npu.sim.success_rate import format_rate, wilson_interval
 from dit4dit_npu.sim.tasks import EPISODE_STEPS, GYM_MAX_STEPS, TRAIN_SEED0, get_task, parse_size
@@ -32,13 +40,20 @@ from dit4dit_npu.sim.tasks import EPISODE_STEPS, GYM_MAX_STEPS, TRAIN_SEED0, get
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m dit4dit_npu.sim.eval", description=__doc__.splitlines()[0])
-    p.add_argument("--policy", required=True, help="POLICY_DIR | ws://host:port | expert | hold")
+    p.add_argument("--policy", required=True, help="POLICY_DIR | ws://host:port | expert | expert_chunks | hold")
     p.add_argument("--task", default="transfer_cube", help="the scene and its success check (default: %(default)s)")
     p.add_argument("--episodes", type=int, default=50, help="how many episodes (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="seed of the first episode")
     p.add_argument(
-        "--replan", type=int, default=None, help="actions executed per query (default: whole chunk)"
+        "--replan", type=int, default=None,
+        help="actions executed per query, the execution horizon (default: whole chunk; half of it for the async modes)",
     )
+    p.add_argument(
+        "--execution", default="sync", choices=MODES,
+        help="how chunks are merged while the next is computed: sync (pause), async (switch), ensemble (ACT's "
+        "temporal ensembling), rtc (real-time chunking)",
+    )
+    p.add_argument("--delay-ms", type=float, default=0.0, help="simulated inference delay (default 0)")
     p.add_argument(
         "--size", default=None, help="HxW per camera (default: the policy's training size, else 240x320)"
     )
@@ -69,16 +84,17 @@ def make_setup(a: argparse.Namespace) -> EvalSetup:
             raise SimError(f"{name}: expected >= {low}, got {value}")
     if a.replan is not None and a.replan < 1:
         raise SimError(f"--replan: expected >= 1, got {a.replan}")
+    execution = Execution(a.execution, a.delay_ms)
     if (a.out / "results.json").exists():
         raise SimError(
             f"--out: {a.out / 'results.json'} exists; choose another folder (results are never overwritten)"
         )
     if (
-        a.policy not in ("expert", "hold")
+        a.policy not in BUILTIN
         and not a.policy.startswith(("ws://", "wss://"))
         and not Path(a.policy).is_dir()
     ):
-        raise SimError(f"--policy: {a.policy!r} is not expert, hold, ws://host:port or a policy folder")
+        raise SimError(f"--policy: {a.policy!r} is not expert, expert_chunks, hold, ws://host:port or a policy folder")
     seeds = list(range(a.seed, a.seed + a.episodes))
     workers = min(a.workers, a.episodes)
     cores = os.cpu_count() or 1
@@ -93,6 +109,7 @@ def make_setup(a: argparse.Namespace) -> EvalSetup:
         threads=max(1, cores // workers) if workers > 1 else None,
         connect_timeout_s=a.connect_timeout,
         merge_lora=a.merge_lora,
+        execution=execution,
     )
 
 
@@ -119,7 +136,7 @@ def run_serial(setup: EvalSetup, seeds: list[int], output: Path, on_result) -> d
             Path(setup.video_dir).mkdir(exist_ok=True)
         for seed in seeds:
             on_result(worker.run(seed))
-        return {"size_hw": worker.size_hw, "metadata": worker.policy.metadata}
+        return worker.info
     finally:
         worker.close()
 
@@ -214,6 +231,12 @@ def summarize(
         "env_ms_per_step": mean_of("env_ms_per_step"),
         "policy_ms_per_chunk": mean_of("policy_ms_per_call"),
         "policy_ms_per_step": mean_of("policy_ms_per_step"),
+        "execution": setup.execution.mode,
+        "delay_ms": setup.execution.delay_ms,
+        "delay_steps": setup.execution.delay_steps,
+        "execution_horizon": info.get("execution_horizon"),
+        "boundary_jerk": mean_of("boundary_jerk"),
+        "interior_jerk": mean_of("interior_jerk"),
         "total_steps": steps,
         "wall_s": round(wall_s, 1),
         "episodes_per_min": round(60 * n / wall_s, 2),
@@ -257,6 +280,11 @@ def main(argv: list[str] | None = None) -> int:
         f"success within {GYM_MAX_STEPS} steps (gym-aloha's limit): "
         f"{format_rate(summary[f'successes_within_{GYM_MAX_STEPS}'], len(results))}"
     )
+    if a.execution != "sync" or a.delay_ms:
+        print(
+            f"{a.execution} execution, {summary['delay_steps']} steps ({a.delay_ms:g} ms) delay: jerk at chunk "
+            f"boundaries {summary['boundary_jerk']} rad/s^3, elsewhere {summary['interior_jerk']}"
+        )
     print(
         f"env {summary['env_ms_per_step']} ms/step, policy {summary['policy_ms_per_chunk']} ms/chunk, "
         f"{summary['episodes_per_min']} episodes/min with {summary['workers']} worker(s) -> {a.out / 'results.json'}"

@@ -7,10 +7,14 @@ in the mocap scene and replaying the joints, loses a third of the episodes under
 
     expert = make_expert(scene)      # right after scene.reset(seed)
     action = expert(obs)             # (14,) float32, once per control step
+
+    chunks = make_chunk_expert(scene, 16)
+    chunk = chunks(t)                # (16, 14): its plan from schedule step t, on the objects' poses of now
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -217,3 +221,34 @@ def make_expert(scene: AlohaScene) -> Callable[[dict[str, Any]], np.ndarray]:
         return np.concatenate([arms[:6], [left_grip], arms[6:], [right_grip]]).astype(np.float32)
 
     return expert
+
+
+def make_chunk_expert(scene: AlohaScene, chunk_length: int) -> Callable[[int], np.ndarray]:
+    """The expert as a chunk policy, a control for chunked and delayed execution: ``chunks(t)`` ->
+    (chunk_length, 14), the actions the per-step expert would take from step ``t`` of its schedule
+    on if the objects stayed where they are now (a chunk is open loop, like a learned policy's).
+    The caller advances ``t`` by the actions it executed (not by the steps it waited: a paused
+    robot's schedule pauses too). Its planner and IK state after each planned step are kept, so
+    the next chunk, from any step this one covered, continues from exactly there."""
+    if scene.task.name not in EXPERTS:
+        raise SimError(f"no scripted expert for task {scene.task.name!r} (available: {sorted(EXPERTS)})")
+    ik = ArmIK(scene.physics.model.ptr, scene.physics.data.qpos)
+    left_start, right_start = ik.tcp_poses()
+    plan = EXPERTS[scene.task.name](scene.env_state, left_start, right_start)
+    after: dict[int, tuple[Any, np.ndarray]] = {-1: (plan, ik.q.copy())}  # step -> (planner, IK solution)
+
+    def chunks(step: int) -> np.ndarray:
+        planner, q = after[max(k for k in after if k < step)]
+        planner, ik.q = copy.deepcopy(planner), q.copy()
+        env_state = scene.env_state
+        out = []
+        for t in range(step, step + chunk_length):
+            left, left_grip, right, right_grip = planner(t, env_state)
+            arms = ik.solve(left, right)
+            after[t] = (copy.deepcopy(planner), ik.q.copy())
+            out.append(np.concatenate([arms[:6], [left_grip], arms[6:], [right_grip]]))
+        for k in [k for k in after if k < step - 1]:
+            del after[k]
+        return np.asarray(out, np.float32)
+
+    return chunks

@@ -1,11 +1,15 @@
 """What the closed-loop eval can drive, behind one small interface:
 
     policy.reset(scene, seed)       # a new episode (scene already reset)
-    chunk = policy.act(obs)         # (k, 14) float32 joint targets, robot units
+    chunk = policy.act(obs, request)  # (k, 14) float32 joint targets, robot units
 
-``--policy`` names one: ``expert`` (the scripted expert, an upper bound that checks the harness),
-``hold`` (holds the start pose, a lower bound), ``ws://host:port`` (a policy served by
-``python -m dit4dit_npu.serve``, through the same client a robot uses) or a policy folder
+``request`` (``dit4dit_client.ChunkRequest``) says what the executor knows when it asks: how
+much of the current chunk was executed and, for real-time chunking, the rest of it and the
+expected delay (``rollout.py``). ``--policy`` names one: ``expert`` (the scripted expert, an upper
+bound that checks the harness), ``expert_chunks`` (the same expert planning 16-step open-loop
+chunks: a control for chunked and delayed execution), ``hold`` (holds the start pose, a lower
+bound), ``ws://host:port`` (a policy served by ``python -m dit4dit_npu.serve``, through the same
+client a robot uses, RTC on its connection's session) or a policy folder
 (``DiT4DiTPolicy.from_pretrained``, in-process). A policy that cannot drive the scene (other
 cameras, action or state size) is refused before any episode runs.
 """
@@ -15,21 +19,24 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 import numpy as np
+from dit4dit_client import ChunkRequest
 
 from dit4dit_npu.sim.errors import SimError
 from dit4dit_npu.sim.tasks import ACTION_DIM, CAMERAS, STATE_DIM
 
-BUILTIN = ("expert", "hold")
+BUILTIN = ("expert", "expert_chunks", "hold")
+EXPERT_CHUNK_LENGTH = 16  # the ALOHA configs' chunk: 0.32 s at 50 Hz
 CONNECT_TIMEOUT_S = 30.0  # a server that is still loading its model gets this long
 
 
 class SimPolicy(Protocol):
     name: str
     metadata: dict[str, Any]  # camera_keys, chunk_length, ... (empty for built-ins)
+    takes_prefix: bool  # can inpaint onto a previous chunk (real-time chunking)
 
     def reset(self, scene: Any, seed: int) -> None: ...
 
-    def act(self, obs: dict[str, Any]) -> np.ndarray: ...
+    def act(self, obs: dict[str, Any], request: ChunkRequest | None = None) -> np.ndarray: ...
 
     def close(self) -> None: ...
 
@@ -37,15 +44,37 @@ class SimPolicy(Protocol):
 class ExpertPolicy:
     """The scripted expert as a policy: one action per call, privileged object state."""
 
-    name, metadata = "expert", {}
+    name, metadata, takes_prefix = "expert", {}, False
 
     def reset(self, scene: Any, seed: int) -> None:
         from dit4dit_npu.sim.experts import make_expert
 
         self._expert = make_expert(scene)
 
-    def act(self, obs: dict[str, Any]) -> np.ndarray:
+    def act(self, obs: dict[str, Any], request: ChunkRequest | None = None) -> np.ndarray:
         return self._expert(obs)[None]
+
+    def close(self) -> None:
+        pass
+
+
+class ExpertChunkPolicy:
+    """The scripted expert answering each observation with a 16-step open-loop chunk of its plan.
+    Its schedule advances by the actions executed (the request says how many of the last chunk),
+    so pauses and delays change what is executed, not the plan."""
+
+    name, metadata, takes_prefix = "expert_chunks", {"chunk_length": EXPERT_CHUNK_LENGTH}, False
+
+    def reset(self, scene: Any, seed: int) -> None:
+        from dit4dit_npu.sim.experts import make_chunk_expert
+
+        self._chunks = make_chunk_expert(scene, EXPERT_CHUNK_LENGTH)
+        self._start = 0  # schedule step of the last chunk's first action
+
+    def act(self, obs: dict[str, Any], request: ChunkRequest | None = None) -> np.ndarray:
+        if request is not None and request.executed is not None:
+            self._start += request.executed
+        return self._chunks(self._start)
 
     def close(self) -> None:
         pass
@@ -54,12 +83,12 @@ class ExpertPolicy:
 class HoldPolicy:
     """Commands the episode's start configuration forever: what doing nothing scores."""
 
-    name, metadata = "hold", {}
+    name, metadata, takes_prefix = "hold", {}, False
 
     def reset(self, scene: Any, seed: int) -> None:
         self._start: np.ndarray | None = None
 
-    def act(self, obs: dict[str, Any]) -> np.ndarray:
+    def act(self, obs: dict[str, Any], request: ChunkRequest | None = None) -> np.ndarray:
         if self._start is None:
             self._start = np.asarray(obs["state"], np.float32).copy()
         return self._start[None]
@@ -76,6 +105,8 @@ def _policy_observation(obs: dict[str, Any], camera_keys: list[str]) -> dict[str
 class FolderPolicy:
     """A policy folder loaded in this process (each eval worker loads its own copy: for a large
     model serve it once and point the workers at ``ws://``)."""
+
+    takes_prefix = True
 
     def __init__(self, path: str, threads: int | None = None, merge_lora: bool = False) -> None:
         import torch
@@ -95,13 +126,14 @@ class FolderPolicy:
     def reset(self, scene: Any, seed: int) -> None:
         self._seed = seed * 10_000  # same episode seed -> same flow-matching noise per call
 
-    def act(self, obs: dict[str, Any]) -> np.ndarray:
+    def act(self, obs: dict[str, Any], request: ChunkRequest | None = None) -> np.ndarray:
         from dit4dit_npu.policy.policy import PolicyInputError
 
         self._seed += 1
+        rtc = request.rtc() if request is not None else None
         try:
             return self._policy.predict_action(
-                _policy_observation(obs, self.metadata["camera_keys"]), seed=self._seed
+                _policy_observation(obs, self.metadata["camera_keys"]), seed=self._seed, **(rtc or {})
             )
         except PolicyInputError as e:
             raise SimError(f"policy {self.name} rejected the scene's observation: {e}") from None
@@ -111,10 +143,13 @@ class FolderPolicy:
 
 
 class RemotePolicy:
-    """A policy served by ``python -m dit4dit_npu.serve``, through ``WebsocketClientPolicy``."""
+    """A policy served by ``python -m dit4dit_npu.serve``, through ``WebsocketClientPolicy``; real-
+    time chunking on the connection's session (the server keeps the last chunk it sent)."""
+
+    takes_prefix = True
 
     def __init__(self, uri: str, connect_timeout_s: float = CONNECT_TIMEOUT_S) -> None:
-        from dit4dit_npu.serve.client import WebsocketClientPolicy
+        from dit4dit_client import WebsocketClientPolicy
 
         try:
             self._client = WebsocketClientPolicy(uri, None, connect_timeout_s=connect_timeout_s)
@@ -128,13 +163,14 @@ class RemotePolicy:
         self.name, self.metadata = uri, self._client.get_server_metadata()
 
     def reset(self, scene: Any, seed: int) -> None:
-        pass
+        self._client.reset()  # the server forgets the last episode's chunk
 
-    def act(self, obs: dict[str, Any]) -> np.ndarray:
-        from dit4dit_npu.serve.client import ServerError
+    def act(self, obs: dict[str, Any], request: ChunkRequest | None = None) -> np.ndarray:
+        from dit4dit_client import ServerError
 
+        rtc = request.rtc(session=True) if request is not None else None
         try:
-            reply = self._client.infer(_policy_observation(obs, self.metadata["camera_keys"]))
+            reply = self._client.infer(_policy_observation(obs, self.metadata["camera_keys"]), rtc=rtc)
         except ServerError as e:
             raise SimError(f"policy server {self.name} rejected the scene's observation: {e}") from None
         except (ConnectionError, OSError) as e:  # the server went away mid-eval
@@ -148,11 +184,13 @@ class RemotePolicy:
 def make_policy(
     spec: str, threads: int | None = None, connect_timeout_s: float = CONNECT_TIMEOUT_S, merge_lora: bool = False
 ) -> SimPolicy:
-    """``expert`` | ``hold`` | ``ws://host:port`` | a policy folder -> a checked policy."""
-    if merge_lora and (spec in ("expert", "hold") or spec.startswith(("ws://", "wss://"))):
+    """``expert`` | ``expert_chunks`` | ``hold`` | ``ws://host:port`` | a policy folder -> a checked policy."""
+    if merge_lora and (spec in BUILTIN or spec.startswith(("ws://", "wss://"))):
         raise SimError(f"--merge-lora: applies to a policy folder, not {spec} (serve a LoRA policy with --merge-lora)")
     if spec == "expert":
         return ExpertPolicy()
+    if spec == "expert_chunks":
+        return ExpertChunkPolicy()
     if spec == "hold":
         return HoldPolicy()
     if spec.startswith(("ws://", "wss://")):

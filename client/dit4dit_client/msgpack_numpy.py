@@ -11,8 +11,8 @@ peer's bytes. Decoding also checks that the byte count matches dtype x shape, so
 truncated message becomes a ``WireFormatError`` (a ``ValueError``) instead of a numpy crash
 deep in the policy.
 
-This module imports only numpy and msgpack: robots use it through ``dit4dit_npu.serve.client``
-without torch.
+This module imports only numpy and msgpack. It is the one definition of the wire format: the
+robot-side client (this package) and the server (``dit4dit_npu.serve``) both import it from here.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from dit4dit_npu.errors import DiT4DiTError
+from dit4dit_client.errors import ClientError
 
 __all__ = ["Packer", "WireFormatError", "pack_array", "packb", "unpack_array", "unpackb"]
 
@@ -35,7 +35,7 @@ _NPGENERIC = b"__npgeneric__"
 _REJECTED_KINDS = {"O": "object", "V": "void/structured", "c": "complex"}
 
 
-class WireFormatError(DiT4DiTError, ValueError):
+class WireFormatError(ClientError, ValueError):
     """A message that cannot be encoded or decoded; the text says why."""
 
 

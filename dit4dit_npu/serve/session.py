@@ -1,0 +1,129 @@
+"""Per-connection sessions: what real-time chunking needs to remember between a robot's requests.
+
+A robot that executes chunk k while asking for chunk k+1 would otherwise resend the rest of chunk
+k with every request. The server already sent it, so each connection keeps:
+
+- ``chunk``: the last chunk sent on it (robot units, with the batch axis if the request had one),
+  and ``chunk_id``, how many chunks it has been sent (the step counter a reply carries);
+- ``latencies_s``: the server-side latency (queue + model call) of its last few requests, from
+  which, with the robot's ``control_hz``, the inference delay can be estimated when a request
+  does not state it.
+
+An observation request asks for RTC with ``"rtc": {...}`` (``RTC_KEYS``; ``protocol.py`` has the
+wire format): ``executed`` (actions of the last chunk executed when the observation was taken:
+the server uses the rest), or ``prev_chunk`` (the rest, sent explicitly: no session needed),
+plus ``inference_delay`` (control steps; estimated when left out), ``execution_horizon``,
+``max_guidance_weight``, ``control_hz`` (remembered) and ``chunk_id`` (the chunk ``executed``
+counts from: a request about any other is refused, e.g. after a lost reply). The session is
+cleared by openpi's ``episode_start`` / ``episode_end`` and dropped with its connection.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from dit4dit_npu.models.rtc import DEFAULT_MAX_GUIDANCE
+from dit4dit_npu.policy.rtc import ChunkPrefix, chunk_prefix
+from dit4dit_npu.serve.protocol import RequestError
+from dit4dit_npu.transforms.observation import Observation, PolicyInputError
+
+RTC_KEYS = (
+    "executed", "prev_chunk", "inference_delay", "execution_horizon", "max_guidance_weight", "control_hz", "chunk_id",
+)
+LATENCY_WINDOW = 5  # requests whose latency the delay estimate takes the maximum of (the paper's Q)
+
+
+@dataclass
+class Session:
+    chunk: np.ndarray | None = None
+    chunk_id: int = 0
+    control_hz: float | None = None
+    latencies_s: deque = field(default_factory=lambda: deque(maxlen=LATENCY_WINDOW))
+    # the RTC fields of the request being answered, echoed in its reply (a connection's requests
+    # are answered one at a time, so there is at most one)
+    pending: dict[str, Any] | None = None
+
+    def prefix(self, rtc: Any, observation: Observation, chunk_length: int, action_dim: int) -> ChunkPrefix:
+        """The checked RTC request of an observation. Raises ``RequestError`` naming the field."""
+        self.pending = None
+        if not isinstance(rtc, dict):
+            raise RequestError(f"rtc: expected a dict with some of {list(RTC_KEYS)}, got {type(rtc).__name__}")
+        unknown = sorted(str(k) for k in rtc if k not in RTC_KEYS)
+        if unknown:
+            raise RequestError(f"rtc: unknown key(s) {unknown}; expected some of {list(RTC_KEYS)}")
+        if ("executed" in rtc) == ("prev_chunk" in rtc):
+            raise RequestError("rtc: give exactly one of executed (this connection's last chunk) or prev_chunk")
+        if rtc.get("control_hz") is not None:
+            hz = rtc["control_hz"]
+            if isinstance(hz, bool) or not isinstance(hz, int | float) or not 0 < hz < math.inf:
+                raise RequestError(f"rtc.control_hz: expected a rate > 0 in Hz, got {hz!r:.40}")
+            self.control_hz = float(hz)
+        executed = rtc.get("executed")
+        prev = rtc["prev_chunk"] if executed is None else self._rest(executed, rtc.get("chunk_id"), observation)
+        delay = rtc.get("inference_delay")
+        if delay is None:
+            delay = self._estimated_delay(np.shape(prev)[-2] if np.ndim(prev) >= 2 else None)
+        beta = rtc.get("max_guidance_weight", DEFAULT_MAX_GUIDANCE)
+        try:
+            prefix = chunk_prefix(
+                prev, delay, rtc.get("execution_horizon"), chunk_length=chunk_length, action_dim=action_dim,
+                rows=observation.rows, batched=observation.batched, max_guidance_weight=beta,
+            )
+        except PolicyInputError as e:
+            raise RequestError(f"rtc.{e}") from None
+        self.pending = {"inference_delay": delay, "executed": executed, "prefix_steps": int(np.shape(prev)[-2])}
+        return prefix
+
+    def _rest(self, executed: Any, chunk_id: Any, observation: Observation) -> np.ndarray:
+        if self.chunk is None:
+            raise RequestError(
+                "rtc.executed: this connection has no previous chunk (its first request, or a new episode): "
+                "send this observation without rtc"
+            )
+        if chunk_id is not None and chunk_id != self.chunk_id:
+            raise RequestError(
+                f"rtc.chunk_id: {chunk_id!r} is not this connection's last chunk ({self.chunk_id}); "
+                "executed must count actions of the last chunk received"
+            )
+        length = self.chunk.shape[-2]
+        if isinstance(executed, bool) or not isinstance(executed, int | np.integer) or not 0 <= executed < length:
+            raise RequestError(
+                f"rtc.executed: expected an int 0 to {length - 1} (actions of the last chunk executed, at least "
+                f"one left), got {executed!r:.40}"
+            )
+        batched_before = self.chunk.ndim == 3
+        if batched_before != observation.batched or (batched_before and len(self.chunk) != observation.rows):
+            rows = len(self.chunk) if batched_before else "no batch axis"
+            raise RequestError(
+                f"rtc.executed: the last chunk was for {rows} rows, this observation has "
+                f"{observation.rows if observation.batched else 'no batch axis'}"
+            )
+        return self.chunk[..., int(executed) :, :]
+
+    def _estimated_delay(self, prefix_steps: int | None) -> int:
+        """ceil(max recent server latency x control rate): a floor on the robot's real delay (the
+        network is not in it), capped at the prefix the robot still has."""
+        if self.control_hz is None or not self.latencies_s:
+            raise RequestError(
+                "rtc.inference_delay: not given, and this connection has no rtc.control_hz (the robot's control "
+                "rate) and measured latency to estimate it from"
+            )
+        delay = math.ceil(max(self.latencies_s) * self.control_hz - 1e-9)
+        return min(delay, prefix_steps) if prefix_steps is not None else delay
+
+    def remember(self, chunk: np.ndarray, latency_s: float) -> int:
+        """The chunk just sent (a copy: the reply's array is packed and forgotten) -> its id."""
+        self.chunk = np.array(chunk, dtype=np.float32)
+        self.chunk_id += 1
+        self.latencies_s.append(latency_s)
+        return self.chunk_id
+
+    def reset(self) -> None:
+        """A new episode: the previous chunk belongs to the old one."""
+        self.chunk, self.pending = None, None
+        self.latencies_s.clear()
