@@ -26,7 +26,7 @@ SECONDS_PER_STEP = 0.5
 STARTUP_S = 600.0
 
 
-class SimEvalFailed(DiT4DiTError):
+class SimEvalFailed(DiT4DiTError, RuntimeError):
     """The evaluation subprocess crashed, timed out or wrote no results (one line, with its log)."""
 
 
