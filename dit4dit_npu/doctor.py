@@ -265,11 +265,11 @@ def file_system_type(path: Path) -> str | None:
 
 
 def check_memory(cfg, args: argparse.Namespace) -> Result:
-    from dit4dit_npu import device
+    from dit4dit_npu.device import api  # the probes where device/doctor.py reads them too
 
-    if device.device_type() == device.CPU:
+    if api.device_type() == api.CPU:
         return Result(SKIP, "memory", "CPU host: no card memory to compare with the plan")
-    n = args.num_processes or device.device_count()
+    n = args.num_processes or api.device_count()
     try:
         planned, how = memory_plan(cfg, n * args.num_machines)
     except checks.CheckFailed as e:
