@@ -27,3 +27,6 @@ atexit.register(shutil.rmtree, _TINY_CACHE, ignore_errors=True)
 import torch  # noqa: E402
 
 torch.set_num_threads(1)
+
+# Training runs several test modules read, trained once per session (tests/train_runs.py).
+from train_runs import demo_root, ema_workers_runs, full_run, two_rank_runs  # noqa: E402,F401

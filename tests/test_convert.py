@@ -158,6 +158,7 @@ def test_checkpoint_layout_is_the_documented_one(run):
     assert head == {k for t in DOCUMENTED_HEAD_KEYS for k in expand(t)}
 
 
+@pytest.mark.slow
 def test_cli_converts_every_tensor_to_its_place(run, tmp_path):
     out = tmp_path / "policy"
     r = subprocess.run(

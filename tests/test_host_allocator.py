@@ -72,6 +72,7 @@ print(json.dumps({"applied": applied, "faults_per_encode": sum(per_encode) / len
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not GLIBC, reason="glibc only")
 def test_tuned_malloc_stops_the_page_fault_churn():
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}

@@ -1,8 +1,10 @@
 """Issue 10 for training: resume always finds a whole checkpoint, a full disk or a kill -9 never
 costs a complete checkpoint, changed data is refused, each fault is one clear line.
 
-Real training processes on the shared demo data (tests/policy_fixtures.py), without DeepSpeed
-(it is not what these tests are about) and one step at a time; damage is done to real files.
+Training runs on the shared demo data (tests/train_runs.py), without DeepSpeed (it is not what
+these tests are about) and one step at a time; damage is done to real files. A run is a real
+process where the process is what is tested (a file-size limit, a kill -9); the others call the
+trainer's console-script function in this process.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from policy_fixtures import shared_tiny_setup
+from train_runs import RUN, TINY, train_here
 
 from dit4dit_npu.config import ConfigError, load_config
 from dit4dit_npu.train import checkpoint as ckpt_io
@@ -30,14 +32,12 @@ from dit4dit_npu.train.errors import TrainingError
 from dit4dit_npu.train.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = ROOT / "configs/robotwin/dit4dit_robotwin_tiny.yaml"
-RUN = "dit4dit_robotwin_tiny"
 ENV = {**os.environ, "DIT4DIT_DEVICE": "cpu", "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 
 
 @pytest.fixture(scope="module")
-def data_root() -> Path:
-    return Path(shared_tiny_setup().cfg.datasets.vla_data.data_root_dir)
+def data_root(demo_root) -> Path:
+    return demo_root
 
 
 def overrides(runs: Path, data_root: Path, **extra) -> list[str]:
@@ -52,6 +52,7 @@ def overrides(runs: Path, data_root: Path, **extra) -> list[str]:
 
 
 def train(args: list[str], **popen) -> subprocess.CompletedProcess:
+    """A real training process."""
     return subprocess.run(
         [sys.executable, "-m", "dit4dit_npu.train", "--config", str(TINY), *args],
         env=ENV, capture_output=True, text=True, cwd=ROOT, timeout=300, **popen,
@@ -62,8 +63,7 @@ def train(args: list[str], **popen) -> subprocess.CompletedProcess:
 def base_runs(tmp_path_factory, data_root) -> Path:
     """A 3-step run with a checkpoint at every step; tests damage copies of it."""
     runs = tmp_path_factory.mktemp("base") / "runs"
-    r = train(overrides(runs, data_root))
-    assert r.returncode == 0, r.stderr[-3000:]
+    assert train_here(overrides(runs, data_root)).returncode == 0
     return runs
 
 
@@ -97,7 +97,7 @@ def losses(run_dir: Path) -> dict[int, float]:
 # -- resume from damaged files --------------------------------------------------------------------
 
 
-def test_resume_falls_back_past_damaged_checkpoints_exactly(base_runs, tmp_path, data_root):
+def test_resume_falls_back_past_damaged_checkpoints_exactly(base_runs, tmp_path, data_root, capfd):
     runs, ck = copy_runs(base_runs, tmp_path)
     run = runs / RUN
     state = ck / "step_000003/trainer_state.pt"
@@ -109,7 +109,7 @@ def test_resume_falls_back_past_damaged_checkpoints_exactly(base_runs, tmp_path,
     os.truncate(run / "prompt_cache.safetensors", 100)
     damaged = {name: files(ck / name) for name in ("step_000002", "step_000003")}
 
-    r = train(overrides(runs, data_root, **{"trainer.max_train_steps": 4, "trainer.resume": "auto"}))
+    r = train_here(overrides(runs, data_root, **{"trainer.max_train_steps": 4, "trainer.resume": "auto"}), capfd)
     assert r.returncode == 0, r.stderr[-3000:]
     out = (r.stdout + r.stderr).splitlines()
     for line in (
@@ -193,6 +193,7 @@ def test_no_whole_checkpoint_or_a_damaged_explicit_one_is_one_line(base_runs, tm
 # -- saving: full disk, kill -9 during save / prune / commit ---------------------------------------
 
 
+@pytest.mark.slow
 def test_disk_full_during_save_is_one_line_and_loses_nothing(base_runs, tmp_path, data_root):
     """A real write failure from the real writers: the training process runs under a file-size
     rlimit (RLIMIT_FSIZE, 8 MB) that its 9.5 MB optimizer shard exceeds, so torch.save fails
@@ -227,7 +228,8 @@ def wait_then_kill(p: subprocess.Popen, appeared, timeout: float = 120) -> None:
     assert p.returncode == -signal.SIGKILL, "the process ended before it could be killed at the right moment"
 
 
-def test_kill_during_save_keeps_every_checkpoint_whole(base_runs, tmp_path, data_root):
+@pytest.mark.slow
+def test_kill_during_save_keeps_every_checkpoint_whole(base_runs, tmp_path, data_root, capfd):
     runs, ck = copy_runs(base_runs, tmp_path)
     before = files(ck)
     args = overrides(runs, data_root, **{"trainer.max_train_steps": 5, "trainer.resume": "auto"})
@@ -238,7 +240,7 @@ def test_kill_during_save_keeps_every_checkpoint_whole(base_runs, tmp_path, data
     steps = all_whole(ck)
     assert {k: v for k, v in files(ck).items() if k in before} == before  # the old ones are untouched
     stale = sorted(ck.glob(".tmp-step_*"))
-    r = train(args)  # restart: the partial folder is cleaned, the run continues from the newest whole one
+    r = train_here(args, capfd)  # restart: the partial folder is cleaned, the run continues from the newest whole one
     assert r.returncode == 0, r.stderr[-3000:]
     for s in stale:
         assert f"removed stale partial folder {s}" in r.stderr
@@ -246,6 +248,7 @@ def test_kill_during_save_keeps_every_checkpoint_whole(base_runs, tmp_path, data
     assert all_whole(ck) == list(range(1, 6)) and not list(ck.glob(".*"))
 
 
+@pytest.mark.slow
 def test_kill_during_prune_leaves_no_half_deleted_checkpoint(base_runs, tmp_path):
     runs, ck = copy_runs(base_runs, tmp_path)
     pad = ck / "step_000001/state/pad"  # a checkpoint slow to delete, like a real tens-of-GB one
@@ -284,7 +287,7 @@ def test_a_kill_inside_a_replacing_commit_keeps_one_copy(base_runs, tmp_path):
 # -- changed data, worker errors --------------------------------------------------------------
 
 
-def test_resume_on_changed_data_is_refused(base_runs, tmp_path, data_root):
+def test_resume_on_changed_data_is_refused(base_runs, tmp_path, data_root, capfd):
     runs, ck = copy_runs(base_runs, tmp_path)
     before = files(runs)
     changed = tmp_path / "data" / "robotwin_demo"
@@ -298,7 +301,7 @@ def test_resume_on_changed_data_is_refused(base_runs, tmp_path, data_root):
     col = table.column_names.index("action")
     pq.write_table(table.set_column(col, "action", pa.array(list(actions), pa.list_(pa.float32()))), path)
 
-    r = train(overrides(runs, tmp_path / "data", **{"trainer.max_train_steps": 4, "trainer.resume": "auto"}))
+    r = train_here(overrides(runs, tmp_path / "data", **{"trainer.max_train_steps": 4, "trainer.resume": "auto"}), capfd)
     old = saved["policy_io"]["stats"]["action"]["max"][3]
     assert one_line_error(r) == (
         f"error: the training data changed since checkpoint {ck}/step_000003: action statistics differ (max: dim 3 "
@@ -333,19 +336,19 @@ def test_dataloader_worker_errors_come_back_as_one_line(tmp_path):
     assert re.fullmatch(r"cannot open video .+\.mp4 \(truncated or corrupt mp4\?\): .+", msg) and "\n" not in msg
 
 
-def test_a_start_refused_after_the_folder_check_leaves_no_run_folder(tmp_path, data_root):
+def test_a_start_refused_after_the_folder_check_leaves_no_run_folder(tmp_path, data_root, capfd):
     """A fresh run refused once its folder exists (here: a latent cache that is not one) takes
     the folder it created away again; a folder that was there before stays, with its content."""
     garbage = tmp_path / "not_a_cache"
     garbage.mkdir()
     bad = {"datasets.vla_data.latent_cache": garbage}
-    r = train(overrides(tmp_path / "runs", data_root, **bad))
+    r = train_here(overrides(tmp_path / "runs", data_root, **bad), capfd)
     assert r.returncode != 0 and "not a latent cache" in r.stderr and "Traceback" not in r.stderr
     assert not (tmp_path / "runs" / RUN).exists()
 
     mine = tmp_path / "runs2" / RUN
     mine.mkdir(parents=True)
     (mine / "notes.txt").write_text("mine")
-    r = train(overrides(tmp_path / "runs2", data_root, **bad))
+    r = train_here(overrides(tmp_path / "runs2", data_root, **bad), capfd)
     assert r.returncode != 0
     assert sorted(p.name for p in mine.iterdir()) == ["notes.txt"]
