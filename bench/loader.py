@@ -2,6 +2,7 @@
 
     python bench/loader.py [--episodes 4] [--length 120] [--height 240] [--width 320]
                            [--codec libx264] [--gop 8] [--samples 96] [--workers 1 4]
+    python bench/loader.py --smoke   # seconds: 2 short episodes at 64x80, a few samples, 1 worker
 
 Writes a demo dataset (RoboTwin-like: 3 cameras at 240x320, 15 fps) into a temp dir, then
 1. samples/s of RoboTwinDataset through a DataLoader (3 cameras x the clip subsampled by
@@ -156,7 +157,10 @@ def main() -> None:
     p.add_argument("--batches", type=int, default=12)
     p.add_argument("--batch-size", type=int, default=4)
     p.add_argument("--workers", type=int, nargs="+", default=[1, 4])
+    p.add_argument("--smoke", action="store_true", help="a seconds-long run at tiny sizes (overrides the size options): checks that the bench works; its numbers mean nothing")
     a = p.parse_args()
+    if a.smoke:
+        a.episodes, a.length, a.height, a.width, a.samples, a.batches, a.batch_size, a.workers = 2, 24, 64, 80, 4, 2, 2, [1]
     with tempfile.TemporaryDirectory() as tmp:
         t = time.perf_counter()
         write_demo_dataset(

@@ -2,6 +2,7 @@
 malloc settings ``device.configure_host_allocator`` applies at start-up of every entry point.
 
     python bench/malloc.py [--config configs/robotwin/dit4dit_robotwin_tiny.yaml] [--steps 30] [--rounds 3]
+    python bench/malloc.py --smoke   # seconds: one default/tuned pair, 2 steps of batch 2
 
 Each measurement is a fresh subprocess (malloc settings are process-wide and cannot be undone):
 ``default`` leaves glibc as it is, ``tuned`` calls ``configure_host_allocator()`` first (32 MiB
@@ -106,7 +107,10 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3, help="default/tuned process pairs")
     p.add_argument("--batch-size", type=int, default=8, help="the tiny config's per-device batch")
     p.add_argument("--child", choices=MODES, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--smoke", action="store_true", help="a seconds-long run at tiny sizes (overrides the size options): checks that the bench works; its numbers mean nothing")
     args = p.parse_args()
+    if args.smoke:
+        args.config, args.steps, args.rounds, args.batch_size = str(TINY), 2, 1, 2
     if args.child:
         args.mode = args.child
         child(args)

@@ -2,6 +2,7 @@
 
     python bench/parity_dit4dit.py --original-root /path/to/DiT4DiT \\
         --original-python /path/to/dit4dit-venv/bin/python [--work DIR] [--presets libero robotwin]
+    python bench/parity_dit4dit.py --smoke [--original-root ... --original-python ...]
 
 The original needs its own virtualenv (it runs on diffusers 0.37 and transformers 4.x, not on
 this project's versions): python 3.11 with torch, torchvision, diffusers==0.37.1,
@@ -24,6 +25,8 @@ Presets: ``libero`` (2 views, interleaved sin/cos state, gripper passed raw and 
 client, min-max actions clipped) and ``robotwin`` (3 views, DiT4DiT's [L6, R6, Lg, Rg] order
 against the robot's [L6, Lg, R6, Rg], min-max joints, binary grippers, an 8-frame clip of which
 its VAE used 5). The last line is ``max abs diff: X`` (exit code 1 above the target).
+``--smoke`` runs the libero preset only; without ``--original-root`` it prints one line saying
+that it was skipped, and exits 0 (the original is an external checkout with its own virtualenv).
 """
 
 from __future__ import annotations
@@ -122,12 +125,22 @@ def compare(out: Path) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--original-root", type=Path, required=True, help="a checkout of Mondo-Robotics/DiT4DiT")
+    ap.add_argument("--original-root", type=Path, help="a checkout of Mondo-Robotics/DiT4DiT (required unless --smoke)")
     ap.add_argument("--original-python", default=sys.executable,
                     help="python of a virtualenv that runs the original (diffusers 0.37, transformers 4.x)")
     ap.add_argument("--work", type=Path, help="working folder (default: a temporary one)")
     ap.add_argument("--presets", nargs="+", default=["libero", "robotwin"], choices=["libero", "robotwin"])
+    ap.add_argument("--smoke", action="store_true",
+                    help="the libero preset only; without --original-root: say it was skipped and exit 0")
     args = ap.parse_args(argv)
+    if args.smoke:
+        if args.original_root is None:
+            print("parity_dit4dit --smoke: skipped: needs a checkout of the original DiT4DiT (--original-root DIR) "
+                  "and a python that runs it (--original-python)")
+            return 0
+        args.presets = ["libero"]
+    elif args.original_root is None:
+        ap.error("--original-root is required (a checkout of Mondo-Robotics/DiT4DiT)")
     torch.set_num_threads(1)
     work = args.work or Path(tempfile.mkdtemp(prefix="parity_dit4dit_"))
     base = work / "tiny_cosmos25"
