@@ -249,6 +249,7 @@ def test_base_model_whose_frozen_weights_differ(run, tmp_path):
     assert "frozen vae weights differ from the base model" in msg and "--base-model" in msg
 
 
+@pytest.mark.slow
 def test_cli_bad_input_is_one_line(run, tmp_path):
     bad = tmp_path / "stats.json"
     bad.write_text(json.dumps(statistics("gr1", 29, 29)))
