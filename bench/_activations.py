@@ -36,7 +36,8 @@ from torch.distributed._tools.mem_tracker import MemTracker, _ModState
 
 from dit4dit_npu import device as dev
 from dit4dit_npu.models import tiny as tiny_parts
-from dit4dit_npu.models.cosmos import BackboneConfig, CosmosBackbone, vae_latents
+from dit4dit_npu.models.configs import Cosmos25Config, TinyCosmosConfig
+from dit4dit_npu.models.cosmos import CosmosBackbone, vae_latents
 
 PARAM_KEYS = ("Parameter", "Buffer")
 POINTS = ((1, 4, 12), (1, 8, 12), (2, 4, 12), (2, 8, 12))  # (batch, latent h, latent w); T_lat = 3
@@ -104,7 +105,7 @@ def _depth_fit(samples: dict[int, list[tuple[int, int, float]]]) -> DepthFit:
     return DepthFit(Fit.of(base), Fit.of(per_block))
 
 
-def real_width_backbone(layers: int, extract_layer: int, widths: tiny_parts.TinySizes | None = None) -> CosmosBackbone:
+def real_width_backbone(layers: int, extract_layer: int, widths: TinyCosmosConfig | None = None) -> CosmosBackbone:
     """The real Cosmos-Predict2.5-2B transformer config (or ``widths``: bench/memory.py --smoke)
     with ``layers`` blocks (random weights), composed like the trained model; its VAE is a tiny
     one (the VAE is measured separately)."""
@@ -113,7 +114,7 @@ def real_width_backbone(layers: int, extract_layer: int, widths: tiny_parts.Tiny
     sizes = dataclasses.replace(widths or FULL_SIZE, num_layers=layers, vae_base_dim=8)
     transformer = tiny_parts.build_transformer(sizes)
     vae = tiny_parts.build_vae(sizes)
-    backbone = CosmosBackbone(transformer, vae, tiny_parts.build_scheduler(), BackboneConfig(extract_layer=extract_layer))
+    backbone = CosmosBackbone(transformer, vae, tiny_parts.build_scheduler(), Cosmos25Config(extract_layer=extract_layer))
     free_grads_on_accumulation(backbone.transformer)
     return backbone
 
@@ -137,7 +138,7 @@ class BackwardFit:
 
 
 def measure_transformer(
-    max_text: int, text_width: int, log: Callable[[str], None], widths: tiny_parts.TinySizes | None = None
+    max_text: int, text_width: int, log: Callable[[str], None], widths: TinyCosmosConfig | None = None
 ) -> dict:
     """Fits of the video pass (forward end incl. the autocast weight cache; backward peak; with and
     without gradient checkpointing) and of the no-grad feature pass, at the real widths (or

@@ -14,11 +14,12 @@ from dit4dit_npu import device as dev
 from dit4dit_npu.batch import Batch, BatchSpec
 from dit4dit_npu.config import Config
 from dit4dit_npu.models import DiT4DiT, PromptEncoder
-from dit4dit_npu.models.tiny import TinySizes
+from dit4dit_npu.models.configs import TinyCosmosConfig
+from dit4dit_npu.transforms.policy_io import config_spec
 
 # Cosmos-Predict2.5-2B's transformer, Wan2.1's VAE and Qwen2.5-VL-7B's text model
 # (cosmos25_tiny_recipe.md §1), as the tiny builder's sizes.
-FULL_SIZE = TinySizes(
+FULL_SIZE = TinyCosmosConfig(
     num_layers=28, num_attention_heads=16, attention_head_dim=128, text_embed_dim=1024, adaln_lora_dim=256,
     vae_base_dim=96, text_hidden_size=3584, text_num_layers=28, text_num_heads=28,
 )
@@ -40,18 +41,9 @@ ROBOTWIN_DIMS = 14
 
 
 def bench_spec(cfg: Config) -> BatchSpec:
-    """What the data side brings for ``cfg``: padded widths (RoboTwin's 14 when not padded; sin/cos
-    state doubles it), the subsampled clip, the camera views tiled side by side (the benches make
-    random batches of this shape; no dataset is read)."""
-    d = cfg.datasets.vla_data
-    h, w = d.image_size
-    return BatchSpec(
-        state_width=d.max_state_dim or ROBOTWIN_DIMS * (2 if d.state_norm == "sincos" else 1),
-        action_width=d.max_action_dim or ROBOTWIN_DIMS,
-        chunk_length=cfg.framework.action_model.chunk_length,
-        num_frames=len(range(0, len(d.video_delta_indices), d.action_video_freq_ratio)),
-        frame_size=(h, w * len(d.camera_keys)),
-    )
+    """What the data side brings for ``cfg`` with RoboTwin's widths (the benches make random
+    batches of this shape; no dataset is read)."""
+    return config_spec(cfg, ROBOTWIN_DIMS, ROBOTWIN_DIMS)
 
 
 def first_row(batch: Batch) -> Batch:

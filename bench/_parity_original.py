@@ -91,10 +91,10 @@ class NoiseTape:
 
 
 def write_tiny_base(path: Path) -> None:
-    from dit4dit_npu.models import tiny
-    from dit4dit_npu.models.build import write_tiny_base_model
+    from dit4dit_npu.models.configs import TinyCosmosConfig
+    from dit4dit_npu.weights.tiny_cache import write_tiny_base_model
 
-    write_tiny_base_model(tiny.TinySizes(), path)
+    write_tiny_base_model(TinyCosmosConfig(), path)
 
 
 def original_config(root: Path, base: Path, p: dict, run: Path):

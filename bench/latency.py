@@ -42,9 +42,12 @@ from reference import ReferenceDiT4DiT
 
 from dit4dit_npu import device as dev
 from dit4dit_npu.batch import Batch, BatchSpec
+from dit4dit_npu.cli import run
 from dit4dit_npu.config import Config, load_config
-from dit4dit_npu.models import DiT4DiT, PromptCache, build_dit4dit, build_prompt_encoder
+from dit4dit_npu.models import DiT4DiT
 from dit4dit_npu.models.testing import make_batch
+from dit4dit_npu.prompt_cache import PromptCache
+from dit4dit_npu.weights import build_dit4dit, build_prompt_encoder
 
 REPO = Path(__file__).resolve().parents[1]
 STAGES = ("text", "vae_encode", "feature_pass", "action_sampling")
@@ -77,7 +80,7 @@ class Ours:
 
     def features(self, cond: torch.Tensor, prompts: torch.Tensor, call_seed: int) -> torch.Tensor:
         m = self.model
-        with dev.autocast(enabled=m.cfg.autocast):
+        with dev.autocast(enabled=m.autocast):
             return m.backbone.features(cond, prompts, m.feature_latent_frames, call_seed=call_seed)
 
     def predict_action(self, batch: Batch, seed: int) -> torch.Tensor:
@@ -166,24 +169,19 @@ def build_full_size(
 ) -> tuple[DiT4DiT, Any]:
     """Cosmos-Predict2.5-2B transformer + Wan2.1 VAE + a Qwen2.5-VL-7B-sized text model, random,
     built directly on ``device`` (cosmos25_tiny_recipe.md §1 configs) and composed with the
-    model-local configs ``build.py`` derives from ``cfg``. The tokenizer is the tiny one: its
+    ``framework`` sections of ``cfg``. The tokenizer is the tiny one: its
     vocabulary only changes the embedding table, not the per-token compute. ``layers`` < 28 keeps
     every width but fewer blocks (a CPU smoke test of this builder)."""
     from diffusers import AutoencoderKLWan, CosmosTransformer3DModel
     from transformers import Qwen2_5_VLTextConfig, Qwen2_5_VLTextModel
 
-    from dit4dit_npu.models import (
-        CosmosBackbone,
-        PromptEncoder,
-        backbone_config,
-        build_action_head,
-        dit4dit_config,
-    )
+    from dit4dit_npu.models import CosmosBackbone, PromptEncoder
     from dit4dit_npu.models import tiny as tiny_parts
+    from dit4dit_npu.weights import build_action_head
 
     real = dataclasses.replace(FULL_SIZE, num_layers=layers, text_num_layers=layers)
-    bb_cfg = backbone_config(cfg)
-    bb_cfg = dataclasses.replace(bb_cfg, extract_layer=min(bb_cfg.extract_layer, layers - 1))
+    c = cfg.framework.cosmos25
+    bb_cfg = dataclasses.replace(c, extract_layer=min(c.extract_layer, layers - 1))
     with torch.device(device):
         transformer = CosmosTransformer3DModel(**tiny_parts.transformer_kwargs(real)).to(dtype)
         vae = AutoencoderKLWan().to(dtype)  # the class defaults are Wan2.1's
@@ -191,10 +189,13 @@ def build_full_size(
         text = Qwen2_5_VLTextModel(
             Qwen2_5_VLTextConfig(**full_size_text_config(len(tok), layers, tok.pad_token_id, tok.eos_token_id))
         ).to(dtype)
-    backbone = CosmosBackbone(transformer, vae, tiny_parts.build_scheduler(), bb_cfg)
+    backbone = CosmosBackbone(
+        transformer, vae, tiny_parts.build_scheduler(), bb_cfg, cfg.trainer.enable_gradient_checkpointing
+    )
     head = build_action_head(cfg, spec, backbone.hidden_size).to(device)
     encoder = PromptEncoder(tok, text, cfg.framework.cosmos25.max_sequence_length, identity="full-size-random")
-    model = DiT4DiT(backbone, head, dataclasses.replace(dit4dit_config(cfg), autocast=True), spec)
+    framework = dataclasses.replace(cfg.framework, cosmos25=bb_cfg)
+    model = DiT4DiT(backbone, head, framework, spec, autocast=True)
     return model, encoder
 
 
@@ -252,7 +253,7 @@ def main() -> None:
     if args.full_size:
         full = load_config(REPO / "configs" / "robotwin" / "dit4dit_robotwin.yaml")
         spec = bench_spec(full)
-        dtype = torch.float32 if dev.device_type() == dev.CPU and full.trainer.mixed_precision == "no" else torch.bfloat16
+        dtype = torch.float32 if dev.device_type() == dev.CPU and not full.trainer.autocast else torch.bfloat16
         paths = [s for s in args.full_size_paths.split(",") if s]
         full_times = run_config("full-size (random weights)", args, spec, paths,
                                 lambda: build_full_size(full, spec, device, dtype, args.full_size_layers))
@@ -264,4 +265,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(run(main))  # user errors: one line, exit code 2 (dit4dit_npu.cli)

@@ -35,10 +35,12 @@ import torch
 from _common import bench_spec, step_peak_mib
 
 from dit4dit_npu import device as dev
+from dit4dit_npu.cli import run
 from dit4dit_npu.config import load_config
-from dit4dit_npu.models import PromptCache, build_dit4dit, build_prompt_encoder
 from dit4dit_npu.models.testing import make_batch
+from dit4dit_npu.prompt_cache import PromptCache
 from dit4dit_npu.train.optim import build_optimizer
+from dit4dit_npu.weights import build_dit4dit, build_prompt_encoder
 
 os.environ.setdefault("KINETO_LOG_LEVEL", "5")  # quiet profiler sessions
 
@@ -122,4 +124,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(run(main))  # user errors: one line, exit code 2 (dit4dit_npu.cli)

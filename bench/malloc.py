@@ -46,8 +46,9 @@ def child(args: argparse.Namespace) -> None:
     from _common import bench_spec
 
     from dit4dit_npu.config import load_config
-    from dit4dit_npu.models import PromptCache, build_dit4dit, build_prompt_encoder
     from dit4dit_npu.models.testing import make_batch
+    from dit4dit_npu.prompt_cache import PromptCache
+    from dit4dit_npu.weights import build_dit4dit, build_prompt_encoder
 
     torch.set_num_threads(1)
     dev.seed_everything(0)
@@ -142,4 +143,6 @@ def _p90(xs: list[float]) -> float:
 
 
 if __name__ == "__main__":
-    main()
+    from dit4dit_npu.cli import run  # user errors: one line, exit code 2
+
+    raise SystemExit(run(main))

@@ -16,7 +16,7 @@ The plan, per card, in GiB (card sizes are given in GB = 1e9 bytes, as vendors q
   ``--zero 0`` is one card without DeepSpeed (whole gradients and moments), the shape of a
   single-card allocator check;
 - the prompt cache: one 512 x 100352 bf16 embedding per instruction, on the card when the
-  whole cache is <= 2 GiB (``train/prompt_cache.py``), else in host memory;
+  whole cache is <= 2 GiB (``dit4dit_npu/prompt_cache.py``), else in host memory;
 - the step's working memory, measured on this CPU with the real classes and extrapolated
   (``_activations.py``): the VAE encode (skipped with a latent cache), the no-grad feature pass,
   and the video + action passes' forward end and backward peak, with and without gradient
@@ -40,15 +40,16 @@ from pathlib import Path
 import torch
 from _common import FULL_SIZE, QWEN_VOCAB, bench_spec, full_size_text_config
 
+from dit4dit_npu.cli import run
 from dit4dit_npu.config import Config, load_config
-from dit4dit_npu.models.tiny import TinySizes
+from dit4dit_npu.models.configs import TinyCosmosConfig
+from dit4dit_npu.prompt_cache import PROMPT_CACHE_ON_DEVICE_BYTES
 
 os.environ.setdefault("KINETO_LOG_LEVEL", "5")  # quiet profiler sessions (set before torch loads kineto)
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 GIB = 2**30
-PROMPT_CACHE_ON_DEVICE_BYTES = 2 * GIB  # train/prompt_cache.py
 
 
 def meta_parts(cfg: Config) -> dict[str, torch.nn.Module]:
@@ -56,8 +57,8 @@ def meta_parts(cfg: Config) -> dict[str, torch.nn.Module]:
     from diffusers import AutoencoderKLWan, CosmosTransformer3DModel
     from transformers import Qwen2_5_VLTextConfig, Qwen2_5_VLTextModel
 
-    from dit4dit_npu.models import build_action_head
     from dit4dit_npu.models import tiny as tiny_parts
+    from dit4dit_npu.weights import build_action_head
 
     with torch.device("meta"):
         transformer = CosmosTransformer3DModel(**tiny_parts.transformer_kwargs(FULL_SIZE))
@@ -149,17 +150,17 @@ class StepShape:
                    cfg.framework.cosmos25.max_sequence_length, h * w, (t_lat - 1) * 4 + 1)
 
 
-def text_width(widths: TinySizes) -> int:
+def text_width(widths: TinyCosmosConfig) -> int:
     """Width of a prompt embedding: every text-model layer's hidden state, concatenated."""
     return widths.text_num_layers * widths.text_hidden_size
 
 
-def hidden_width(widths: TinySizes) -> int:
+def hidden_width(widths: TinyCosmosConfig) -> int:
     return widths.num_attention_heads * widths.attention_head_dim
 
 
 def step_phases(fits: dict, head: dict, vae, s: StepShape, gc: bool, latent_cache: bool,
-                widths: TinySizes = FULL_SIZE) -> dict[str, float]:
+                widths: TinyCosmosConfig = FULL_SIZE) -> dict[str, float]:
     """Working memory of each phase of one training step, in bytes. Autograd runs the video graph's
     backward first (it was built last) while the head's graph waits, then the head's. The batch's
     prompt embeddings are alive all step (the transformer measurements include them)."""
@@ -179,7 +180,7 @@ def step_phases(fits: dict, head: dict, vae, s: StepShape, gc: bool, latent_cach
 
 
 def check(cfg: Config, fits: dict, head_fits: dict, batch: int, gc: bool,
-          widths: TinySizes = FULL_SIZE) -> tuple[float, float, StepShape]:
+          widths: TinyCosmosConfig = FULL_SIZE) -> tuple[float, float, StepShape]:
     """One real training step (forward + backward, from cached latents) of a real-width model,
     measured (the allocator's peak on an accelerator; on CPU the profiler's alloc/free high-water
     mark), against the plan's working memory for the same shape. On an accelerator: the full
@@ -189,8 +190,10 @@ def check(cfg: Config, fits: dict, head_fits: dict, batch: int, gc: bool,
     from _common import step_peak_mib
 
     from dit4dit_npu import device as dev
-    from dit4dit_npu.models import DiT4DiT, DiT4DiTConfig, PromptCache, build_action_head
+    from dit4dit_npu.models import DiT4DiT
     from dit4dit_npu.models.testing import make_batch
+    from dit4dit_npu.prompt_cache import PromptCache
+    from dit4dit_npu.weights import build_action_head
 
     full = dev.device_type() != dev.CPU
     spec = bench_spec(cfg)
@@ -203,7 +206,7 @@ def check(cfg: Config, fits: dict, head_fits: dict, batch: int, gc: bool,
     head = build_action_head(cfg, spec, hidden_width(widths))
     free_grads_on_accumulation(head)
     device = dev.get_device()
-    model = DiT4DiT(backbone, head, DiT4DiTConfig(autocast=True), spec).to(device).train()
+    model = DiT4DiT(backbone, head, cfg.framework, spec, autocast=True).to(device).train()
     model.backbone.vae.to(torch.bfloat16)
     text = cfg.framework.cosmos25.max_sequence_length
     cache = PromptCache()
@@ -240,7 +243,7 @@ def main() -> None:
     # the widths the activations are measured at (the plan is always for the real model's shapes)
     widths = FULL_SIZE
     if args.smoke:
-        args.config, args.threads, widths = str(REPO / "configs/robotwin/dit4dit_robotwin_tiny.yaml"), 1, TinySizes()
+        args.config, args.threads, widths = str(REPO / "configs/robotwin/dit4dit_robotwin_tiny.yaml"), 1, TinyCosmosConfig()
     hidden = hidden_width(widths)
     torch.set_num_threads(args.threads)
     cfg = load_config(args.config)
@@ -266,7 +269,7 @@ def main() -> None:
     print("measuring activations on CPU (real classes, reduced size):")
     fits = measure_transformer(cfg.framework.cosmos25.max_sequence_length,
                                text_width(widths), print, widths)
-    from dit4dit_npu.models import build_action_head
+    from dit4dit_npu.weights import build_action_head
 
     head = measure_head(build_action_head(cfg, bench_spec(cfg), hidden), bench_spec(cfg), hidden, print)
     from diffusers import AutoencoderKLWan
@@ -329,4 +332,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(run(main))  # user errors: one line, exit code 2 (dit4dit_npu.cli)

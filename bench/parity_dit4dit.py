@@ -96,7 +96,7 @@ def compare(out: Path) -> dict[str, float]:
 
     bt, ntr = np.load(out / "batch.npz"), np.load(out / "noise_train.npz")
     r = policy.model.action_model.repeats
-    noise_s = policy.cfg.framework.action_model.noise_s
+    noise_s = policy.manifest.framework.action_model.noise_s
     train_noise = dict(
         condition=np.concatenate([ntr[f"condition_{i}"][:, :, :1] for i in range(b)]),
         feature=ntr["feature"],
@@ -160,4 +160,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from dit4dit_npu.cli import run  # user errors: one line, exit code 2
+
+    raise SystemExit(run(main))

@@ -79,8 +79,8 @@ class ReferenceDiT4DiT:
     result can be compared with ours exactly."""
 
     def __init__(self, model: DiT4DiT, encoder: PromptEncoder, separate_condition_encode: bool = True) -> None:
-        if model.cfg.training != "joint":
-            raise ValueError(f"the reference step is the joint one; the model trains {model.cfg.training!r}")
+        if model.training_mode != "joint":
+            raise ValueError(f"the reference step is the joint one; the model trains {model.training_mode!r}")
         self.model = model
         self.encoder = encoder  # held, like the original's text encoder; never part of the model
         self.separate_condition_encode = separate_condition_encode
@@ -92,14 +92,14 @@ class ReferenceDiT4DiT:
         m = self.model
         if self.encoder.device != m.device:
             self.encoder.to(m.device)
-        dtype = None if m.cfg.autocast else m.backbone.dtype
+        dtype = None if m.autocast else m.backbone.dtype
         return self.encoder.encode(list(instructions)).to(device=m.device, dtype=dtype)
 
     def condition(self, video: torch.Tensor, latents: torch.Tensor | None = None) -> torch.Tensor:
         """Conditioning latent of a (B, 3, T, H, W) clip (or its frame 0)."""
         bb = self.model.backbone
         if self.separate_condition_encode:  # B4, zero-padded to the training clip's length
-            n = (self.model.feature_latent_frames - 1) * bb.temporal_factor + 1
+            n = bb.padded_frames(self.model.spec.num_frames)
             return separate_condition_encode(bb, video[:, :, :1], max(n, video.shape[2]))
         if latents is None:
             latents = bb.encode_video(video[:, :, :1])
@@ -109,7 +109,7 @@ class ReferenceDiT4DiT:
         self, cond: torch.Tensor, prompts: torch.Tensor, call_seed: int | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         m = self.model
-        with dev.autocast(enabled=m.cfg.autocast):
+        with dev.autocast(enabled=m.autocast):
             return full_depth_features(m.backbone, cond, prompts, m.feature_latent_frames, call_seed)
 
     # ------------------------------------------------------------------ step / inference
@@ -124,7 +124,7 @@ class ReferenceDiT4DiT:
         latents = bb.encode_video(video)  # the ground-truth clip (posterior mean)
         cond = self.condition(video, latents)
         feats, full_out = self.features(cond, prompts)
-        with dev.autocast(enabled=m.cfg.autocast):
+        with dev.autocast(enabled=m.autocast):
             action_loss = copied_repeats_loss(m.action_model, feats, batch.state, batch.action, batch.action_mask)
             video_loss = bb.video_flow_matching_loss(latents, prompts, cond)
         del full_out  # the original's discarded graph lived until here

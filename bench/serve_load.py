@@ -1,6 +1,6 @@
 """Policy server under load: the batching server vs the one-at-a-time server, same run.
 
-    python bench/serve_load.py [--checkpoint POLICY_DIR] [--clients 1 8 32] [--requests 20]
+    python bench/serve_load.py [--policy POLICY_DIR] [--clients 1 8 32] [--requests 20]
                                [--max-batch 8] [--window-ms 5] [--server-threads 1]
     python bench/serve_load.py --smoke   # seconds: 1 and 2 clients, 2 requests each
 
@@ -14,7 +14,7 @@ both alike, ``--requests`` timed requests per client in all. Reported per server
 count: throughput (replies / seconds of the bursts), p50 / p95 latency per request seen by the
 client, and the mean rows per model call (from the replies' ``server_timing``).
 
-Without ``--checkpoint`` it builds the tiny policy (``configs/robotwin/dit4dit_robotwin_tiny.yaml``,
+Without ``--policy`` it builds the tiny policy (``configs/robotwin/dit4dit_robotwin_tiny.yaml``,
 untrained weights: only timing matters) in a temp folder, on demo data it writes there itself (the
 trainer generates demo data only at its default location). The last line is ``speedup: X.XX`` =
 batching / one-at-a-time throughput at 8 clients (or the nearest client count run).
@@ -41,6 +41,7 @@ from typing import Any
 
 import numpy as np
 
+from dit4dit_npu.cli import run
 from dit4dit_npu.serve.client import WebsocketClientPolicy
 
 REPO = Path(__file__).resolve().parents[1]
@@ -71,8 +72,9 @@ def build_tiny_policy(root: Path) -> Path:
     from dit4dit_npu.config import load_config
     from dit4dit_npu.data import build_training_data
     from dit4dit_npu.data.demo import write_demo_dataset
-    from dit4dit_npu.models import PromptCache, build_dit4dit, build_prompt_encoder
     from dit4dit_npu.policy import export_policy
+    from dit4dit_npu.prompt_cache import PromptCache
+    from dit4dit_npu.weights import build_dit4dit, build_prompt_encoder
 
     write_demo_dataset(root / "data" / "robotwin_demo")
     cfg = load_config(TINY, [f"datasets.vla_data.data_root_dir={root}/data", f"run_root_dir={root}/runs",
@@ -100,7 +102,9 @@ def server_process(
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "HF_HUB_OFFLINE": "1"}
     log = open(Path(tempfile.gettempdir()) / f"serve_load_{name}_{port}.log", "w")  # noqa: SIM115
     proc = subprocess.Popen(
-        [sys.executable, "-m", "dit4dit_npu.serve", "--checkpoint", str(checkpoint), "--port", str(port),
+        # a baseline checkout older than the flag's rename knows only --checkpoint
+        [sys.executable, "-m", "dit4dit_npu.serve", "--policy" if repo == REPO else "--checkpoint", str(checkpoint),
+         "--port", str(port),
          "--log-level", "WARNING", *extra],
         cwd=repo, env=env, stdout=log, stderr=subprocess.STDOUT,
     )
@@ -186,7 +190,7 @@ def merge(runs: list[Load]) -> Load:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--checkpoint", type=Path, default=None, help="policy folder (default: build the tiny one)")
+    p.add_argument("--policy", type=Path, default=None, help="policy folder (default: build the tiny one)")
     p.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32])
     p.add_argument("--requests", type=int, default=24, help="timed requests per client (over all rounds)")
     p.add_argument("--rounds", type=int, default=4, help="bursts per server and client count, alternated")
@@ -203,7 +207,7 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
     with contextlib.ExitStack() as stack:
-        checkpoint = args.checkpoint
+        checkpoint = args.policy
         if checkpoint is None:
             root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="serve_load_")))
             os.environ.setdefault("DIT4DIT_TINY_CACHE", str(root / "tiny_cache"))
@@ -251,4 +255,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(run(main))  # user errors: one line, exit code 2 (dit4dit_npu.cli)

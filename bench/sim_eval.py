@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from dit4dit_npu.cli import run
 from dit4dit_npu.sim.eval import main as eval_main
 from dit4dit_npu.sim.scene import AlohaScene
 from dit4dit_npu.sim.tasks import get_task, parse_size
@@ -89,7 +90,7 @@ def eval_rate(spec: str, episodes: int, workers: int, size: str, root: Path, max
         size,
         "--videos",
         "0",
-        "--output",
+        "--out",
         str(out),
         *(["--max-steps", str(max_steps)] if max_steps else []),
     ]
@@ -138,4 +139,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(run(main))  # user errors: one line, exit code 2 (dit4dit_npu.cli)

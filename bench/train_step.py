@@ -51,10 +51,12 @@ from reference import ReferenceDiT4DiT
 
 from dit4dit_npu import device as dev
 from dit4dit_npu.batch import Batch
+from dit4dit_npu.cli import run
 from dit4dit_npu.config import load_config
-from dit4dit_npu.models import PromptCache, build_dit4dit, build_prompt_encoder
 from dit4dit_npu.models.cosmos import vae_latents
 from dit4dit_npu.models.testing import make_batch
+from dit4dit_npu.prompt_cache import PromptCache
+from dit4dit_npu.weights import build_dit4dit, build_prompt_encoder
 
 # quiet the profiler's per-session log lines (set before torch loads kineto)
 os.environ.setdefault("KINETO_LOG_LEVEL", "5")
@@ -235,4 +237,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(run(main))  # user errors: one line, exit code 2 (dit4dit_npu.cli)

@@ -1,7 +1,7 @@
 """dit4dit-npu: NPU-first DiT4DiT (Cosmos-Predict2.5 video features + flow-matching action head).
 
 ``import dit4dit_npu`` stays light (no torch): ``DiT4DiTPolicy`` is imported on first use, so a
-robot-side process can use ``dit4dit_npu.client`` without the training stack.
+robot-side process can use ``dit4dit_npu.serve.client`` without the training stack.
 """
 
 from __future__ import annotations

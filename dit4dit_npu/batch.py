@@ -36,8 +36,10 @@ from dataclasses import dataclass, fields, replace
 
 import torch
 
+from dit4dit_npu.errors import DiT4DiTError
 
-class BatchError(ValueError):
+
+class BatchError(DiT4DiTError, ValueError):
     """A batch that does not match the model's ``BatchSpec`` (one line naming the field)."""
 
 

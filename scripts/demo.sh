@@ -12,6 +12,6 @@ CONFIG=configs/robotwin/dit4dit_robotwin_tiny.yaml
 RUN_DIR="$(.venv/bin/python -m dit4dit_npu.train --config "$CONFIG" "$@" --dry-run | .venv/bin/python -c '
 import sys, yaml; c = yaml.safe_load(sys.stdin); print(c["run_root_dir"] + "/" + c["run_id"])')"
 POLICY="$(ls -d "$RUN_DIR"/checkpoints/step_*/policy | sort | tail -1)"
-.venv/bin/python -m dit4dit_npu.eval --checkpoint "$POLICY" --output "$RUN_DIR/eval"
+.venv/bin/python -m dit4dit_npu.eval --policy "$POLICY" --out "$RUN_DIR/eval"
 echo "policy: $POLICY"
 echo "eval:   $RUN_DIR/eval/metrics.json"

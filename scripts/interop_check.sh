@@ -140,7 +140,7 @@ if "$PY" -m dit4dit_npu.train --config configs/robotwin/dit4dit_robotwin_tiny.ya
   >"$WORK/logs/train.log" 2>&1; then
   POLICY="$(ls -d "$WORK"/runs/interop/checkpoints/step_*/policy | sort | tail -1)"
   PORT="$("$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
-  "$PY" -m dit4dit_npu.serve --checkpoint "$POLICY" --port "$PORT" >"$WORK/logs/serve.log" 2>&1 &
+  "$PY" -m dit4dit_npu.serve --policy "$POLICY" --port "$PORT" >"$WORK/logs/serve.log" 2>&1 &
   SERVER_PID=$!
   "$PY" "$HERE/ours.py" observations "$POLICY" "$V3" "$WORK/obs.npz" >"$WORK/logs/obs.log" 2>&1 \
     || say "FAIL openpi: observations ($(tail -1 "$WORK/logs/obs.log"))"

@@ -59,7 +59,7 @@ fi
 PY="${PYTHON:-$ROOT/.venv/bin/python}"
 [ -x "$PY" ] || PY=python3
 
-# The device layer (dit4dit_npu/device.py) owns the launch environment: it checks one rank per
+# The device layer (dit4dit_npu/device/) owns the launch environment: it checks one rank per
 # visible card (one clear line, exit 2; a warning for more CPU ranks than cores) and prints the
 # exports for this host: the Ascend defaults only on Ascend hosts, never overriding what the user
 # exported, and torch's/torch_npu's lib folders on LD_LIBRARY_PATH.

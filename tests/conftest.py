@@ -1,6 +1,6 @@
 """Test-session defaults: one CPU thread (tiny ops are 10-40x slower with 2 contending threads on
 a 2-core box), never touch a model hub, never pick up an accelerator by accident (CPU unless
-DIT4DIT_DEVICE is set), and write the tiny base model folders (models/build.py) into a
+DIT4DIT_DEVICE is set), and write the tiny base model folders (weights/tiny_cache.py) into a
 per-session temp dir, never the user's cache."""
 
 import atexit

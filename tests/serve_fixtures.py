@@ -69,9 +69,9 @@ class SlowPolicy:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.policy, name)
 
-    def predict_action(self, obs: dict[str, Any], seed: int | None = None) -> np.ndarray:
+    def predict_parsed(self, observation: Any, seed: int | None = None) -> np.ndarray:
         time.sleep(self.delay_s)
-        return self.policy.predict_action(obs, seed=seed)
+        return self.policy.predict_parsed(observation, seed=seed)
 
 
 def concurrently(server: RunningServer, requests: list[dict[str, Any]], rounds: int = 1) -> list[list[Any]]:

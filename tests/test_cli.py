@@ -30,7 +30,7 @@ def _call(target: str, args: list[str], prelude: str = "") -> subprocess.Complet
 def test_every_entry_point_has_a_console_script() -> None:
     assert set(SCRIPTS) == {
         "dit4dit-train", "dit4dit-eval", "dit4dit-serve", "dit4dit-data-inspect", "dit4dit-data-demo",
-        "dit4dit-data-encode-latents", "dit4dit-convert", "dit4dit-device",
+        "dit4dit-data-encode-latents", "dit4dit-convert", "dit4dit-device", "dit4dit-sim-demos", "dit4dit-sim-eval",
     }
 
 
@@ -133,3 +133,197 @@ def test_training_prints_run_folder_and_device_and_sends_config_to_trackers(tmp_
     # wandb offline keeps the run in its binary record log: the config travels in it.
     record = next((run_dir / "wandb").glob("offline-run-*/run-*.wandb")).read_bytes()
     assert b"max_train_steps" in record and b"extract_layer" in record
+
+
+# --------------------------------------------------------------------------------------------
+# One wrapper (dit4dit_npu.cli): a user error is one line on stderr and exit code 2
+# --------------------------------------------------------------------------------------------
+
+# Two bad inputs per command: what to pass ({tmp}: a fresh empty folder) and the whole stderr line.
+NOPE = "/nonexistent-dit4dit"
+BAD_INPUT = {
+    "dit4dit-train": [
+        (["--config", f"{NOPE}/run.yaml"], f"config error: config file not found: {NOPE}/run.yaml"),
+        (["--config", str(TINY), "trainer.max_train_steps=0"], "config error: trainer.max_train_steps: got 0, expected >= 1"),
+    ],
+    "dit4dit-eval": [
+        (["--policy", NOPE], f"error: policy folder not found: {NOPE}"),
+        (["--policy", "{tmp}", "--max-frames", "0"], "error: --max-frames: got 0, expected an integer >= 1"),
+    ],
+    "dit4dit-serve": [
+        (["--policy", NOPE], f"error: policy folder not found: {NOPE}"),
+        (["--policy", "{tmp}"], "error: {tmp} is not a policy folder: no policy.json in it, in {tmp}/policy or "
+         "under {tmp}/checkpoints (an exported policy has policy.json, model.safetensors, "
+         "policy_io.json, prompt_cache.safetensors)"),
+    ],
+    "dit4dit-data-inspect": [
+        ([NOPE], f"error: dataset folder not found: {NOPE}"),
+        (["{tmp}"], "error: missing {tmp}/meta/info.json"),
+    ],
+    "dit4dit-data-demo": [
+        (["--out", "{tmp}/demo", "--fps", "0"], "error: fps must be >= 1, got 0"),
+        (["--out", "{tmp}/demo", "--episodes", "1", "--length", "10", "--codec", "nope"],
+         "error: video codec 'nope': not available in this PyAV/FFmpeg build (e.g. libx264)"),
+    ],
+    "dit4dit-data-encode-latents": [
+        (["--config", f"{NOPE}/run.yaml"], f"config error: config file not found: {NOPE}/run.yaml"),
+        (["--config", str(TINY)], "config error: no cache folder: pass --out DIR or set datasets.vla_data.latent_cache"),
+    ],
+    "dit4dit-convert": [
+        (["dit4dit", "--checkpoint", f"{NOPE}/steps_1_pytorch_model.pt", "--config", f"{NOPE}/config.yaml",
+          "--base-model", NOPE, "--out", "{tmp}/policy"], f"error: checkpoint not found: {NOPE}/steps_1_pytorch_model.pt"),
+        (["dit4dit", "--checkpoint", f"{NOPE}/steps_1_pytorch_model.pt", "--config", f"{NOPE}/config.yaml",
+          "--base-model", NOPE, "--out", str(ROOT)], f"error: --out {ROOT} exists and is not a policy folder: choose a new folder"),
+    ],
+    "dit4dit-device": [
+        (["env", "--ranks", "0"], "error: --ranks='0': expected a positive integer (ranks per node)"),
+        (["env", "--ranks", "x"], "error: --ranks='x': expected a positive integer (ranks per node)"),
+    ],
+    "dit4dit-sim-eval": [
+        (["--policy", "hold", "--task", "fold", "--out", "{tmp}/eval"],
+         "error: unknown task 'fold'; expected one of ['insertion', 'transfer_cube']"),
+        (["--policy", "hold", "--episodes", "0", "--out", "{tmp}/eval"], "error: --episodes: expected >= 1, got 0"),
+    ],
+    "dit4dit-sim-demos": [
+        (["--task", "fold", "--out", "{tmp}/demos"], "error: unknown task 'fold'; expected one of ['insertion', 'transfer_cube']"),
+        (["--size", "big", "--out", "{tmp}/demos"], "error: --size: expected HxW such as 240x320, got 'big'"),
+    ],
+}
+
+
+def test_every_console_script_has_bad_input_cases() -> None:
+    assert set(BAD_INPUT) == set(SCRIPTS)
+
+
+@pytest.mark.parametrize(
+    "target, args, line",
+    [(SCRIPTS[s], a, line) for s in sorted(BAD_INPUT) for a, line in BAD_INPUT[s]],
+)
+def test_bad_input_is_one_line_and_exit_code_2(target: str, args: list[str], line: str, tmp_path: Path, capsys) -> None:
+    """In-process, through the same function the console script calls; nothing is written."""
+    module, func = target.split(":")
+    main = getattr(importlib.import_module(module), func)
+    assert main([a.replace("{tmp}", str(tmp_path)) for a in args]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [line.replace("{tmp}", str(tmp_path))]
+    assert list(tmp_path.iterdir()) == []
+
+
+def _main(script: str):
+    module, func = SCRIPTS[script].split(":")
+    return getattr(importlib.import_module(module), func)
+
+
+def test_device_error_from_the_environment_is_one_line(monkeypatch, capsys) -> None:
+    from dit4dit_npu import device
+
+    monkeypatch.setenv("DIT4DIT_DEVICE", "tpu")
+    device.reset_cache()
+    try:
+        assert _main("dit4dit-device")([]) == 2
+    finally:
+        device.reset_cache()
+    assert capsys.readouterr().err.splitlines() == ["error: DIT4DIT_DEVICE='tpu': expected one of npu, cuda, cpu"]
+
+
+def test_the_wrapper_folds_user_errors_into_one_line_and_lets_bugs_through(capsys) -> None:
+    import errno
+
+    from dit4dit_npu.cli import run
+    from dit4dit_npu.config import ConfigError
+    from dit4dit_npu.data import DatasetError
+
+    def fail(e: BaseException):
+        def command():
+            raise e
+
+        return command
+
+    assert run(lambda: None) == 0 and run(lambda: 3) == 3
+    assert run(fail(DatasetError("bad\n  episode  3"))) == 2
+    assert capsys.readouterr().err == "error: bad episode 3\n"
+    assert run(fail(ConfigError("a.b: got 1"))) == 2
+    assert capsys.readouterr().err == "config error: a.b: got 1\n"
+    # torch re-raises a DataLoader worker's error as the same type with the worker's traceback
+    worker = DatasetError("Caught DatasetError in DataLoader worker process 0.\nOriginal Traceback (most recent "
+                          "call last):\n  File ...\ndit4dit_npu.data.errors.DatasetError: cannot open video v.mp4")
+    assert run(fail(worker)) == 2
+    assert capsys.readouterr().err == "error: cannot open video v.mp4\n"
+    assert run(fail(OSError(errno.ENOSPC, "No space left on device"))) == 2
+    assert capsys.readouterr().err == "error: no space left: [Errno 28] No space left on device\n"
+    assert run(fail(KeyboardInterrupt())) == 130
+    assert capsys.readouterr().err == ""
+    for bug in (OSError(errno.EACCES, "Permission denied"), ValueError("a bug"), RuntimeError("a bug")):
+        with pytest.raises(type(bug)):
+            run(fail(bug))
+
+
+def test_every_user_error_class_is_a_dit4dit_error_and_keeps_its_builtin_base() -> None:
+    import pkgutil
+
+    import dit4dit_npu
+    from dit4dit_npu.errors import DiT4DiTError
+
+    for m in pkgutil.walk_packages(dit4dit_npu.__path__, "dit4dit_npu."):
+        if not m.name.endswith("__main__"):
+            importlib.import_module(m.name)
+
+    def subclasses(c: type) -> set[type]:
+        return {c, *(s for d in c.__subclasses__() for s in subclasses(d))}
+
+    found = {c.__name__ for c in subclasses(DiT4DiTError) if c.__module__.startswith("dit4dit_npu")}
+    assert found >= {
+        "MigrationError", "ConfigError", "PolicyIOError", "NonFiniteActionError", "PolicyInputError", "RequestError",
+        "ServerError", "WireFormatError", "ServeError", "PolicyLoadError", "ConversionError", "BatchError", "SimError",
+        "EpisodeError", "TrainingError", "ManifestError", "PromptCacheError", "NoiseError", "FrameInputError",
+        "DatasetError", "EvalError", "DeviceError",
+    }
+    for c in subclasses(DiT4DiTError) - {DiT4DiTError}:
+        assert issubclass(c, ValueError | RuntimeError), c  # `except ValueError` callers keep working
+
+
+@pytest.mark.parametrize(
+    "script, argv, old, new, error",
+    [
+        ("dit4dit-eval", ["--checkpoint", NOPE], "--checkpoint", "--policy", f"policy folder not found: {NOPE}"),
+        ("dit4dit-serve", ["--checkpoint", NOPE], "--checkpoint", "--policy", f"policy folder not found: {NOPE}"),
+        ("dit4dit-eval", ["--policy", NOPE, "--output", "{tmp}/o"], "--output", "--out", f"policy folder not found: {NOPE}"),
+        ("dit4dit-eval", ["--policy", NOPE, "--episodes", "1", "2"], "--episodes", "--episode-indices",
+         f"policy folder not found: {NOPE}"),
+        ("dit4dit-sim-eval", ["--policy", "hold", "--task", "fold", "--output", "{tmp}/o"], "--output", "--out",
+         "unknown task 'fold'; expected one of ['insertion', 'transfer_cube']"),
+    ],
+)
+def test_a_renamed_flag_keeps_its_old_spelling_hidden_with_one_notice(
+    script: str, argv: list[str], old: str, new: str, error: str, tmp_path: Path, capsys
+) -> None:
+    """One name per concept (--policy: a policy folder; --out: the folder a command writes); users'
+    scripts with the former name keep working, told once, and --help shows only the new name."""
+    main = _main(script)
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    shown = capsys.readouterr().out.split()
+    assert new in shown and old not in shown
+    assert main([a.replace("{tmp}", str(tmp_path)) for a in argv]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [f"notice: {old} is deprecated, use {new}", f"error: {error}"]
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("script", ["dit4dit-eval", "dit4dit-serve", "dit4dit-sim-eval"])
+def test_a_required_flag_with_a_former_name_is_still_required(script: str, capsys) -> None:
+    with pytest.raises(SystemExit) as e:
+        _main(script)(["--policy", "hold"] if script == "dit4dit-sim-eval" else [])
+    assert e.value.code == 2
+    flag = "--out" if script == "dit4dit-sim-eval" else "--policy"
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith(f"error: the following arguments are required: {flag}")
+
+
+def test_demo_size_and_its_former_halves(tmp_path: Path, capsys) -> None:
+    main = _main("dit4dit-data-demo")
+    base = ["--out", str(tmp_path / "d"), "--episodes", "1", "--length", "10"]
+    assert main([*base, "--size", "32x15"]) == 2
+    assert capsys.readouterr().err.strip() == "error: image_size must be even and >= 16, got (32, 15)"
+    assert main([*base, "--width", "15"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "notice: --height/--width are deprecated, use --size HxW", "error: image_size must be even and >= 16, got (32, 15)"
+    ]
+    assert not (tmp_path / "d").exists()

@@ -19,8 +19,7 @@ from safetensors.torch import load_file
 
 from dit4dit_npu.config import load_config
 from dit4dit_npu.convert import ConversionError, convert_dit4dit
-from dit4dit_npu.models import build_dit4dit, tiny_base_model
-from dit4dit_npu.models.build import tiny_sizes
+from dit4dit_npu.weights import build_dit4dit, tiny_base_model
 
 ROOT = Path(__file__).resolve().parents[1]
 CHUNK, BLOCKS = 4, 2
@@ -142,7 +141,7 @@ def run(tmp_path_factory):
     """An original run folder: checkpoints/steps_7_pytorch_model.pt, config.yaml, statistics."""
     root = tmp_path_factory.mktemp("dit4dit_run")
     cfg, model = our_model()
-    base = tiny_base_model(tiny_sizes(cfg))
+    base = tiny_base_model(cfg.framework.cosmos25.tiny)
     g = torch.Generator().manual_seed(0)
     trained = {k: v + 0.01 * torch.randn(v.shape, generator=g) for k, v in model.trainable_state_dict().items()}
     ckpt = {original_name(k): v for k, v in trained.items()} | frozen_tensors(base)
@@ -174,13 +173,12 @@ def test_cli_converts_every_tensor_to_its_place(run, tmp_path):
     for name, tensor in run["trained"].items():
         assert torch.equal(weights[name], tensor), name
     info = json.loads((out / "policy.json").read_text())
-    assert info["step"] == 7 and info["base_model"] == str(run["base"].resolve())
+    c = info["model"]["framework"]["cosmos25"]
+    assert info["format_version"] == 3 and info["step"] == 7 and c["base_model"] == str(run["base"].resolve())
     io = json.loads((out / "policy_io.json").read_text())
     assert io["resize_method"] == "torch_bilinear"
     assert io["state"] == [{"kind": "sincos", "groups": [1] * 8}]
     assert [s["kind"] for s in io["action"]] == ["normalize", "binarize", "pad"]
-    cfg = yaml.safe_load((out / "config.yaml").read_text())
-    c = cfg["framework"]["cosmos25"]
     assert (c["condition_latent"], c["round_timesteps"], c["feature_noise_seed"]) == ("sample", True, None)
 
     from dit4dit_npu import DiT4DiTPolicy

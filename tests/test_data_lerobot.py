@@ -215,10 +215,8 @@ def test_demo_cli_and_refusal_to_overwrite(tmp_path: Path, capsys) -> None:
             "3",
             "--length",
             "10",
-            "--height",
-            "16",
-            "--width",
-            "24",
+            "--size",
+            "16x24",
         ]
     )
     assert "wrote v3.0 demo dataset" in capsys.readouterr().out
@@ -226,7 +224,7 @@ def test_demo_cli_and_refusal_to_overwrite(tmp_path: Path, capsys) -> None:
     assert ds.meta.codebase_version == "v3.0" and len(ds) == 30 and ds.meta.video_size(HIGH) == (16, 24)
     assert check_dataset(out) == []
     before = snapshot(out)
-    with pytest.raises(FileExistsError, match="non-empty"):
+    with pytest.raises(DatasetError, match="non-empty"):
         write_demo_dataset(out)
     assert snapshot(out) == before and not list(tmp_path.glob(".*tmp*"))
 
@@ -238,7 +236,7 @@ def test_demo_cli_and_refusal_to_overwrite(tmp_path: Path, capsys) -> None:
         (["--fps", "0"], "fps must be >= 1, got 0"),  # was a dataset with infinite timestamps
         (["--length", "0"], "episode_length must be >= 1, got 0"),  # was a numpy traceback mid-write
         (["--codec", "nope"], "nope"),  # was av's UnknownCodecError traceback
-        (["--width", "15"], "image_size must be even and >= 16"),
+        (["--size", "32x15"], "image_size must be even and >= 16"),
     ],
 )
 def test_demo_cli_bad_input_is_one_line_and_writes_nothing(tmp_path: Path, capsys, args, message) -> None:

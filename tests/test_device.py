@@ -1,4 +1,4 @@
-"""device.py on whatever host runs the suite: the detected branch for real, the others simulated.
+"""The device layer (dit4dit_npu/device/) on whatever host runs the suite: the detected branch for real, the others simulated.
 
 The rest of the suite runs on CPU by default (conftest.py sets DIT4DIT_DEVICE=cpu); these tests
 clear that so detection sees the real host: CPU here, CUDA on a GPU box, NPU on an Ascend box.
@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from dit4dit_npu import device
+from dit4dit_npu.device.__main__ import main as device_main
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -31,26 +32,26 @@ def fresh_detection(monkeypatch):
 
 
 def simulate(monkeypatch, npu: bool, cuda: bool):
-    monkeypatch.setattr(device, "_npu_available", lambda: npu)
-    monkeypatch.setattr(device, "_cuda_available", lambda: cuda)
+    monkeypatch.setattr(device.api, "_npu_available", lambda: npu)
+    monkeypatch.setattr(device.api, "_cuda_available", lambda: cuda)
     device.reset_cache()
 
 
 def host_kind() -> str:
-    """What this host has, asked of torch (and torch_npu) directly, not through device.py."""
+    """What this host has, asked of torch (and torch_npu) directly, not through the device layer."""
     if importlib.util.find_spec("torch_npu") is not None:
         try:
             import torch_npu  # noqa: F401
 
             if torch.npu.is_available() and torch.npu.device_count() > 0:
                 return "npu"
-        except Exception:  # torch_npu without CANN: no NPU (what device.py must conclude too)
+        except Exception:  # torch_npu without CANN: no NPU (what the device layer must conclude too)
             pass
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def check_answers_for_real(kind: str):
-    """Every answer device.py gives for `kind`, exercised on the device itself."""
+    """Every answer the device layer gives for `kind`, exercised on the device itself."""
     assert device.device_type() == kind
     dev = device.get_device()
     assert dev.type == kind
@@ -86,14 +87,14 @@ def test_cpu_branch_for_real_on_every_host(monkeypatch):
 
 
 def test_npu_probe_matches_the_host_and_survives_a_broken_torch_npu(monkeypatch):
-    assert device._npu_available() is (host_kind() == "npu")
+    assert device.api._npu_available() is (host_kind() == "npu")
 
     class Spec:  # torch_npu "installed" but its import raises (no CANN), on any host
         pass
 
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: Spec() if name == "torch_npu" else None)
     monkeypatch.setitem(sys.modules, "torch_npu", None)  # makes `import torch_npu` raise ImportError
-    assert device._npu_available() is False
+    assert device.api._npu_available() is False
 
 
 def test_detection_order(monkeypatch):
@@ -144,7 +145,7 @@ def test_ascend_env_defaults_only_on_npu_and_never_override(monkeypatch):
 
 def test_more_ranks_than_cards_fails_clearly(monkeypatch):
     simulate(monkeypatch, npu=True, cuda=False)
-    monkeypatch.setattr(device, "device_count", lambda: 8)
+    monkeypatch.setattr(device.api, "device_count", lambda: 8)
     assert device.check_local_ranks(8) is None
     with pytest.raises(device.DeviceError, match=r"16 processes per node but only 8 visible npu card"):
         device.check_local_ranks(16)
@@ -155,7 +156,7 @@ def test_more_ranks_than_cards_fails_clearly(monkeypatch):
 
 def test_more_cpu_ranks_than_cores_is_a_warning_not_an_error(monkeypatch):
     simulate(monkeypatch, npu=False, cuda=False)
-    monkeypatch.setattr(device, "cpu_cores", lambda: 4)
+    monkeypatch.setattr(device.launch, "cpu_cores", lambda: 4)
     assert device.check_local_ranks(4) is None
     assert device.check_local_ranks(16) == (
         "warning: 16 CPU ranks per node but 4 core(s): the ranks will contend for cores "
@@ -181,19 +182,19 @@ def test_launch_env_sets_ascend_variables_only_on_ascend_hosts(monkeypatch):
 
 def test_cli_rank_check_is_one_line_with_exit_code_2(monkeypatch, capsys):
     simulate(monkeypatch, npu=True, cuda=False)
-    monkeypatch.setattr(device, "device_count", lambda: 8)
-    assert device.main(["env", "--ranks", "16"]) == 2
+    monkeypatch.setattr(device.api, "device_count", lambda: 8)
+    assert device_main(["env", "--ranks", "16"]) == 2
     out, err = capsys.readouterr()
     assert out == "" and err.strip().splitlines() == [
         "error: 16 processes per node but only 8 visible npu card(s): use --num_processes <= 8 "
         "(one rank per physical card; check ASCEND_RT_VISIBLE_DEVICES)"
     ]
     for bad in ("0", "-1", "2.5", "two", ""):
-        assert device.main(["env", "--ranks", bad]) == 2
+        assert device_main(["env", "--ranks", bad]) == 2
         assert capsys.readouterr().err.strip().splitlines() == [
             f"error: --ranks={bad!r}: expected a positive integer (ranks per node)"
         ]
-    assert device.main(["bogus"]) == 2 and "usage:" in capsys.readouterr().err
+    assert device_main(["bogus"]) == 2 and "usage:" in capsys.readouterr().err
 
 
 @pytest.mark.slow
@@ -238,7 +239,7 @@ def test_a_user_named_device_is_checked_against_the_host(monkeypatch):
         with pytest.raises(device.DeviceError, match=re.escape(f"device {text!r}: {message}")):
             device.parse_device(text)
     simulate(monkeypatch, npu=False, cuda=True)
-    monkeypatch.setattr(device, "device_count", lambda: 2)
+    monkeypatch.setattr(device.api, "device_count", lambda: 2)
     assert device.parse_device("cuda:1") == torch.device("cuda", 1)
     with pytest.raises(device.DeviceError, match="this host has 2 cuda card"):
         device.parse_device("cuda:2")
@@ -250,6 +251,6 @@ def test_eval_refuses_a_device_the_host_lacks_in_one_line(monkeypatch, capsys):
 
     monkeypatch.setenv("DIT4DIT_DEVICE", "cpu")
     device.reset_cache()
-    assert eval_main(["--checkpoint", "nowhere", "--device", "cuda"]) == 2
+    assert eval_main(["--policy", "nowhere", "--device", "cuda"]) == 2
     err = capsys.readouterr().err.strip()
     assert err == "error: --device: device 'cuda': this host has no cuda (detected: cpu)", err

@@ -14,6 +14,7 @@ import pytest
 from policy_fixtures import TINY_YAML, shared_tiny_setup
 
 from dit4dit_npu.eval import offline as ev
+from dit4dit_npu.policy.manifest import DatasetRecord
 
 REPO = Path(__file__).resolve().parents[1]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -58,7 +59,7 @@ def test_baselines_and_ratios() -> None:
 def test_eval_on_demo_data_writes_metrics_and_plots(tmp_path: Path) -> None:
     setup = shared_tiny_setup()
     out = tmp_path / "eval"
-    assert ev.main(["--checkpoint", str(setup.policy_dir), "--output", str(out), "--max-frames", "40"]) == 0
+    assert ev.main(["--policy", str(setup.policy_dir), "--out", str(out), "--max-frames", "40"]) == 0
     m = json.loads((out / "metrics.json").read_text())
     (path, split), = setup.data.split.items()
     assert m["datasets"] == {str(Path(path).resolve()): split["val"]}  # held-out episodes by default
@@ -81,8 +82,8 @@ def test_eval_cli_with_explicit_data_and_episodes(tmp_path: Path) -> None:
     setup = shared_tiny_setup()
     root = str(setup.data.dataset_paths[0])
     out = tmp_path / "eval"
-    cmd = [sys.executable, "-m", "dit4dit_npu.eval", "--checkpoint", str(setup.policy_dir), "--data", root,
-           "--episodes", "0", "1", "--output", str(out), "--max-frames", "12", "--video-samples", "1"]
+    cmd = [sys.executable, "-m", "dit4dit_npu.eval", "--policy", str(setup.policy_dir), "--data", root,
+           "--episode-indices", "0", "1", "--out", str(out), "--max-frames", "12", "--video-samples", "1"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO, env=env)
     assert r.returncode == 0, r.stderr[-2000:]
@@ -92,17 +93,17 @@ def test_eval_cli_with_explicit_data_and_episodes(tmp_path: Path) -> None:
 
 
 def test_eval_errors_are_one_line(tmp_path: Path, capsys) -> None:
-    assert ev.main(["--checkpoint", str(tmp_path)]) == 2
+    assert ev.main(["--policy", str(tmp_path)]) == 2
     assert "not a policy folder" in capsys.readouterr().err
-    info = {"held_out_episodes": {str(tmp_path / "moved"): [1]}}
+    records = {str(tmp_path / "moved"): DatasetRecord([1])}
     with pytest.raises(ev.EvalError, match="not found .* pass --data"):
-        ev.resolve_targets(info, None, None)
+        ev.resolve_targets(records, None, None)
 
 
 def test_resolve_targets(tmp_path: Path, caplog) -> None:
     a, b = tmp_path / "a", tmp_path / "b"
     a.mkdir()
-    info = {"held_out_episodes": {str(a): [3, 4], str(b): []}, "train_episodes": {str(a): [0, 1, 2]}}
+    info = {str(a): DatasetRecord([3, 4], [0, 1, 2]), str(b): DatasetRecord([])}
     assert ev.resolve_targets(info, None, None) == [(a, [3, 4])]  # b has none held out: skipped
     assert ev.resolve_targets(info, [str(a)], None) == [(a, [3, 4])]
     assert ev.resolve_targets(info, [str(tmp_path / "other")], None) == [(tmp_path / "other", None)]
@@ -131,7 +132,7 @@ def test_trained_tiny_model_beats_hold_baseline(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr[-3000:]
     assert (tmp_path / "demo_data" / "robotwin_demo" / "meta" / "info.json").is_file()
     out = tmp_path / "eval"
-    assert ev.main(["--checkpoint", str(tmp_path / "runs" / "t"), "--output", str(out), "--video-samples", "1"]) == 0
+    assert ev.main(["--policy", str(tmp_path / "runs" / "t"), "--out", str(out), "--video-samples", "1"]) == 0
     m = json.loads((out / "metrics.json").read_text())
     assert m["ratio_to_hold_position"]["mse"] < 1.0, m["ratio_to_hold_position"]
     assert m["ratio_to_dataset_mean"]["mse"] < 1.0, m["ratio_to_dataset_mean"]

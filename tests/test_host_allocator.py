@@ -14,7 +14,7 @@ import pytest
 from dit4dit_npu import device
 
 ROOT = Path(__file__).resolve().parents[1]
-GLIBC = device._glibc_mallopt() is not None
+GLIBC = device.host._glibc_mallopt() is not None
 
 
 @pytest.fixture
@@ -54,9 +54,10 @@ from dit4dit_npu import device
 applied = device.configure_host_allocator() if sys.argv[1] == "tuned" else {}
 import torch
 from dit4dit_npu.models import tiny
+from dit4dit_npu.models.configs import TinyCosmosConfig
 from dit4dit_npu.models.cosmos import vae_latents
 torch.set_num_threads(1)
-vae = tiny.build_vae(tiny.TinySizes()).eval()
+vae = tiny.build_vae(TinyCosmosConfig()).eval()
 video = torch.rand(8, 3, 5, 32, 96) * 2 - 1
 def faults():
     r = resource.getrusage(resource.RUSAGE_SELF)

@@ -15,7 +15,7 @@ from dit4dit_npu.config import load_config
 from dit4dit_npu.data import DatasetError, build_training_data
 from dit4dit_npu.data.encode_latents import main as encode_main
 from dit4dit_npu.data.latents import LatentCache
-from dit4dit_npu.models import vae_identity
+from dit4dit_npu.weights import vae_identity
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "configs/robotwin/dit4dit_robotwin_tiny.yaml"

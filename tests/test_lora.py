@@ -44,8 +44,8 @@ def live_weights(ckpt) -> dict[str, torch.Tensor]:
 
 
 def fresh_model(cfg):
-    from dit4dit_npu.models import build_dit4dit
     from dit4dit_npu.transforms.policy_io import PolicyIO
+    from dit4dit_npu.weights import build_dit4dit
 
     policy = cfg.run_dir / "checkpoints/step_000004/policy"
     return build_dit4dit(cfg, PolicyIO.load(policy / "policy_io.json").spec)
@@ -129,8 +129,8 @@ def test_peft_reads_the_exported_adapter(lora_run):
     from diffusers import CosmosTransformer3DModel
     from peft import PeftModel, get_peft_model_state_dict
 
-    from dit4dit_npu.models.build import base_model_folder, load_weights
     from dit4dit_npu.policy.folder import load_policy_folder
+    from dit4dit_npu.weights import base_model_folder, load_weights
 
     run, cfg = lora_run
     policy = run / "checkpoints/step_000004/policy"
@@ -171,7 +171,7 @@ def test_a_mistyped_target_module_is_one_clear_config_error(tmp_path, demo_root,
     from dit4dit_npu.models.testing import small_spec
 
     cfg = load_config(TINY, ["framework.cosmos25.lora.rank=4", "framework.cosmos25.lora.target_modules=[to_q, to_kk]"])
-    from dit4dit_npu.models import build_dit4dit
+    from dit4dit_npu.weights import build_dit4dit
 
     with pytest.raises(ConfigError, match=r"framework.cosmos25.lora.target_modules: .*\['to_kk'\] name no linear layer"):
         build_dit4dit(cfg, small_spec(cfg, state_width=14, action_width=14, frame_size=(32, 96)))
@@ -197,18 +197,19 @@ def test_eval_cli_merges_on_request(lora_run, tmp_path, capsys):
     run, _ = lora_run
     policy = run / "checkpoints/step_000004/policy"
     args = ["--max-frames", "16", "--video-samples", "0", "--plot-episodes", "0"]
-    assert ev.main(["--checkpoint", str(policy), "--output", str(tmp_path / "a"), *args]) == 0
-    assert ev.main(["--checkpoint", str(policy), "--output", str(tmp_path / "b"), "--merge-lora", *args]) == 0
+    assert ev.main(["--policy", str(policy), "--out", str(tmp_path / "a"), *args]) == 0
+    assert ev.main(["--policy", str(policy), "--out", str(tmp_path / "b"), "--merge-lora", *args]) == 0
     adapter, merged = (json.loads((tmp_path / x / "metrics.json").read_text())["model"]["mse"] for x in "ab")
     assert merged == pytest.approx(adapter, rel=1e-4)
 
     plain = run.parent / "plain_policy"
     shutil.copytree(policy, plain)
     shutil.rmtree(plain / "adapter")
-    cfg_text = (plain / "config.yaml").read_text().replace("rank: 4", "rank: 0")
-    (plain / "config.yaml").write_text(cfg_text)
+    info = json.loads((plain / "policy.json").read_text())
+    info["model"]["framework"]["cosmos25"]["lora"]["rank"] = 0
+    (plain / "policy.json").write_text(json.dumps(info))
     capsys.readouterr()
-    assert ev.main(["--checkpoint", str(plain), "--output", str(tmp_path / "c"), "--merge-lora", *args]) == 2
+    assert ev.main(["--policy", str(plain), "--out", str(tmp_path / "c"), "--merge-lora", *args]) == 2
     assert capsys.readouterr().err.strip().endswith("this policy has no LoRA adapter to merge")
     shutil.rmtree(plain)
 
@@ -217,8 +218,9 @@ def test_eval_cli_merges_on_request(lora_run, tmp_path, capsys):
 def test_adapters_get_gradients_base_does_not(checkpointing):
     """One real forward + backward: every adapter (in every block, also under diffusers'
     gradient checkpointing) gets a gradient, no base transformer weight does."""
-    from dit4dit_npu.models import PromptCache, build_dit4dit, build_prompt_encoder
     from dit4dit_npu.models.testing import make_batch, small_spec
+    from dit4dit_npu.prompt_cache import PromptCache
+    from dit4dit_npu.weights import build_dit4dit, build_prompt_encoder
 
     cfg = load_config(TINY, [f"trainer.enable_gradient_checkpointing={str(checkpointing).lower()}",
                              *(f"{k}={v}" for k, v in LORA.items())])

@@ -5,33 +5,35 @@ import dataclasses
 import pytest
 import torch
 
-from dit4dit_npu.models import ActionHeadConfig, FlowMatchingActionHead, ModelConfigError
+from dit4dit_npu.config import ActionModelConfig, ConfigError, DiffusionModelConfig
+from dit4dit_npu.models import FlowMatchingActionHead
 
 B, S, D = 3, 8, 32  # batch, feature tokens, backbone hidden
+STATE, ACTION = 5, 6  # the batch's widths
 
-SMALL = ActionHeadConfig(
-    state_width=5, action_width=6, chunk_length=4, dim=64, num_heads=4, head_dim=16, num_layers=2,
-    output_dim=32, hidden_size=32, repeated_diffusion_steps=2,
+SMALL = ActionModelConfig(
+    input_embedding_dim=64, hidden_size=32, future_action_window_size=3, repeated_diffusion_steps=2,
+    diffusion_model_cfg=DiffusionModelConfig(num_layers=2, output_dim=32, num_attention_heads=4, attention_head_dim=16),
 )
 
 
 @pytest.fixture()
 def head() -> FlowMatchingActionHead:
     torch.manual_seed(0)
-    return FlowMatchingActionHead(SMALL, D)
+    return FlowMatchingActionHead(SMALL, D, STATE, ACTION)
 
 
-def _inputs(cfg: ActionHeadConfig = SMALL, seed: int = 0):
+def _inputs(state_width: int = STATE, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
     feats = torch.randn(B, S, D, generator=g)
-    state = torch.randn(B, cfg.state_width, generator=g) if cfg.state_width else None
-    actions = torch.rand(B, cfg.chunk_length, cfg.action_width, generator=g) * 2 - 1
+    state = torch.randn(B, state_width, generator=g) if state_width else None
+    actions = torch.rand(B, SMALL.chunk_length, ACTION, generator=g) * 2 - 1
     return feats, state, actions
 
 
 def test_dit_b_matches_the_spec_sizes():
     with torch.device("meta"):
-        head = FlowMatchingActionHead(ActionHeadConfig(state_width=16, action_width=8, chunk_length=8), 2048)
+        head = FlowMatchingActionHead(ActionModelConfig(), 2048, state_width=16, action_width=8)
     n = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
     assert round(n(head.model) / 1e6, 1) == 151.9  # SPEC 2.2: DiT ~151.9M, head ~163M
     assert round(n(head) / 1e6) == 163
@@ -43,10 +45,10 @@ def test_dit_b_matches_the_spec_sizes():
 
 
 def test_widths_are_the_configs():
-    head = FlowMatchingActionHead(dataclasses.replace(SMALL, state_width=28, action_width=16), D)
+    head = FlowMatchingActionHead(SMALL, D, state_width=28, action_width=16)
     assert head.state_encoder[0].in_features == 28  # e.g. sin/cos of 14 joints
     assert head.action_encoder.W1.in_features == 16 == head.action_decoder[2].out_features
-    no_state = FlowMatchingActionHead(dataclasses.replace(SMALL, state_width=0), D)
+    no_state = FlowMatchingActionHead(SMALL, D, state_width=0, action_width=ACTION)
     assert no_state.state_encoder is None
 
 
@@ -55,16 +57,15 @@ def test_loss_and_sample_shapes(head):
     loss = head.loss(feats, state, actions)
     assert loss.ndim == 0 and loss.dtype == torch.float32 and loss.item() > 0
     out = head.sample(feats, state, torch.Generator().manual_seed(0))
-    assert out.shape == (B, SMALL.chunk_length, SMALL.action_width) and out.dtype == torch.float32
+    assert out.shape == (B, SMALL.chunk_length, ACTION) and out.dtype == torch.float32
 
 
 def test_without_state():
-    cfg = dataclasses.replace(SMALL, state_width=0)
-    head = FlowMatchingActionHead(cfg, D)
-    feats, state, actions = _inputs(cfg)
+    head = FlowMatchingActionHead(SMALL, D, state_width=0, action_width=ACTION)
+    feats, state, actions = _inputs(state_width=0)
     assert state is None
     assert head.loss(feats, None, actions).item() > 0
-    assert head.sample(feats, None).shape == (B, cfg.chunk_length, cfg.action_width)
+    assert head.sample(feats, None).shape == (B, SMALL.chunk_length, ACTION)
 
 
 def test_repeats_share_kv_and_equal_materialised_copies(head):
@@ -107,12 +108,13 @@ def test_loss_ignores_masked_dims(head):
 
 
 def test_bad_configs_are_clear_errors():
-    with pytest.raises(ModelConfigError, match=r"max_seq_len: 2 position embeddings, but the chunk has 4"):
-        FlowMatchingActionHead(dataclasses.replace(SMALL, max_seq_len=2), D)
-    with pytest.raises(ModelConfigError, match=r"action_width: got 0"):
-        FlowMatchingActionHead(dataclasses.replace(SMALL, action_width=0), D)
-    with pytest.raises(ModelConfigError, match=r"repeated_diffusion_steps: got 0"):
-        FlowMatchingActionHead(dataclasses.replace(SMALL, repeated_diffusion_steps=0), D)
+    key = "framework.action_model"
+    with pytest.raises(ConfigError, match=rf"^{key}\.max_seq_len: 2 position embeddings, but the chunk has 4"):
+        dataclasses.replace(SMALL, max_seq_len=2).check(key)
+    with pytest.raises(ConfigError, match=rf"^{key}\.repeated_diffusion_steps: got 0, expected >= 1"):
+        dataclasses.replace(SMALL, repeated_diffusion_steps=0).check(key)
+    with pytest.raises(ConfigError, match=r"^datasets\.vla_data\.max_action_dim: got 0"):  # the batch's width
+        FlowMatchingActionHead(SMALL, D, STATE, action_width=0)
 
 
 def test_time_distribution_is_beta_over_s(head):

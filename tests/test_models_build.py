@@ -1,4 +1,4 @@
-"""build.py: the run config -> model-local configs, the tiny folder, loading a diffusers folder."""
+"""weights/: the model a run config describes, the tiny folder, loading a diffusers folder."""
 
 import json
 import logging
@@ -8,20 +8,22 @@ import pytest
 import torch
 
 from dit4dit_npu.config import ConfigError
-from dit4dit_npu.models import (
-    action_head_config,
+from dit4dit_npu.models import tiny
+from dit4dit_npu.models.testing import small_config, small_spec
+from dit4dit_npu.weights import (
+    TINY_CACHE_ENV,
+    base_model_folder,
+    build_action_head,
     build_backbone,
     build_dit4dit,
     build_prompt_encoder,
     build_vae,
+    load_weights,
     save_tiny_base_model,
     text_identity,
-    tiny,
     tiny_base_model,
+    tiny_cache_root,
 )
-from dit4dit_npu.models import build as build_module
-from dit4dit_npu.models.build import base_model_folder, tiny_sizes
-from dit4dit_npu.models.testing import small_config, small_spec
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +63,7 @@ def test_tiny_sizes_follow_config():
 def test_tiny_is_a_folder_laid_out_like_the_real_one():
     cfg = small_config()
     folder = base_model_folder(cfg)
-    assert folder.parent == build_module.tiny_cache_root()
+    assert folder.parent == tiny_cache_root()
     index = json.loads((folder / "model_index.json").read_text())
     assert index["_class_name"] == "Cosmos2_5_PredictBasePipeline"
     assert index["transformer"] == ["diffusers", "CosmosTransformer3DModel"]
@@ -72,20 +74,20 @@ def test_tiny_is_a_folder_laid_out_like_the_real_one():
         assert list((folder / part).glob("*.safetensors")), part
     assert (folder / "tokenizer" / "tokenizer_config.json").is_file()
     # the weights are exactly the tiny modules (save/load is lossless), and what the build loads
-    sizes = tiny_sizes(cfg)
+    sizes = cfg.framework.cosmos25.tiny
     assert _same(build_backbone(cfg).transformer, tiny.build_transformer(sizes))
     assert _same(build_backbone(cfg).vae, tiny.build_vae(sizes))
 
 
 def test_tiny_folder_is_written_once_and_keyed_by_sizes(tmp_path, monkeypatch):
-    monkeypatch.setenv(build_module.TINY_CACHE_ENV, str(tmp_path / "cache"))
-    sizes = tiny_sizes(small_config())
+    monkeypatch.setenv(TINY_CACHE_ENV, str(tmp_path / "cache"))
+    sizes = small_config().framework.cosmos25.tiny
     first = tiny_base_model(sizes)
     assert first.parent == tmp_path / "cache" and (first / "model_index.json").is_file()
     stamp = (first / "transformer" / "config.json").stat().st_mtime_ns
     assert tiny_base_model(sizes) == first
     assert (first / "transformer" / "config.json").stat().st_mtime_ns == stamp  # not rewritten
-    other = tiny_base_model(tiny_sizes(small_config("framework.cosmos25.tiny.seed=1")))
+    other = tiny_base_model(small_config("framework.cosmos25.tiny.seed=1").framework.cosmos25.tiny)
     assert other != first
     assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == sorted([first.name, other.name])  # no temp left
 
@@ -103,7 +105,7 @@ def test_tiny_and_a_folder_load_through_the_same_code(base_dir):
 
 
 def test_weights_load_in_the_asked_dtype_on_the_installed_libraries(base_dir):
-    """build.py's loader in bf16 (what accelerators use for the frozen parts): the dtype keyword
+    """The weights loader in bf16 (what accelerators use for the frozen parts): the dtype keyword
     differs between diffusers versions (< 0.40 rejects dtype=), so this runs on the minimums too."""
     from diffusers import AutoencoderKLWan, CosmosTransformer3DModel
     from transformers import Qwen2_5_VLForConditionalGeneration
@@ -113,7 +115,7 @@ def test_weights_load_in_the_asked_dtype_on_the_installed_libraries(base_dir):
         (AutoencoderKLWan, "vae"),
         (Qwen2_5_VLForConditionalGeneration, "text_encoder"),
     ):
-        module = build_module.load_weights(loader, base_dir, part, torch.bfloat16)
+        module = load_weights(loader, base_dir, part, torch.bfloat16)
         assert {p.dtype for p in module.parameters()} == {torch.bfloat16}, part
 
 
@@ -153,9 +155,8 @@ def test_model_config_errors_name_the_run_key():
         build_dit4dit(cfg, small_spec(cfg, frame_size=(24, 32)))
     with pytest.raises(ConfigError, match=r"^framework\.action_model\.future_action_window_size: .* 4 steps .* 6"):
         build_dit4dit(cfg, small_spec(small_config("framework.action_model.future_action_window_size=5")))
-    bad = small_config("framework.cosmos25.tiny.attention_head_dim=10")
     with pytest.raises(ConfigError, match=r"^framework\.cosmos25\.tiny\.attention_head_dim: got 10"):
-        build_dit4dit(bad, small_spec(bad))
+        small_config("framework.cosmos25.tiny.attention_head_dim=10")  # refused where it is declared
 
 
 def test_head_config_from_presets_and_the_spec():
@@ -164,8 +165,10 @@ def test_head_config_from_presets_and_the_spec():
         "framework.action_model.input_embedding_dim=96",
         "framework.action_model.diffusion_model_cfg.num_attention_heads=6",
     )
-    head = action_head_config(cfg, small_spec(cfg, state_width=28, action_width=16))
-    assert (head.dim, head.num_heads, head.head_dim) == (96, 6, 64)  # overrides, then the DiT-B preset
+    head = build_action_head(cfg, small_spec(cfg, state_width=28, action_width=16), cross_attention_dim=32)
+    a = cfg.framework.action_model
+    assert (a.dim, a.num_heads, a.head_dim) == (96, 6, 64)  # overrides, then the DiT-B preset
+    assert head.model.blocks[0].attn1.heads == 6 and head.model.blocks[0].attn1.head_dim == 64
     assert (head.state_width, head.action_width, head.chunk_length) == (28, 16, 4)
 
 
@@ -181,8 +184,8 @@ def test_feature_frames_follow_the_spec_clip(caplog):
 def test_a_damaged_tiny_folder_says_how_to_fix_it(tmp_path, monkeypatch, base_dir):
     """The tiny folder is the project's own cache: its load error says to delete it (a real
     Cosmos folder's does not)."""
-    monkeypatch.setenv(build_module.TINY_CACHE_ENV, str(tmp_path / "cache"))
-    folder = tiny_base_model(tiny_sizes(small_config()))
+    monkeypatch.setenv(TINY_CACHE_ENV, str(tmp_path / "cache"))
+    folder = tiny_base_model(small_config().framework.cosmos25.tiny)
     weights = folder / "vae" / "diffusion_pytorch_model.safetensors"
     weights.write_bytes(weights.read_bytes()[:100])
     with pytest.raises(ConfigError, match=f"cannot load .*vae.*the cached tiny model is damaged: delete {folder},"):

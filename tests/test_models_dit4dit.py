@@ -7,15 +7,11 @@ import pytest
 import torch
 
 from dit4dit_npu.batch import BatchError, BatchSpec
-from dit4dit_npu.models import (
-    DiT4DiT,
-    ModelConfigError,
-    PromptCache,
-    PromptCacheError,
-    build_dit4dit,
-    build_prompt_encoder,
-)
+from dit4dit_npu.config import ConfigError
+from dit4dit_npu.models import DiT4DiT
 from dit4dit_npu.models.testing import INSTRUCTIONS, make_batch, small_config, small_spec
+from dit4dit_npu.prompt_cache import PromptCache, PromptCacheError
+from dit4dit_npu.weights import build_dit4dit, build_prompt_encoder
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +87,7 @@ def test_all_modes_build_and_train(cache, mode):
     batch = make_batch(model.spec)
     if mode == "video":
         assert model.action_model is None
-        with pytest.raises(ModelConfigError, match="training: predict_action needs an action head"):
+        with pytest.raises(ConfigError, match="training: predict_action needs an action head"):
             model.predict_action(batch)
     if mode == "action":
         assert not any(p.requires_grad for p in model.backbone.transformer.parameters())
@@ -238,7 +234,7 @@ def test_bf16_autocast_and_bf16_weights(cache):
     """The real run: bf16 autocast over fp32 master weights, or a whole-model bf16 cast
     (DeepSpeed bf16); the head still returns fp32 and losses stay fp32 and finite."""
     model = _model(cache, "trainer.mixed_precision=bf16")
-    assert model.cfg.autocast
+    assert model.autocast
     batch = make_batch(model.spec)
     for m in (model, model.to(torch.bfloat16)):
         out = m(batch)

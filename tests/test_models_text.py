@@ -5,11 +5,10 @@ import logging
 import pytest
 import torch
 
-from dit4dit_npu.models import PromptCache, PromptCacheError, build_prompt_encoder
-from dit4dit_npu.models.build import base_model_folder
 from dit4dit_npu.models.testing import INSTRUCTIONS, small_config
 from dit4dit_npu.models.text import PromptEncoder
-from dit4dit_npu.policy.prompts import load_prompt_cache, save_prompt_cache
+from dit4dit_npu.prompt_cache import PromptCache, PromptCacheError, load_prompt_cache, save_prompt_cache
+from dit4dit_npu.weights import base_model_folder, build_prompt_encoder
 
 
 @pytest.fixture(scope="module")

@@ -159,7 +159,7 @@ def test_unseen_instruction_is_encoded_once_and_cached(setup) -> None:
 
 
 def test_unseen_instruction_without_text_encoder_is_a_clear_error(setup, tmp_path: Path) -> None:
-    from dit4dit_npu.models import save_tiny_base_model
+    from dit4dit_npu.weights import save_tiny_base_model
 
     base = save_tiny_base_model(setup.cfg, tmp_path / "cosmos")
     shutil.rmtree(base / "text_encoder")  # a deployment folder with transformer + VAE only
@@ -208,13 +208,14 @@ def test_policy_folder_errors(setup, tmp_path: Path) -> None:
     (future / "policy.json").write_text(json.dumps({**info, "format_version": 99}))
     with pytest.raises(PolicyLoadError, match="format_version 99 is not supported"):
         DiT4DiTPolicy.from_pretrained(future)
-    with pytest.raises(PolicyLoadError, match="cannot build the base model"):
+    with pytest.raises(PolicyLoadError, match="cannot build the model described in .*policy.json: .*no_cosmos_here"):
         DiT4DiTPolicy.from_pretrained(setup.policy_dir, base_model=str(tmp_path / "no_cosmos_here"))
     other = tmp_path / "other_config"
     shutil.copytree(setup.policy_dir, other)
-    cfg_text = (other / "config.yaml").read_text().replace("hidden_size: 128", "hidden_size: 64", 1)
-    (other / "config.yaml").write_text(cfg_text)
-    with pytest.raises(PolicyLoadError, match="does not fit the model"):
+    info = json.loads((other / "policy.json").read_text())
+    info["model"]["framework"]["action_model"]["hidden_size"] = 64
+    (other / "policy.json").write_text(json.dumps(info))
+    with pytest.raises(PolicyLoadError, match="model.safetensors does not fit the model of .*policy.json"):
         DiT4DiTPolicy.from_pretrained(other)
 
 
@@ -234,8 +235,9 @@ def test_export_replaces_atomically(setup, tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["policy"]  # no temp or old folders left
     info = json.loads((out / "policy.json").read_text())
     path = str(Path(s.data.dataset_paths[0]).resolve())
-    assert info["held_out_episodes"] == {path: s.data.split[str(s.data.dataset_paths[0])]["val"]}
-    assert info["base_model"] == "tiny"
+    split = s.data.split[str(s.data.dataset_paths[0])]
+    assert info["data"]["datasets"] == {path: {"held_out_episodes": split["val"], "train_episodes": split["train"]}}
+    assert info["model"]["framework"]["cosmos25"]["base_model"] == "tiny"
 
 
 def test_top_level_import() -> None:

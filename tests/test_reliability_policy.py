@@ -132,21 +132,30 @@ def test_damaged_safetensors_are_refused_naming_the_file(setup, tmp_path):
 
 
 def test_files_of_another_run_are_refused(setup, tmp_path):
-    cams = setup.cfg.datasets.vla_data.camera_keys
-    folder = copy_policy(setup, tmp_path / "cams")  # a tampered camera list: the policy is at fault
-    edit_json(folder / "policy_io.json", lambda d: d.__setitem__("camera_keys", cams[:2]))
-    refused(
-        folder,
-        f"{folder}: config.yaml datasets.vla_data.camera_keys is {cams!r} but policy_io.json camera_keys is "
-        f"{cams[:2]!r} (files of different runs mixed, or edited after export?)",
+    import dataclasses
+
+    from dit4dit_npu.transforms.policy_io import PolicyIO
+
+    io = setup.data.io
+    folder = copy_policy(setup, tmp_path / "width")  # policy_io.json of a run with padded actions
+    d = dataclasses.replace(setup.cfg.datasets.vla_data, max_action_dim=16)
+    padded = PolicyIO.from_config(
+        dataclasses.replace(setup.cfg, datasets=dataclasses.replace(setup.cfg.datasets, vla_data=d)),
+        io.stats["state"], io.stats["action"], warn=False,
     )
-    folder = copy_policy(setup, tmp_path / "chunk")  # config.yaml of a run with another chunk length
-    text = (folder / "config.yaml").read_text().replace("future_action_window_size: 7", "future_action_window_size: 3")
-    (folder / "config.yaml").write_text(text)
+    padded.save(folder / "policy_io.json")
     refused(
         folder,
-        f"{folder}: config.yaml framework.action_model chunk (future_action_window_size + 1) is 4 but policy_io.json "
-        "chunk_length is 8 (files of different runs mixed, or edited after export?)",
+        f"{folder}: policy_io.json's action width is 16 but the action head in model.safetensors takes 14 "
+        "(action_model.action_encoder.W1.weight [128, 14]) (files of different runs mixed, or edited after export?)",
+    )
+    folder = copy_policy(setup, tmp_path / "chunk")  # the chunk length has one owner: policy_io.json
+    edit_json(folder / "policy.json", lambda m: m["model"]["framework"]["action_model"].__setitem__(
+        "future_action_window_size", 3))
+    refused(
+        folder,
+        f"{folder}/policy.json: model.framework.action_model.future_action_window_size does not belong here: "
+        "the chunk length is policy_io.json's chunk_length",
     )
     folder = copy_policy(setup, tmp_path / "step")  # weights of another checkpoint
     edit_json(folder / "policy.json", lambda d: d.__setitem__("step", 7))
@@ -155,6 +164,26 @@ def test_files_of_another_run_are_refused(setup, tmp_path):
         f"{folder}/model.safetensors holds the weights of step 0 but {folder}/policy.json records step 7 "
         "(files of different checkpoints mixed?)",
     )
+
+
+def test_manifest_problems_are_one_line_naming_the_key(setup, tmp_path):
+    """policy.json is parsed with the run config's own types: a wrong or unknown key is named."""
+    cases = [
+        (lambda m: m["model"]["framework"]["cosmos25"].__setitem__("extract_layer", "two"),
+         "model.framework.cosmos25.extract_layer: got 'two', expected int"),
+        (lambda m: m["model"]["framework"]["cosmos25"].__setitem__("extract_layr", 2),
+         "unknown key 'model.framework.cosmos25.extract_layr'; did you mean model.framework.cosmos25.extract_layer?"),
+        (lambda m: m["model"].__setitem__("mixed_precision", "fp16"),
+         "model.mixed_precision: got 'fp16', expected one of ['bf16', 'no']"),
+        (lambda m: m["model"]["framework"]["cosmos25"].__setitem__("extract_layer", -1),
+         "model.framework.cosmos25.extract_layer: got -1, expected >= 0"),
+        (lambda m: m["data"].pop("action_key"), "missing ['data.action_key']"),
+        (lambda m: m.pop("step"), "missing ['step']"),
+    ]
+    for i, (change, message) in enumerate(cases):
+        folder = copy_policy(setup, tmp_path / str(i))
+        edit_json(folder / "policy.json", change)
+        refused(folder, f"{folder}/policy.json: {message}")
 
 
 # -- eval ---------------------------------------------------------------------------------------
@@ -166,7 +195,7 @@ def test_files_of_another_run_are_refused(setup, tmp_path):
 )
 def test_eval_arguments_are_validated_first(setup, tmp_path, capsys, flag, value, least):
     out = tmp_path / "out"
-    assert ev.main(["--checkpoint", str(setup.policy_dir), "--output", str(out), flag, value]) == 2
+    assert ev.main(["--policy", str(setup.policy_dir), "--out", str(out), flag, value]) == 2
     assert capsys.readouterr().err.strip().splitlines() == [f"error: {flag}: got {value}, expected an integer >= {least}"]
     assert not out.exists()
 
@@ -174,8 +203,8 @@ def test_eval_arguments_are_validated_first(setup, tmp_path, capsys, flag, value
 def test_eval_checks_its_output_folder_before_predicting(setup, tmp_path, capsys):
     blocker = tmp_path / "file"
     blocker.write_text("")
-    assert ev.main(["--checkpoint", str(setup.policy_dir), "--output", str(blocker / "out")]) == 2
-    assert capsys.readouterr().err.strip().splitlines() == [f"error: --output: cannot write to {blocker}/out (Not a directory)"]
+    assert ev.main(["--policy", str(setup.policy_dir), "--out", str(blocker / "out")]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [f"error: --out: cannot write to {blocker}/out (Not a directory)"]
 
 
 def test_eval_dataset_errors_are_one_line(setup, tmp_path, capsys):
@@ -185,7 +214,7 @@ def test_eval_dataset_errors_are_one_line(setup, tmp_path, capsys):
     video = sorted(data.rglob(f"episode_{episodes[0]:06d}.mp4"))[0]
     video.write_bytes(video.read_bytes()[:300])  # truncated: opening it fails during prediction
     out = tmp_path / "out"
-    args = ["--checkpoint", str(setup.policy_dir), "--data", str(data), "--episodes", str(episodes[0]), "--output", str(out)]
+    args = ["--policy", str(setup.policy_dir), "--data", str(data), "--episode-indices", str(episodes[0]), "--out", str(out)]
     assert ev.main(args) == 2
     err = error_lines(capsys)
     assert len(err) == 1 and err[0].startswith(f"error: cannot open video {video} (truncated or corrupt mp4?)"), err
@@ -202,7 +231,7 @@ def test_eval_exits_non_zero_on_non_finite_actions_or_metrics(setup, tmp_path, c
 
     rewrite_weights(folder, blow_up)
     out = tmp_path / "out"
-    assert ev.main(["--checkpoint", str(folder), "--output", str(out), "--max-frames", "4"]) == 2
+    assert ev.main(["--policy", str(folder), "--out", str(out), "--max-frames", "4"]) == 2
     err = error_lines(capsys)
     assert len(err) == 1 and err[0].startswith("error: predict_action produced "), err
     assert not (out / "metrics.json").exists()

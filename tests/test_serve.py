@@ -19,9 +19,9 @@ from serve_fixtures import TIMEOUT, RunningServer, SlowPolicy, concurrently, loa
 
 from dit4dit_npu.policy import DiT4DiTPolicy
 from dit4dit_npu.serve import msgpack_numpy
+from dit4dit_npu.serve.cli import main as serve_main
 from dit4dit_npu.serve.client import ServerError
 from dit4dit_npu.serve.server import PolicyServer, ServeError
-from dit4dit_npu.serve.server import main as serve_main
 
 
 @pytest.fixture(scope="module")
@@ -176,7 +176,7 @@ def test_health_check(server: RunningServer) -> None:
 
 
 def test_cli_refuses_a_folder_that_is_not_a_policy(tmp_path, capsys) -> None:
-    assert serve_main(["--checkpoint", str(tmp_path), "--port", "0"]) == 2
+    assert serve_main(["--policy", str(tmp_path), "--port", "0"]) == 2
     assert "not a policy folder" in capsys.readouterr().err
 
 
@@ -187,7 +187,7 @@ def test_busy_port_is_one_line_before_the_model_loads(policy: DiT4DiTPolicy, tmp
         port = taken.getsockname()[1]
         t0 = time.monotonic()
         # A folder that is not a policy: the port is checked first, so the port error wins.
-        assert serve_main(["--checkpoint", str(tmp_path), "--port", str(port)]) == 2
+        assert serve_main(["--policy", str(tmp_path), "--port", str(port)]) == 2
         assert time.monotonic() - t0 < 5
         err = capsys.readouterr().err.strip()
         assert err == f"error: cannot listen on 127.0.0.1:{port}: the port is already in use " \
@@ -205,7 +205,7 @@ def test_cli_checks_its_numbers(capsys) -> None:
                         (["--port", "-1"], "--port must be in 0..65535, got -1"),  # was 'unknown host'
                         (["--log-level", "LOUD"], "--log-level must be DEBUG, INFO, WARNING or ERROR")):
         with pytest.raises(SystemExit) as info:
-            serve_main(["--checkpoint", "x", *args])
+            serve_main(["--policy", "x", *args])
         assert info.value.code == 2 and match in capsys.readouterr().err
 
 

@@ -55,7 +55,7 @@ def test_expert_end_to_end_with_video(tmp_path: Path, capsys) -> None:
         "32x40",
         "--videos",
         "1",
-        "--output",
+        "--out",
         str(out),
     )
     assert code == 0
@@ -87,7 +87,7 @@ def test_hold_in_parallel_workers_fails_every_seed(tmp_path: Path, capsys) -> No
         "0",
         "--workers",
         "2",
-        "--output",
+        "--out",
         str(out),
     )
     assert code == 0
@@ -114,7 +114,7 @@ def test_policy_folder_chunks_and_replanning(tmp_path: Path, capsys, policy_dir:
         "4",
         "--videos",
         "1",
-        "--output",
+        "--out",
         str(out),
     )
     assert code == 0, lines
@@ -136,7 +136,7 @@ def free_port() -> int:
 def test_through_a_real_websocket_server(tmp_path: Path, capsys, policy_dir: Path) -> None:
     port = free_port()
     server = subprocess.Popen(
-        [sys.executable, "-m", "dit4dit_npu.serve", "--checkpoint", str(policy_dir), "--port", str(port)],
+        [sys.executable, "-m", "dit4dit_npu.serve", "--policy", str(policy_dir), "--port", str(port)],
         cwd=REPO,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -156,7 +156,7 @@ def test_through_a_real_websocket_server(tmp_path: Path, capsys, policy_dir: Pat
             "0",
             "--connect-timeout",
             "120",
-            "--output",
+            "--out",
             str(out),
         )
         assert code == 0, err
@@ -200,13 +200,13 @@ def test_bad_input_one_line_exit_2(tmp_path: Path, capsys, policy_dir: Path) -> 
         (["--policy", f"ws://127.0.0.1:{free_port()}", "--connect-timeout", "0.5"], "server unreachable"),
     ]
     for args, message in cases:
-        code, lines, err = run_eval(capsys, *args, "--output", str(out))
+        code, lines, err = run_eval(capsys, *args, "--out", str(out))
         assert code == 2, args
         assert len(err.strip().splitlines()) == 1 and message in err, err
         assert not out.exists()  # nothing written
     out.mkdir()
     (out / "results.json").write_text("{}")
-    code, _, err = run_eval(capsys, "--policy", "hold", "--output", str(out))
+    code, _, err = run_eval(capsys, "--policy", "hold", "--out", str(out))
     assert code == 2 and "exists; choose another folder" in err and (out / "results.json").read_text() == "{}"
 
 
@@ -214,7 +214,7 @@ def test_bad_input_one_line_exit_2(tmp_path: Path, capsys, policy_dir: Path) -> 
 def test_renderer_that_cannot_start_names_the_mujoco_gl_choices(tmp_path: Path, gl: str) -> None:
     env = {**os.environ, "MUJOCO_GL": gl, "DISPLAY": ""}
     proc = subprocess.run(
-        [sys.executable, "-m", "dit4dit_npu.sim.eval", "--policy", "hold", "--output", str(tmp_path / "o")],
+        [sys.executable, "-m", "dit4dit_npu.sim.eval", "--policy", "hold", "--out", str(tmp_path / "o")],
         cwd=REPO,
         env=env,
         capture_output=True,

@@ -15,9 +15,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from dit4dit_npu.config.original_data import NAMED_MIXTURES
+from dit4dit_npu.errors import DiT4DiTError
 
 
-class MigrationError(ValueError):
+class MigrationError(DiT4DiTError, ValueError):
     """Raised as the loader's ConfigError (a subclass of ValueError there)."""
 
 
@@ -135,7 +136,7 @@ TABLE: dict[str, Moved | Fixed | Ignored | Removed] = {
     "framework.cosmos25.revision": Ignored("a local folder is loaded as it is"),
     "framework.cosmos25.local_files_only": Fixed((True,), "nothing is ever downloaded"),
     "framework.cosmos25.trainable": Ignored(),
-    "framework.cosmos25.device": Ignored("device.py places the model"),
+    "framework.cosmos25.device": Ignored("the device layer (dit4dit_npu.device) places the model"),
     "framework.cosmos25.view_layout": Removed("moved to datasets.vla_data.view_layout"),
     "framework.cosmos25.reference_text_encoder_per_step": Removed(_REFERENCE),
     "framework.cosmos25.reference_full_depth_feature_pass": Removed(_REFERENCE),

@@ -22,11 +22,8 @@ import yaml
 
 from dit4dit_npu.config import migrate
 from dit4dit_npu.config.schema import Config
-
-
-class ConfigError(ValueError):
-    """A config problem with a one-line, user-facing message (no traceback needed)."""
-
+from dit4dit_npu.errors import ConfigError, require
+from dit4dit_npu.files import atomic_write_text
 
 # Keys earlier versions had: an old config fails on them with where the concept went (the table
 # is part of the DiT4DiT migration table, dit4dit_keys.TABLE).
@@ -201,104 +198,17 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
 
 
 def validate(cfg: Config) -> None:
-    """Cross-field and range checks that the type system cannot express: a value that would fail
-    (or silently misbehave) hours into a run is refused at load, naming the key."""
-    c = cfg.framework.cosmos25
-    a = cfg.framework.action_model
-    d = cfg.datasets.vla_data
-    t = cfg.trainer
-
-    def need(ok: bool, key: str, value: Any, expected: str) -> None:
-        if not ok:
-            raise ConfigError(f"{key}: got {value!r}, expected {expected}")
-
-    def finite(x: float) -> bool:
-        return x == x and x not in (float("inf"), float("-inf"))
-
-    need(c.extract_layer >= 0, "framework.cosmos25.extract_layer", c.extract_layer, ">= 0")
-    need(c.max_sequence_length >= 1, "framework.cosmos25.max_sequence_length", c.max_sequence_length, ">= 1")
-    need(
-        finite(c.conditional_frame_timestep) and 0 <= c.conditional_frame_timestep < 1,
-        "framework.cosmos25.conditional_frame_timestep", c.conditional_frame_timestep, "in [0, 1)",
-    )
-    for key in ("max_state_dim", "max_action_dim"):
-        if getattr(d, key) is not None and getattr(d, key) < 1:
-            raise ConfigError(f"datasets.vla_data.{key}: got {getattr(d, key)}, expected >= 1 or null")
-    if not d.video_delta_indices or d.video_delta_indices[0] != 0:
-        raise ConfigError("datasets.vla_data.video_delta_indices: must start with 0 (the conditioning frame)")
-    need(
-        all(b > a_ for a_, b in zip(d.video_delta_indices, d.video_delta_indices[1:])),
-        "datasets.vla_data.video_delta_indices", d.video_delta_indices, "strictly increasing frame offsets",
-    )
-    need(
+    """Refuse at load a value that would fail (or silently misbehave) hours into a run, naming
+    the key. Each section checks its own keys where it is declared (``check``); what is left here
+    relates keys of different sections."""
+    cfg.framework.check("framework")
+    cfg.datasets.check("datasets")
+    cfg.trainer.check("trainer")
+    d, c = cfg.datasets.vla_data, cfg.framework.cosmos25
+    require(
         d.latent_cache is None or c.condition_latent == "mean", "datasets.vla_data.latent_cache", d.latent_cache,
         "null with framework.cosmos25.condition_latent='sample' (a latent cache stores posterior means)",
     )
-    if d.action_video_freq_ratio < 1:
-        raise ConfigError("datasets.vla_data.action_video_freq_ratio: expected >= 1")
-    if len(d.image_size) != 2 or min(d.image_size) <= 0:
-        raise ConfigError(f"datasets.vla_data.image_size: got {d.image_size}, expected [height, width]")
-    if not d.camera_keys:
-        raise ConfigError("datasets.vla_data.camera_keys: expected at least one camera")
-    need(len(set(d.camera_keys)) == len(d.camera_keys), "datasets.vla_data.camera_keys", d.camera_keys, "no repeats")
-    if not 0.0 <= d.val_fraction < 1.0:
-        raise ConfigError(f"datasets.vla_data.val_fraction: got {d.val_fraction}, expected in [0, 1)")
-    need(d.per_device_batch_size >= 1, "datasets.vla_data.per_device_batch_size", d.per_device_batch_size, ">= 1")
-    need(d.num_workers >= 0, "datasets.vla_data.num_workers", d.num_workers, ">= 0 (0 = load in the main process)")
-    for i, e in enumerate(d.data_mix):
-        need(bool(e.path), f"datasets.vla_data.data_mix[{i}].path", e.path, "a dataset folder")
-        need(finite(e.weight) and e.weight > 0, f"datasets.vla_data.data_mix[{i}].weight", e.weight, "a number > 0")
-    if "base" not in t.learning_rate:
-        raise ConfigError("trainer.learning_rate: needs a 'base' entry")
-    for name, lr in t.learning_rate.items():
-        need(finite(lr) and lr > 0, f"trainer.learning_rate.{name}", lr, "a number > 0")
-    min_lr = t.scheduler_specific_kwargs.min_lr
-    need(finite(min_lr) and min_lr >= 0, "trainer.scheduler_specific_kwargs.min_lr", min_lr, ">= 0")
-    for name, v in (
-        ("max_train_steps", t.max_train_steps),
-        ("save_interval", t.save_interval),
-        ("eval_interval", t.eval_interval),
-        ("logging_frequency", t.logging_frequency),
-        ("gradient_accumulation_steps", t.gradient_accumulation_steps),
-        ("keep_last_checkpoints", t.keep_last_checkpoints),
-    ):
-        if v < 1:
-            hint = " (turn evaluation off with trainer.eval_samples=0)" if name == "eval_interval" else ""
-            raise ConfigError(f"trainer.{name}: got {v}, expected >= 1{hint}")
-    need(t.num_warmup_steps >= 0, "trainer.num_warmup_steps", t.num_warmup_steps, ">= 0")
-    need(t.eval_samples >= 0, "trainer.eval_samples", t.eval_samples, ">= 0 (0 = no evaluation)")
-    need(finite(t.gradient_clipping) and t.gradient_clipping > 0, "trainer.gradient_clipping", t.gradient_clipping, "> 0")
-    fv = t.loss_scale.future_video
-    need(finite(fv) and fv >= 0, "trainer.loss_scale.future_video", fv, ">= 0")
-    o = t.optimizer
-    need(
-        len(o.betas) == 2 and all(finite(b) and 0 <= b < 1 for b in o.betas), "trainer.optimizer.betas", o.betas,
-        "[beta1, beta2], each in [0, 1)",
-    )
-    need(finite(o.eps) and o.eps > 0, "trainer.optimizer.eps", o.eps, "> 0")
-    need(finite(o.weight_decay) and o.weight_decay >= 0, "trainer.optimizer.weight_decay", o.weight_decay, ">= 0")
-    lora = c.lora
-    need(lora.rank >= 0, "framework.cosmos25.lora.rank", lora.rank, ">= 0 (0 = off)")
-    if lora.rank > 0:
-        need(lora.alpha is None or (finite(lora.alpha) and lora.alpha > 0), "framework.cosmos25.lora.alpha",
-             lora.alpha, "a number > 0, or null (= rank)")
-        need(finite(lora.dropout) and 0 <= lora.dropout < 1, "framework.cosmos25.lora.dropout", lora.dropout, "in [0, 1)")
-        need(bool(lora.target_modules) and all(lora.target_modules), "framework.cosmos25.lora.target_modules",
-             lora.target_modules, "module names of the transformer, e.g. [to_q, to_k, to_v, to_out.0]")
-        need(c.training != "action", "framework.cosmos25.lora.rank", lora.rank,
-             "0 with training 'action' (the transformer is frozen there; LoRA needs joint or video)")
-    ema = t.ema
-    if ema.decay is not None:
-        need(finite(ema.decay) and 0 < ema.decay < 1, "trainer.ema.decay", ema.decay, "in (0, 1), or null (= off)")
-    need(ema.start_step >= 0, "trainer.ema.start_step", ema.start_step, ">= 0")
-    need(ema.update_interval >= 1, "trainer.ema.update_interval", ema.update_interval, ">= 1")
-    if a.repeated_diffusion_steps < 1:
-        raise ConfigError("framework.action_model.repeated_diffusion_steps: expected >= 1")
-    need(a.future_action_window_size >= 0, "framework.action_model.future_action_window_size",
-         a.future_action_window_size, ">= 0 (the chunk is window + 1 steps)")
-    need(a.num_inference_timesteps >= 1, "framework.action_model.num_inference_timesteps", a.num_inference_timesteps, ">= 1")
-    dropout = a.diffusion_model_cfg.dropout
-    need(finite(dropout) and 0 <= dropout < 1, "framework.action_model.diffusion_model_cfg.dropout", dropout, "in [0, 1)")
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:
@@ -310,4 +220,4 @@ def dump_yaml(cfg: Config) -> str:
 
 
 def save_config(cfg: Config, path: str | Path) -> None:
-    Path(path).write_text(dump_yaml(cfg))
+    atomic_write_text(path, dump_yaml(cfg))

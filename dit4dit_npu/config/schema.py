@@ -9,131 +9,42 @@ dozen dead keys, SPEC C7). A missing key takes its default.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+# The model's sections are declared with the model (they are its modules' configs); re-exported
+# here so that the whole schema reads from one place.
+from dit4dit_npu.errors import ConfigError, require
+from dit4dit_npu.models.configs import (
+    ActionModelConfig,
+    Cosmos25Config,
+    DiffusionModelConfig,
+    FlowMatchingConfig,
+    FrameworkConfig,
+    LoraAdapterConfig,
+    TinyCosmosConfig,
+)
 
-@dataclass
-class FlowMatchingConfig:
-    """Time sampling of the video flow-matching loss (SPEC 1.6)."""
-
-    # "uniform" is what every shipped DiT4DiT run used; "logit_normal" is the YAML default there.
-    time_distribution: Literal["uniform", "logit_normal"] = "uniform"
-    # With logit_normal: replace t by U[high_sigma_min, 1) with this probability (null = off).
-    high_sigma_ratio: float | None = None
-    high_sigma_min: float | None = None
-
-
-@dataclass
-class TinyCosmosConfig:
-    """Sizes of the tiny random backbone (same diffusers/transformers classes as the real one)."""
-
-    num_layers: int = 4
-    num_attention_heads: int = 2
-    attention_head_dim: int = 16  # must be even and >= 12 (Cosmos 3-axis RoPE split)
-    text_embed_dim: int = 32
-    adaln_lora_dim: int = 4
-    vae_base_dim: int = 8
-    text_hidden_size: int = 32
-    text_num_layers: int = 2
-    text_num_heads: int = 2
-    seed: int = 0
-
-
-# CosmosTransformer3DModel's linears inside each block: self- and cross-attention projections and
-# the feed-forward (peft matches a name or a dotted suffix of a module path). The AdaLN-LoRA
-# modulation (norm*.linear_*), patch embedding and output head stay frozen: they are small, and
-# the conditioning they carry is what the pretrained video model is best at.
-DEFAULT_LORA_TARGETS = ["to_q", "to_k", "to_v", "to_out.0", "ff.net.0.proj", "ff.net.2"]
-
-
-@dataclass
-class LoraAdapterConfig:
-    """LoRA adapters on the Cosmos transformer through peft: only the adapters (and the action
-    head) train, the base transformer stays frozen. rank 0 = off (the whole transformer trains)."""
-
-    rank: int = 0
-    # Scale of the adapter output is alpha / rank; null = rank (scale 1).
-    alpha: float | None = None
-    dropout: float = 0.0
-    # Module names or dotted path suffixes inside the transformer (peft's target_modules).
-    target_modules: list[str] = field(default_factory=lambda: list(DEFAULT_LORA_TARGETS))
-
-
-@dataclass
-class Cosmos25Config:
-    # A local Cosmos-Predict2.5-2B diffusers folder, or "tiny" for random tiny instances.
-    base_model: str = "tiny"
-    tiny: TinyCosmosConfig = field(default_factory=TinyCosmosConfig)
-    # Block whose output feeds the action head (0-indexed; 17 = the paper's "layer 18").
-    extract_layer: int = 17
-    # joint: video FM loss trains the backbone, action head on its features.
-    # action: frozen-backbone features only (no video loss). video: no action head.
-    training: Literal["joint", "action", "video"] = "joint"
-    flow_matching: FlowMatchingConfig = field(default_factory=FlowMatchingConfig)
-    conditional_frame_timestep: float = 1e-4
-    # Original behaviour (SPEC A1): the action loss never reaches the video transformer.
-    backprop_action_to_backbone: bool = False
-    # Seed of the feature-pass noise; null = unseeded like the original (SPEC A3).
-    feature_noise_seed: int | None = 42
-    max_sequence_length: int = 512
-    # auto = the device layer's choice (_native_npu on Ascend); or any diffusers backend name.
-    attention_backend: str = "auto"
-    # Persisted prompt-embedding cache (safetensors); null = <run dir>/prompt_cache.safetensors.
-    prompt_cache: str | None = None
-    # Conditioning latent of frame 0: posterior "mean", or a posterior "sample" as DiT4DiT drew it
-    # (set by the DiT4DiT checkpoint import, dit4dit_npu/convert).
-    condition_latent: Literal["mean", "sample"] = "mean"
-    # Round the feature-pass sigma and the video-loss t to the transformer's compute dtype before
-    # the time embedding, as DiT4DiT did (bf16: 0.99502486 -> 0.99609375; no effect in fp32).
-    round_timesteps: bool = False
-    lora: LoraAdapterConfig = field(default_factory=LoraAdapterConfig)
-
-
-@dataclass
-class DiffusionModelConfig:
-    """Body of the DiT-B action head (SPEC 2.1)."""
-
-    num_layers: int = 16
-    dropout: float = 0.2
-    final_dropout: bool = True
-    interleave_self_attention: bool = True
-    # null = from the action_model_type preset.
-    num_attention_heads: int | None = None
-    attention_head_dim: int | None = None
-    output_dim: int = 2560
-
-
-@dataclass
-class ActionModelConfig:
-    action_model_type: Literal["DiT-S", "DiT-B", "DiT-L", "DiT-tiny"] = "DiT-B"
-    # null = from the preset (768 for DiT-B).
-    input_embedding_dim: int | None = None
-    hidden_size: int = 2560
-    # The head's state/action widths are not set here: they are the batch's (PolicyIO pads to
-    # datasets.vla_data.max_state_dim / max_action_dim).
-    future_action_window_size: int = 7
-    add_pos_embed: bool = True
-    max_seq_len: int = 1024
-    noise_beta_alpha: float = 1.5
-    noise_beta_beta: float = 1.0
-    noise_s: float = 0.999
-    num_timestep_buckets: int = 1000
-    num_inference_timesteps: int = 4
-    # One source of truth (the original had two and silently read the trainer's, SPEC A10).
-    repeated_diffusion_steps: int = 4
-    diffusion_model_cfg: DiffusionModelConfig = field(default_factory=DiffusionModelConfig)
-
-    @property
-    def chunk_length(self) -> int:
-        return self.future_action_window_size + 1
-
-
-@dataclass
-class FrameworkConfig:
-    cosmos25: Cosmos25Config = field(default_factory=Cosmos25Config)
-    action_model: ActionModelConfig = field(default_factory=ActionModelConfig)
+__all__ = [
+    "ActionModelConfig",
+    "Config",
+    "Cosmos25Config",
+    "DatasetEntry",
+    "DatasetsConfig",
+    "DiffusionModelConfig",
+    "EMAConfig",
+    "FlowMatchingConfig",
+    "FrameworkConfig",
+    "LoraAdapterConfig",
+    "LossScaleConfig",
+    "OptimizerConfig",
+    "SchedulerKwargs",
+    "TinyCosmosConfig",
+    "TrainerConfig",
+    "VLADataConfig",
+]
 
 
 @dataclass
@@ -142,6 +53,10 @@ class DatasetEntry:
 
     path: str = ""
     weight: float = 1.0
+
+    def check(self, key: str) -> None:
+        require(bool(self.path), f"{key}.path", self.path, "a dataset folder")
+        require(math.isfinite(self.weight) and self.weight > 0, f"{key}.weight", self.weight, "a number > 0")
 
 
 @dataclass
@@ -186,10 +101,43 @@ class VLADataConfig:
     # sample's VAE latents from it instead of decoding and encoding video; null = encode online.
     latent_cache: str | None = None
 
+    @property
+    def clip_offsets(self) -> list[int]:
+        """Frame offsets of the clip the video model sees: every action_video_freq_ratio-th of
+        video_delta_indices (offset 0 = the observation). A PolicyIO stores them as its own."""
+        return list(self.video_delta_indices[:: self.action_video_freq_ratio])
+
+    def check(self, key: str) -> None:
+        for name in ("max_state_dim", "max_action_dim"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ConfigError(f"{key}.{name}: got {getattr(self, name)}, expected >= 1 or null")
+        offsets = self.video_delta_indices
+        if not offsets or offsets[0] != 0:
+            raise ConfigError(f"{key}.video_delta_indices: must start with 0 (the conditioning frame)")
+        require(all(b > a for a, b in zip(offsets, offsets[1:])), f"{key}.video_delta_indices", offsets,
+                "strictly increasing frame offsets")
+        if self.action_video_freq_ratio < 1:
+            raise ConfigError(f"{key}.action_video_freq_ratio: expected >= 1")
+        if len(self.image_size) != 2 or min(self.image_size) <= 0:
+            raise ConfigError(f"{key}.image_size: got {self.image_size}, expected [height, width]")
+        if not self.camera_keys:
+            raise ConfigError(f"{key}.camera_keys: expected at least one camera")
+        require(len(set(self.camera_keys)) == len(self.camera_keys), f"{key}.camera_keys", self.camera_keys,
+                "no repeats")
+        if not 0.0 <= self.val_fraction < 1.0:
+            raise ConfigError(f"{key}.val_fraction: got {self.val_fraction}, expected in [0, 1)")
+        require(self.per_device_batch_size >= 1, f"{key}.per_device_batch_size", self.per_device_batch_size, ">= 1")
+        require(self.num_workers >= 0, f"{key}.num_workers", self.num_workers, ">= 0 (0 = load in the main process)")
+        for i, entry in enumerate(self.data_mix):
+            entry.check(f"{key}.data_mix[{i}]")
+
 
 @dataclass
 class DatasetsConfig:
     vla_data: VLADataConfig = field(default_factory=VLADataConfig)
+
+    def check(self, key: str = "datasets") -> None:
+        self.vla_data.check(f"{key}.vla_data")
 
 
 @dataclass
@@ -200,16 +148,30 @@ class OptimizerConfig:
     eps: float = 1e-8
     weight_decay: float = 1e-8
 
+    def check(self, key: str) -> None:
+        require(len(self.betas) == 2 and all(math.isfinite(b) and 0 <= b < 1 for b in self.betas), f"{key}.betas",
+                self.betas, "[beta1, beta2], each in [0, 1)")
+        require(math.isfinite(self.eps) and self.eps > 0, f"{key}.eps", self.eps, "> 0")
+        require(math.isfinite(self.weight_decay) and self.weight_decay >= 0, f"{key}.weight_decay",
+                self.weight_decay, ">= 0")
+
 
 @dataclass
 class SchedulerKwargs:
     min_lr: float = 5e-7
+
+    def check(self, key: str) -> None:
+        require(math.isfinite(self.min_lr) and self.min_lr >= 0, f"{key}.min_lr", self.min_lr, ">= 0")
 
 
 @dataclass
 class LossScaleConfig:
     # total = action_loss + future_video * video_loss  (lambda, SPEC 3.4)
     future_video: float = 1.0
+
+    def check(self, key: str) -> None:
+        fv = self.future_video
+        require(math.isfinite(fv) and fv >= 0, f"{key}.future_video", fv, ">= 0")
 
 
 @dataclass
@@ -225,6 +187,13 @@ class EMAConfig:
     start_step: int = 0
     # Update every n optimizer steps (cheaper for huge models; the horizon grows by n).
     update_interval: int = 1
+
+    def check(self, key: str) -> None:
+        if self.decay is not None:
+            require(math.isfinite(self.decay) and 0 < self.decay < 1, f"{key}.decay", self.decay,
+                    "in (0, 1), or null (= off)")
+        require(self.start_step >= 0, f"{key}.start_step", self.start_step, ">= 0")
+        require(self.update_interval >= 1, f"{key}.update_interval", self.update_interval, ">= 1")
 
 
 @dataclass
@@ -245,7 +214,7 @@ class TrainerConfig:
     gradient_clipping: float = 1.0
     gradient_accumulation_steps: int = 1
     enable_gradient_checkpointing: bool = False
-    # bf16 autocast on the device type from device.py; "no" = fp32 (default on CPU runs).
+    # bf16 autocast on the device type from dit4dit_npu.device; "no" = fp32 (default on CPU runs).
     mixed_precision: Literal["bf16", "no"] = "bf16"
     # Path of an accelerate/DeepSpeed json (relative to the repo or absolute); null = no DeepSpeed.
     deepspeed_config: str | None = "configs/deepspeed/zero2.json"
@@ -256,6 +225,30 @@ class TrainerConfig:
     # Number of held-out samples scored at each eval_interval (0 = off).
     eval_samples: int = 32
     ema: EMAConfig = field(default_factory=EMAConfig)
+
+    @property
+    def autocast(self) -> bool:
+        """bf16 autocast around the backbone (what the model is built with)."""
+        return self.mixed_precision == "bf16"
+
+    def check(self, key: str = "trainer") -> None:
+        if "base" not in self.learning_rate:
+            raise ConfigError(f"{key}.learning_rate: needs a 'base' entry")
+        for name, lr in self.learning_rate.items():
+            require(math.isfinite(lr) and lr > 0, f"{key}.learning_rate.{name}", lr, "a number > 0")
+        self.scheduler_specific_kwargs.check(f"{key}.scheduler_specific_kwargs")
+        for name in ("max_train_steps", "save_interval", "eval_interval", "logging_frequency",
+                     "gradient_accumulation_steps", "keep_last_checkpoints"):
+            if (v := getattr(self, name)) < 1:
+                hint = " (turn evaluation off with trainer.eval_samples=0)" if name == "eval_interval" else ""
+                raise ConfigError(f"{key}.{name}: got {v}, expected >= 1{hint}")
+        require(self.num_warmup_steps >= 0, f"{key}.num_warmup_steps", self.num_warmup_steps, ">= 0")
+        require(self.eval_samples >= 0, f"{key}.eval_samples", self.eval_samples, ">= 0 (0 = no evaluation)")
+        require(math.isfinite(self.gradient_clipping) and self.gradient_clipping > 0, f"{key}.gradient_clipping",
+                self.gradient_clipping, "> 0")
+        self.loss_scale.check(f"{key}.loss_scale")
+        self.optimizer.check(f"{key}.optimizer")
+        self.ema.check(f"{key}.ema")
 
 
 @dataclass

@@ -9,6 +9,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from dit4dit_npu.cli import entry_point
 from dit4dit_npu.config.original_data import ROBOT_TYPES
 
 
@@ -36,20 +37,15 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     return parser.parse_known_args(argv)
 
 
+@entry_point
 def main(argv: list[str] | None = None) -> int:
     args, overrides = parse_args(argv)
-    from dit4dit_npu.convert import ConversionError, convert_dit4dit
-    from dit4dit_npu.policy.folder import PolicyLoadError
-    from dit4dit_npu.transforms.policy_io import PolicyIOError
+    from dit4dit_npu.convert import convert_dit4dit
 
-    try:
-        folder, notices = convert_dit4dit(
-            args.checkpoint, args.config, args.base_model, args.out, stats=args.stats, embodiment=args.embodiment,
-            tag=args.tag, image_size=args.image_size, overrides=overrides, instructions=args.instruction,
-        )
-    except (ConversionError, PolicyIOError, PolicyLoadError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    folder, notices = convert_dit4dit(
+        args.checkpoint, args.config, args.base_model, args.out, stats=args.stats, embodiment=args.embodiment,
+        tag=args.tag, image_size=args.image_size, overrides=overrides, instructions=args.instruction,
+    )
     if notices:
         print(f"DiT4DiT config imported ({len(notices)} change(s)):", file=sys.stderr)
         for line in notices:

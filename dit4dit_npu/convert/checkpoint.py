@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from dit4dit_npu.config.dit4dit_keys import module_path
+from dit4dit_npu.errors import DiT4DiTError
 
 TRANSFORMER = "backbone_interface.extractor.transformer."
 TEXT_ENCODER = "backbone_interface.extractor.text_encoder."
@@ -34,7 +35,7 @@ VAE = "backbone_interface.extractor.vae."
 HEAD = "action_model."
 
 
-class ConversionError(ValueError):
+class ConversionError(DiT4DiTError, ValueError):
     """Input that cannot be imported (one line naming the file and what was expected)."""
 
 

@@ -12,7 +12,8 @@ and VAE equal the base model's. Then the model is built from the config and ever
 tensor must land on a parameter of the same shape (none left over, none missing), and the policy
 folder is written atomically with the original's conventions as options: the conditioning latent
 a posterior sample, timesteps rounded to the compute dtype, unseeded feature noise (model, in
-config.yaml); its state/action encodings and image resize (PolicyIO, in policy_io.json).
+policy.json's model section); its state/action encodings and image resize (PolicyIO, in
+policy_io.json).
 """
 
 from __future__ import annotations
@@ -106,14 +107,13 @@ def import_config(
     c.feature_noise_seed = None  # DiT4DiT drew the feature-pass noise from the global RNG
     d.image_size = [int(image_size[0]), int(image_size[1])]
     d.view_layout = "width"
-    ratio = d.action_video_freq_ratio
-    kept = latent_clip(d.video_delta_indices[::ratio])
-    if len(kept) < len(d.video_delta_indices[::ratio]):
+    kept = latent_clip(d.clip_offsets)
+    if len(kept) < len(d.clip_offsets):
         notices.append(
-            f"datasets.vla_data.video_delta_indices: the last {len(d.video_delta_indices[::ratio]) - len(kept)} "
+            f"datasets.vla_data.video_delta_indices: the last {len(d.clip_offsets) - len(kept)} "
             "subsampled frame(s) dropped (DiT4DiT's VAE ignored frames that do not fill a latent)"
         )
-        d.video_delta_indices = d.video_delta_indices[: (len(kept) - 1) * ratio + 1]
+        d.video_delta_indices = d.video_delta_indices[: (len(kept) - 1) * d.action_video_freq_ratio + 1]
     cfg.trainer.enable_gradient_checkpointing = False
     validate(cfg)
     return cfg
@@ -142,10 +142,9 @@ def convert_dit4dit(
     instructions: Sequence[str] = (),
 ) -> tuple[Path, list[str]]:
     """-> (the policy folder, notices of what changed). Raises ConversionError (nothing written)."""
-    from dit4dit_npu.models import build_dit4dit, build_prompt_encoder, text_identity
-    from dit4dit_npu.models.build import base_model_folder
-    from dit4dit_npu.models.text import PromptCache
     from dit4dit_npu.policy.folder import POLICY_JSON, export_policy
+    from dit4dit_npu.prompt_cache import PromptCache
+    from dit4dit_npu.weights import base_model_folder, build_dit4dit, build_prompt_encoder, text_identity
 
     checkpoint, config, out = Path(checkpoint), Path(config), Path(out)
     stats_path = Path(stats) if stats is not None else checkpoint.parent.parent / "dataset_statistics.json"

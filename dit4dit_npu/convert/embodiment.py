@@ -24,9 +24,9 @@ import numpy as np
 from dit4dit_npu.config import Config
 from dit4dit_npu.config.original_data import ROBOT_TYPES, RobotType
 from dit4dit_npu.convert.checkpoint import ConversionError
+from dit4dit_npu.transforms.feature_stats import STAT_FIELDS, FeatureStats
 from dit4dit_npu.transforms.policy_io import PolicyIO
-from dit4dit_npu.transforms.stats import STAT_FIELDS, FeatureStats
-from dit4dit_npu.transforms.vector import Binarize, Normalize, Pad, Reorder, SinCos, Step, VectorPipeline
+from dit4dit_npu.transforms.vector import Binarize, Normalize, Reorder, SinCos, Step, TooNarrowError, padded
 
 
 def read_statistics(path: Path, tag: str | None) -> tuple[str, dict[str, Any]]:
@@ -148,28 +148,26 @@ def build_policy_io(robot: RobotType, tag: str, entry: dict[str, Any], cfg: Conf
         action_steps.append(Binarize(robot.client_binary_dims, inclusive=True, encode=False))
 
     d = cfg.datasets.vla_data
+    try:
+        state_pipe = padded(state_steps + reorder, robot.state_dim, d.max_state_dim, "state")
+        action_pipe = padded(action_steps + reorder, robot.action_dim, d.max_action_dim, "action")
+    except TooNarrowError as e:
+        raise ConversionError(
+            f"{where}: the encoded {e.name} has {e.encoded} dims but the checkpoint's head takes {e.width} "
+            "(statistics for another embodiment?)"
+        ) from None
     return PolicyIO(
         camera_keys=list(robot.cameras),
         image_size=tuple(d.image_size),
         view_layout="width",  # primary | wrist views side by side, as DiT4DiT concatenated them
-        clip_offsets=d.video_delta_indices[:: d.action_video_freq_ratio],
+        clip_offsets=d.clip_offsets,
         chunk_length=cfg.framework.action_model.chunk_length,
         stats={"state": state, "action": action},
-        state=_padded(state_steps + reorder, robot.state_dim, d.max_state_dim, "state", where),
-        action=_padded(action_steps + reorder, robot.action_dim, d.max_action_dim, "action", where),
+        state=state_pipe,
+        action=action_pipe,
         resize_method="torch_bilinear",
     )
 
-
-def _padded(steps: list[Step], in_dim: int, width: int | None, name: str, where: str) -> VectorPipeline:
-    encoded = VectorPipeline(steps, in_dim).out_dim
-    width = encoded if width is None else width
-    if width < encoded:
-        raise ConversionError(
-            f"{where}: the encoded {name} has {encoded} dims but the checkpoint's head takes {width} "
-            "(statistics for another embodiment?)"
-        )
-    return VectorPipeline(steps + ([Pad(encoded, width)] if width > encoded else []), in_dim)
 
 
 def latent_clip(offsets: list[int]) -> list[int]:

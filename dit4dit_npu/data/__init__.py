@@ -6,8 +6,8 @@
     loader = DataLoader(data.train_dataset, batch_size=..., sampler=data.sampler, collate_fn=Batch.collate)
 
 Modules: ``lerobot`` (LeRobotDataset), ``meta`` (its metadata), ``video`` (PyAV decode),
-``robotwin`` (raw samples; PolicyIO turns them into model tensors), ``stats`` (statistics of the
-training episodes), ``mixture`` (split + sampler), ``validate`` (every dataset check, as lists of
+``robotwin`` (raw samples; PolicyIO turns them into model tensors), ``training_stats`` (statistics
+of the training episodes), ``mixture`` (split + sampler), ``validate`` (every dataset check, as lists of
 problems), ``build`` (config -> TrainingData), ``writer`` (arrays -> LeRobot files), ``demo`` and
 ``inspect`` (command-line tools). Exports are imported lazily so ``python -m
 dit4dit_npu.data.demo`` / ``.inspect`` stay clean.
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from dit4dit_npu.data.meta import LeRobotDatasetMetadata
     from dit4dit_npu.data.mixture import MixtureSampler, split_episodes
     from dit4dit_npu.data.robotwin import RawSample, RoboTwinDataset
-    from dit4dit_npu.data.stats import compute_stats
+    from dit4dit_npu.data.training_stats import compute_stats
     from dit4dit_npu.data.video import VideoDecoder
 
 _EXPORTS = {
@@ -34,7 +34,7 @@ _EXPORTS = {
     "LeRobotDataset": "lerobot",
     "LeRobotDatasetMetadata": "meta",
     "VideoDecoder": "video",
-    "compute_stats": "stats",
+    "compute_stats": "training_stats",
     "MixtureSampler": "mixture",
     "split_episodes": "mixture",
     "RawSample": "robotwin",

@@ -24,7 +24,7 @@ from dit4dit_npu.data.latents import CacheKey, LatentCache
 from dit4dit_npu.data.lerobot import LeRobotDataset
 from dit4dit_npu.data.mixture import MixtureSampler, split_episodes
 from dit4dit_npu.data.robotwin import RoboTwinDataset
-from dit4dit_npu.data.stats import compute_stats
+from dit4dit_npu.data.training_stats import compute_stats
 from dit4dit_npu.data.validate import episode_length_problems, feature_problems, raise_first
 from dit4dit_npu.data.video import decoded_size
 from dit4dit_npu.transforms.policy_io import PolicyIO, PolicyIOError
@@ -92,11 +92,7 @@ def ensure_demo_data(
         from dit4dit_npu.data.demo import write_demo_dataset
 
         for p in missing:
-            try:
-                write_demo_dataset(p, image_size=_demo_size(d))
-            except OSError as e:
-                why = f"{e.strerror}: {e.filename}" if e.strerror and e.filename else str(e)
-                raise DatasetError(f"cannot write the demo dataset to {p} ({why})") from None
+            write_demo_dataset(p, image_size=_demo_size(d))  # an unwritable place: DatasetError
     if barrier is not None and world_size > 1:
         barrier()
     elif rank != 0:  # no barrier: the writer renames a finished folder into place, so poll for it
@@ -130,9 +126,8 @@ def build_training_data(
             raise _not_found(p, d)
     datasets = [LeRobotDataset(p, image_size=tuple(d.image_size)) for p in paths]
     raise_first(feature_problems(datasets, d.camera_keys, [d.state_key, d.action_key], d.video_delta_indices))
-    clip = d.video_delta_indices[:: d.action_video_freq_ratio]
     chunk = cfg.framework.action_model.chunk_length
-    raise_first(episode_length_problems(datasets, [None] * len(datasets), clip, chunk))
+    raise_first(episode_length_problems(datasets, [None] * len(datasets), d.clip_offsets, chunk))
 
     known = {e.path for e in d.data_mix} | {str(p) for p in paths}
     unknown = sorted(set(d.val_episodes or {}) - known)

@@ -19,15 +19,16 @@ detected; parquet values are ``demo_episode(...)`` of (seed, episode), recomputa
 from __future__ import annotations
 
 import argparse
-import os
-import shutil
 import sys
 from pathlib import Path
 
 import numpy as np
 from tqdm.auto import tqdm
 
+from dit4dit_npu.cli import entry_point, size_hw
+from dit4dit_npu.data.errors import DatasetError
 from dit4dit_npu.data.writer import DatasetSpec, Episode, LeRobotWriter, aloha_modality
+from dit4dit_npu.files import atomic_folder, is_out_of_space
 
 ARM_JOINTS = ("waist", "shoulder", "elbow", "forearm_roll", "wrist_angle", "wrist_rotate")
 MOTORS = (
@@ -215,16 +216,16 @@ def write_demo_dataset(
     """Write the demo dataset to ``out`` atomically (temp folder + rename); returns ``out``."""
     out = Path(out)
     if version not in ("v2.1", "v3.0"):
-        raise ValueError(f"version must be 'v2.1' or 'v3.0', got {version!r}")
+        raise DatasetError(f"version must be 'v2.1' or 'v3.0', got {version!r}")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise FileExistsError(f"refusing to write the demo dataset into non-empty {out}")
+        raise DatasetError(f"refusing to write the demo dataset into non-empty {out}")
     if image_size[0] % 2 or image_size[1] % 2 or min(image_size) < 16:
-        raise ValueError(f"image_size must be even and >= 16, got {image_size}")
+        raise DatasetError(f"image_size must be even and >= 16, got {image_size}")
     if not 1 <= num_tasks <= len(TASKS):
-        raise ValueError(f"num_tasks must be in 1..{len(TASKS)}")
+        raise DatasetError(f"num_tasks must be in 1..{len(TASKS)}")
     for name, value in (("num_episodes", num_episodes), ("episode_length", episode_length), ("fps", fps), ("gop", gop)):
         if value < 1:  # fps 0 wrote a dataset of infinite timestamps; length 0 crashed mid-write
-            raise ValueError(f"{name} must be >= 1, got {value}")
+            raise DatasetError(f"{name} must be >= 1, got {value}")
     size_hw = (int(image_size[0]), int(image_size[1]))
     spec = DatasetSpec(
         fps=fps,
@@ -235,23 +236,22 @@ def write_demo_dataset(
         gop=gop,
         extra_meta={"modality.json": aloha_modality([f"observation.images.{c}" for c in CAMERAS])},
     )
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
     try:
-        # One episode rendered and encoded at a time: memory stays that of one episode.
-        with LeRobotWriter(tmp, version, spec) as writer:
+        # Readers (other ranks) never see a half-written dataset. One episode rendered and encoded
+        # at a time: memory stays that of one episode.
+        with atomic_folder(out, replace=False) as tmp, LeRobotWriter(tmp, version, spec) as writer:
             for e in tqdm(range(num_episodes), desc=f"demo {version}", unit="episode", disable=None):
                 ep = demo_episode(e, episode_length, num_tasks, seed)
                 writer.add_episode(ep, demo_frames(ep, e * episode_length, size_hw, seed))
-        if out.exists():
-            out.rmdir()
-        os.replace(tmp, out)  # readers (other ranks) never see a half-written dataset
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    except OSError as e:  # an unwritable place, or a folder written into while we wrote
+        if is_out_of_space(e):
+            raise
+        why = f"{e.strerror}: {e.filename}" if e.strerror and e.filename else str(e)
+        raise DatasetError(f"cannot write the demo dataset to {out} ({why})") from None
     return out
 
 
+@entry_point
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True, type=Path, help="new (or empty) folder to write the dataset into")
@@ -261,8 +261,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--episodes", type=int, default=16, help="number of episodes (default: %(default)s)")
     p.add_argument("--length", type=int, default=48, help="frames per episode (default: %(default)s)")
     p.add_argument("--fps", type=int, default=15, help="frames per second (default: %(default)s)")
-    p.add_argument("--height", type=int, default=32, help="frame height in pixels, even, >= 16 (default: %(default)s)")
-    p.add_argument("--width", type=int, default=32, help="frame width in pixels, even, >= 16 (default: %(default)s)")
+    p.add_argument("--size", default="32x32", help="HxW of every camera, even, >= 16 (default: %(default)s)")
+    for half in ("--height", "--width"):  # the former spelling of --size, one half each
+        p.add_argument(half, type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument(
         "--tasks", type=int, default=4, help=f"number of distinct tasks, 1..{len(TASKS)} (default: %(default)s)"
     )
@@ -270,16 +271,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--codec", default="libx264", help="libx264 (default) or libsvtav1 (lerobot's default)")
     p.add_argument("--gop", type=int, default=8, help="keyframe interval in frames (default: %(default)s)")
     a = p.parse_args(argv)
-    try:  # bad arguments, a non-empty --out, an unknown codec: one line (the temp folder is removed)
-        out = write_demo_dataset(
-            a.out, a.version, a.episodes, a.length, a.fps, (a.height, a.width), a.seed, a.tasks, a.gop, a.codec
-        )
-    except (ValueError, OSError) as e:
-        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
-        return 2
+    h, w = size_hw(a.size)
+    if a.height is not None or a.width is not None:
+        print("notice: --height/--width are deprecated, use --size HxW", file=sys.stderr)
+        h, w = a.height if a.height is not None else h, a.width if a.width is not None else w
+    # bad arguments, a non-empty --out, an unknown codec: one line (the temp folder is removed)
+    out = write_demo_dataset(a.out, a.version, a.episodes, a.length, a.fps, (h, w), a.seed, a.tasks, a.gop, a.codec)
     print(
         f"wrote {a.version} demo dataset: {a.episodes} episodes x {a.length} frames, 3 cameras "
-        f"{a.height}x{a.width} @ {a.fps} fps -> {out}"
+        f"{h}x{w} @ {a.fps} fps -> {out}"
     )
     return 0
 

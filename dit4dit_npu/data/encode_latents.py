@@ -30,12 +30,11 @@ import numpy as np
 import torch
 
 from dit4dit_npu import device as dev
+from dit4dit_npu.cli import entry_point
 from dit4dit_npu.config import Config, ConfigError, load_config
 from dit4dit_npu.data.build import build_training_data
-from dit4dit_npu.data.errors import DatasetError, unwrap_worker_error
 from dit4dit_npu.data.latents import CacheKey, LatentCache
 from dit4dit_npu.data.robotwin import RoboTwinDataset
-from dit4dit_npu.transforms.policy_io import PolicyIOError
 
 
 class _Windows(torch.utils.data.Dataset):
@@ -66,9 +65,9 @@ class _Windows(torch.utils.data.Dataset):
 
 def encode_latents(cfg: Config, out: Path, batch_size: int = 16, progress: bool = True) -> dict[str, int]:
     """Encode this rank's share of the missing training episodes into ``out``; returns counts."""
-    from dit4dit_npu.models import build_vae, vae_identity
     from dit4dit_npu.models.cosmos import vae_latents
     from dit4dit_npu.models.dit4dit import video_input
+    from dit4dit_npu.weights import build_vae, vae_identity
 
     dev.set_device()  # before the process group: NCCL/HCCL bind to the current card
     device = dev.get_device()
@@ -188,6 +187,7 @@ def cache_bytes(root: Path) -> tuple[int, int]:
     return sum(f.stat().st_size for f in files), clips
 
 
+@entry_point
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m dit4dit_npu.data.encode_latents",
@@ -200,17 +200,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-size", type=int, default=16, help="clips per VAE call (default 16)")
     args, overrides = p.parse_known_args(argv)
     dev.configure_host_allocator()
-    try:
-        cfg = load_config(args.config, overrides)
-        out = args.out or cfg.datasets.vla_data.latent_cache
-        if not out:
-            raise ConfigError("no cache folder: pass --out DIR or set datasets.vla_data.latent_cache")
-        if args.batch_size < 1:
-            raise ConfigError(f"--batch-size {args.batch_size}: expected >= 1")
-        counts = encode_latents(cfg, Path(out), args.batch_size)
-    except (ConfigError, DatasetError, PolicyIOError, FileExistsError) as e:
-        print(f"error: {unwrap_worker_error(e)}", file=sys.stderr)  # a bad video, read in a loader worker
-        return 2
+    cfg = load_config(args.config, overrides)
+    out = args.out or cfg.datasets.vla_data.latent_cache
+    if not out:
+        raise ConfigError("no cache folder: pass --out DIR or set datasets.vla_data.latent_cache")
+    if args.batch_size < 1:
+        raise ConfigError(f"--batch-size {args.batch_size}: expected >= 1")
+    counts = encode_latents(cfg, Path(out), args.batch_size)
     if int(os.environ.get("RANK", "0")) == 0:
         n = counts["samples"]
         total, clips = cache_bytes(Path(out))

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
+from dit4dit_npu.cli import entry_point
 from dit4dit_npu.data.errors import DatasetError
 from dit4dit_npu.data.lerobot import STANDARD_COLUMNS, _column_to_numpy
 from dit4dit_npu.data.meta import LeRobotDatasetMetadata, read_parquet
@@ -165,7 +166,7 @@ def summarize(root: str | Path) -> str:
             lines.append(f"  {k}: {f.get('dtype')} {f.get('shape')}  {names if names else ''}")
     try:
         from dit4dit_npu.data.lerobot import LeRobotDataset
-        from dit4dit_npu.transforms.stats import FeatureStats
+        from dit4dit_npu.transforms.feature_stats import FeatureStats
 
         ds = LeRobotDataset(root)
         lines.append("stats (from parquet, all episodes)")
@@ -179,6 +180,7 @@ def summarize(root: str | Path) -> str:
     return "\n".join(lines)
 
 
+@entry_point
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="Inspect (and with --check validate) a LeRobot dataset folder.")
     p.add_argument("root", type=Path, help="the dataset folder (the one holding meta/info.json)")
@@ -201,11 +203,7 @@ def main(argv: list[str] | None = None) -> int:
             for pr in problems:
                 print(f"  - {pr}")
             return 1
-    try:
-        print(summarize(a.root))
-    except DatasetError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+    print(summarize(a.root))
     if a.check:
         print("check: OK")
     return 0

@@ -32,7 +32,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -43,6 +42,7 @@ import numpy as np
 import torch
 
 from dit4dit_npu.data.errors import DatasetError
+from dit4dit_npu.files import atomic_path, atomic_write_json
 
 FORMAT = "dit4dit_npu.latent_cache/1"
 MANIFEST = "manifest.json"
@@ -112,7 +112,7 @@ class LatentCache:
             return None
         try:
             root.mkdir(parents=True, exist_ok=True)
-            _atomic_write(root / MANIFEST, json.dumps({"format": FORMAT, "key": key.to_dict()}, indent=1).encode())
+            atomic_write_json(root / MANIFEST, {"format": FORMAT, "key": key.to_dict()})
         except OSError as e:
             raise DatasetError(f"--out {root}: cannot create the cache folder ({e.strerror or e})") from None
         return cls(root, key, [dataset_fingerprint(ds.root) for ds in datasets])
@@ -164,17 +164,13 @@ class LatentCache:
         path.parent.mkdir(parents=True, exist_ok=True)
         info = path.parent / "dataset.json"
         if not info.is_file():
-            _atomic_write(info, json.dumps({"path": str(source), "fingerprint": self.fingerprints[k]}).encode())
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        try:
+            atomic_write_json(info, {"path": str(source), "fingerprint": self.fingerprints[k]}, indent=None)
+        with atomic_path(path) as tmp:  # a failed save (disk full) leaves no partial file behind
             save_file(
                 {"latents": latents.contiguous().cpu(), "clips": torch.from_numpy(np.ascontiguousarray(clips, np.int64))},
                 str(tmp),
                 metadata={"format": FORMAT, "episode": str(int(episode))},
             )
-            os.replace(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)  # a failed save (disk full) leaves no partial file behind
 
     def check_episodes(self, k: int, dataset: Any, episodes: Sequence[int], clips_of: Any) -> None:
         """Every listed episode of dataset ``k`` is cached, for the same frame rows ``clips_of(ep)``
@@ -259,9 +255,3 @@ class LatentCache:
     def __getstate__(self) -> dict[str, Any]:
         # DataLoader workers get a copy without open files (safe_open handles do not pickle).
         return {**self.__dict__, "_files": OrderedDict()}
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)

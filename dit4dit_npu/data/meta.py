@@ -29,7 +29,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from dit4dit_npu.data.errors import DatasetError
-from dit4dit_npu.transforms.stats import pool_moments
+from dit4dit_npu.transforms.feature_stats import pool_moments
 
 SUPPORTED_VERSIONS = ("v2.0", "v2.1", "v3.0")
 # The bookkeeping columns every LeRobot frame has (after its features), in lerobot's order.

@@ -182,7 +182,11 @@ class Mp4Writer:
         self.size_hw = (h, w)
         self.frames = 0
         self._container = av.open(str(path), "w")
-        self._stream = self._container.add_stream(codec, rate=fps)
+        try:
+            self._stream = self._container.add_stream(codec, rate=fps)
+        except ValueError:  # av's UnknownCodecError
+            self._container.close()
+            raise DatasetError(f"video codec {codec!r}: not available in this PyAV/FFmpeg build (e.g. libx264)") from None
         self._stream.width, self._stream.height = w, h
         self._stream.pix_fmt = "yuv420p"
         # libsvtav1 (lerobot's default encoder, g=2) takes a numeric preset; x264 a named one.

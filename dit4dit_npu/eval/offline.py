@@ -1,7 +1,7 @@
 """Open-loop checkpoint evaluation on held-out episodes: ``python -m dit4dit_npu.eval``.
 
-    python -m dit4dit_npu.eval --checkpoint runs/x/checkpoints/step_005000 [--data ROOT]
-        [--episodes 3 11] [--output DIR] [--max-frames 512] [--stride 1] [--seed 0]
+    python -m dit4dit_npu.eval --policy runs/x/checkpoints/step_005000 [--data ROOT]
+        [--episode-indices 3 11] [--out DIR] [--max-frames 512] [--stride 1] [--seed 0]
 
 For sampled frames of the held-out episodes (by default the dataset and episodes recorded in the
 policy folder at export), the policy predicts a chunk through the public ``predict_action`` API
@@ -12,26 +12,28 @@ training-set mean action. Steps past the episode end are excluded (no recorded a
 
 Writes ``metrics.json`` (MSE/MAE overall, per joint and per horizon step for the model and both
 baselines, the model/baseline ratios; < 1 means better than the baseline) and PNG plots
-(``eval_plots.py``). The original's offline G1 evaluator normalized state differently from
+(``eval/plots.py``). The original's offline G1 evaluator normalized state differently from
 training (SPEC A7); here the same PolicyIO as training is applied, inside the policy.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from dit4dit_npu.cli import entry_point, former_names, require
+from dit4dit_npu.errors import DiT4DiTError
+from dit4dit_npu.files import atomic_write_json
+
 log = logging.getLogger("dit4dit_npu.eval")
 
 
-class EvalError(RuntimeError):
+class EvalError(DiT4DiTError, RuntimeError):
     """A problem with the evaluation request (data, episodes, checkpoint): one-line message."""
 
 
@@ -96,9 +98,12 @@ def compute_metrics(p: Predictions, io: Any) -> dict[str, Any]:
 # --------------------------------------------------------------------------------------------
 
 
-def resolve_targets(info: dict[str, Any], data: list[str] | None, episodes: list[int] | None) -> list[tuple[Path, list[int] | None]]:
-    """(dataset root, episodes or None = all) pairs from the flags and the policy's record."""
-    held_out: dict[str, list[int]] = info.get("held_out_episodes") or {}
+def resolve_targets(
+    records: dict[str, Any], data: list[str] | None, episodes: list[int] | None
+) -> list[tuple[Path, list[int] | None]]:
+    """(dataset root, episodes or None = all) pairs from the flags and the policy's record
+    (``records``: its manifest's datasets, path -> DatasetRecord)."""
+    held_out = {path: r.held_out_episodes for path, r in records.items()}
     if data:
         out = []
         for root in data:
@@ -106,14 +111,15 @@ def resolve_targets(info: dict[str, Any], data: list[str] | None, episodes: list
             recorded = held_out.get(str(p))
             if episodes is not None:
                 eps: list[int] | None = list(episodes)
-                seen = sorted(set(eps) & set((info.get("train_episodes") or {}).get(str(p), [])))
+                trained = records[str(p)].train_episodes if str(p) in records else None
+                seen = sorted(set(eps) & set(trained or []))
                 if seen:
                     log.warning("%s: episodes %s were used for training: their scores are not held-out", p, seen)
             elif recorded is None:
                 log.warning("%s was not a training dataset of this policy: evaluating all its episodes", p)
                 eps = None
             elif not recorded:
-                raise EvalError(f"{p}: the policy records no held-out episodes of it (val_fraction 0?); pass --episodes")
+                raise EvalError(f"{p}: the policy records no held-out episodes of it (val_fraction 0?); pass --episode-indices")
             else:
                 eps = list(recorded)
             out.append((p, eps))
@@ -121,7 +127,7 @@ def resolve_targets(info: dict[str, Any], data: list[str] | None, episodes: list
     if not held_out:
         raise EvalError("the policy records no datasets; pass --data ROOT")
     if episodes is not None and len(held_out) > 1:
-        raise EvalError("--episodes is ambiguous with several recorded datasets; pass --data ROOT too")
+        raise EvalError("--episode-indices is ambiguous with several recorded datasets; pass --data ROOT too")
     out = []
     for path, eps in held_out.items():
         eps = episodes if episodes is not None else eps
@@ -132,7 +138,7 @@ def resolve_targets(info: dict[str, Any], data: list[str] | None, episodes: list
             raise EvalError(f"recorded dataset {path} not found (moved?); pass --data ROOT")
         out.append((Path(path), list(eps)))
     if not out:
-        raise EvalError("no held-out episodes recorded in the policy; pass --data ROOT [--episodes ...]")
+        raise EvalError("no held-out episodes recorded in the policy; pass --data ROOT [--episode-indices ...]")
     return out
 
 
@@ -147,7 +153,7 @@ def sample_indices(n: int, max_frames: int, stride: int) -> np.ndarray:
 def build_eval_dataset(policy: Any, targets: list[tuple[Path, list[int] | None]]) -> Any:
     from dit4dit_npu.data import DatasetError, LeRobotDataset, RoboTwinDataset
 
-    d = policy.cfg.datasets.vla_data
+    d = policy.manifest.data
     try:
         datasets = [LeRobotDataset(root, episodes=eps, image_size=policy.io.image_size) for root, eps in targets]
         return RoboTwinDataset(datasets, policy.io, d.state_key, d.action_key)
@@ -220,10 +226,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         prog="python -m dit4dit_npu.eval",
         description="Open-loop evaluation of an exported DiT4DiT policy on held-out LeRobot episodes.",
     )
-    p.add_argument("--checkpoint", required=True, help="policy folder, checkpoint folder or run folder")
+    policy = p.add_argument("--policy", help="policy folder, checkpoint folder or run folder (required)")
+    former_names(p, policy, "--checkpoint")
     p.add_argument("--data", nargs="+", default=None, help="LeRobot dataset root(s) (default: recorded in the policy)")
-    p.add_argument("--episodes", nargs="+", type=int, default=None, help="episode indices (default: held-out ones)")
-    p.add_argument("--output", default=None, help="output folder (default: outputs/eval/<checkpoint name>)")
+    episodes = p.add_argument(
+        "--episode-indices", nargs="+", type=int, default=None, help="episode indices (default: held-out ones)"
+    )
+    former_names(p, episodes, "--episodes")
+    out = p.add_argument("--out", default=None, help="output folder (default: outputs/eval/<checkpoint name>)")
+    former_names(p, out, "--output")
     p.add_argument("--max-frames", type=int, default=512, help="at most this many frames, evenly spaced")
     p.add_argument("--stride", type=int, default=1, help="evaluate every n-th frame before --max-frames")
     p.add_argument("--batch-size", type=int, default=8, help="observations per predict_action call (default: 8)")
@@ -234,7 +245,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--base-model", default=None, help="override the base model path recorded at export")
     p.add_argument("--device", default=None, help="torch device (default: the detected accelerator)")
     p.add_argument("--merge-lora", action="store_true", help="fold a LoRA policy's adapter into the base transformer at load (no adapter cost per step)")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    require(p, args, policy)
+    return args
 
 
 # flag -> smallest accepted value
@@ -271,7 +284,7 @@ def prepare_output(out: Path) -> None:
         probe.write_text("")
         probe.unlink()
     except OSError as e:
-        raise EvalError(f"--output: cannot write to {out} ({e.strerror or e})") from None
+        raise EvalError(f"--out: cannot write to {out} ({e.strerror or e})") from None
 
 
 def check_finite(metrics: dict[str, Any]) -> None:
@@ -288,27 +301,26 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     from dit4dit_npu.policy.folder import find_policy_dir
 
     check_args(args)
-    out = output_dir(args.output, find_policy_dir(args.checkpoint))
+    out = output_dir(args.out, find_policy_dir(args.policy))
     prepare_output(out)
     policy = DiT4DiTPolicy.from_pretrained(
-        args.checkpoint, device=args.device, base_model=args.base_model, merge_lora=args.merge_lora
+        args.policy, device=args.device, base_model=args.base_model, merge_lora=args.merge_lora
     )
     policy_dir = policy.path
-    targets = resolve_targets(policy.info, args.data, args.episodes)
+    targets = resolve_targets(policy.manifest.data.datasets, args.data, args.episode_indices)
     ds = build_eval_dataset(policy, targets)
     if len(ds) == 0:
         raise EvalError("the selected episodes hold no frames")
     indices = sample_indices(len(ds), args.max_frames, args.stride)
     preds = run_predictions(policy, ds, indices, args.batch_size, args.seed)
-    d = policy.cfg.datasets.vla_data
     metrics = compute_metrics(preds, policy.io)
     check_finite(metrics)
-    names = joint_names(ds, d.action_key, policy.action_dim)
+    names = joint_names(ds, policy.manifest.data.action_key, policy.action_dim)
     strips = imagination_strips(policy, ds, preds, args.video_samples, args.video_steps, args.seed)
     plots = eval_plots.plot_all(out, ds, preds, metrics, names, plot_episodes=args.plot_episodes, strips=strips)
     report = {
         "checkpoint": str(policy_dir),
-        "step": policy.info.get("step"),
+        "step": policy.manifest.step,
         "datasets": {str(root): (eps if eps is not None else "all") for root, eps in targets},
         "num_frames": len(indices),
         "num_scored_steps": int(preds.valid.sum()),
@@ -321,29 +333,22 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
         **metrics,
         "plots": [p.name for p in plots],
     }
-    (out / "metrics.json").write_text(json.dumps(report, indent=1))
+    atomic_write_json(out / "metrics.json", report)
     return report
 
 
+@entry_point
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
-    from dit4dit_npu.data import DatasetError
-    from dit4dit_npu.models import PromptCacheError
-    from dit4dit_npu.policy import NonFiniteActionError, PolicyInputError, PolicyLoadError
-
-    try:
-        report = evaluate(args)
-    except (EvalError, PolicyLoadError, DatasetError, NonFiniteActionError, PolicyInputError, PromptCacheError) as e:
-        print(f"error: {e}", file=sys.stderr)  # bad input or an unusable policy: one line, no traceback
-        return 2
+    report = evaluate(args)
     m = report["model"]
     line = f"model mse {m['mse']:.5g} mae {m['mae']:.5g}"
     for name in ("hold_position", "dataset_mean"):
         if f"ratio_to_{name}" in report:
             line += f" | {name} mse {report[name]['mse']:.5g} (ratio {report[f'ratio_to_{name}']['mse']:.3f})"
     print(line)
-    out = output_dir(args.output, Path(report["checkpoint"]))
+    out = output_dir(args.out, Path(report["checkpoint"]))
     print(f"wrote {out / 'metrics.json'} and {len(report['plots'])} plots")
     return 0
 

@@ -1,59 +1,58 @@
 """DiT4DiT model: Cosmos-Predict2.5 video backbone, prompt cache, DiT flow-matching action head.
 
-Pure torch modules with model-local configs: no data loading, no distributed code, no file I/O,
-no device names (see device.py), no knowledge of the run config. ``build.py`` is the one adapter
-from the run config (plus the ``BatchSpec`` PolicyIO promises) and the one place weights load.
+Pure torch modules: no data loading, no distributed code, no file I/O, no device names (see
+device/). Their configs are the run config's ``framework`` sections, declared once in
+``configs.py`` (``Cosmos25Config`` -> ``CosmosBackbone``, ``ActionModelConfig`` ->
+``FlowMatchingActionHead``, ``FrameworkConfig`` -> ``DiT4DiT``); what a batch brings (the
+``BatchSpec`` PolicyIO promises) and what other sections decide (gradient checkpointing,
+autocast) are constructor arguments. Loading weights (a base-model folder, the tiny-model cache)
+and assembling the model from a run config is ``dit4dit_npu/weights``'s job, not this package's.
+
+Importing the package does not import torch (``config/schema.py`` imports ``configs.py``): each
+name below loads its module on first use.
 """
 
-from dit4dit_npu.models.action_head import ActionHeadConfig, FlowMatchingActionHead
-from dit4dit_npu.models.build import (
-    action_head_config,
-    backbone_config,
-    build_action_head,
-    build_backbone,
-    build_dit4dit,
-    build_prompt_encoder,
-    build_skeleton,
-    build_vae,
-    check_base_model,
-    dit4dit_config,
-    save_tiny_base_model,
-    text_identity,
-    tiny_base_model,
-    vae_identity,
-)
-from dit4dit_npu.models.cosmos import BackboneConfig, CosmosBackbone
-from dit4dit_npu.models.dit4dit import DiT4DiT, DiT4DiTConfig
-from dit4dit_npu.models.errors import ModelConfigError
-from dit4dit_npu.models.pixels import FrameInputError, to_uint8, to_vae_range
-from dit4dit_npu.models.text import PromptCache, PromptCacheError, PromptEncoder
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from dit4dit_npu.models.action_head import FlowMatchingActionHead
+    from dit4dit_npu.models.configs import ActionModelConfig, Cosmos25Config, FrameworkConfig
+    from dit4dit_npu.models.cosmos import CosmosBackbone
+    from dit4dit_npu.models.dit4dit import DiT4DiT
+    from dit4dit_npu.models.pixels import FrameInputError, to_uint8, to_vae_range
+    from dit4dit_npu.models.text import PromptEncoder
+
+_HOMES = {
+    "ActionModelConfig": "configs",
+    "Cosmos25Config": "configs",
+    "FrameworkConfig": "configs",
+    "CosmosBackbone": "cosmos",
+    "DiT4DiT": "dit4dit",
+    "FlowMatchingActionHead": "action_head",
+    "FrameInputError": "pixels",
+    "to_uint8": "pixels",
+    "to_vae_range": "pixels",
+    "PromptEncoder": "text",
+}
 
 __all__ = [
-    "ActionHeadConfig",
-    "BackboneConfig",
+    "ActionModelConfig",
+    "Cosmos25Config",
     "CosmosBackbone",
     "DiT4DiT",
-    "DiT4DiTConfig",
     "FlowMatchingActionHead",
     "FrameInputError",
-    "ModelConfigError",
-    "PromptCache",
-    "PromptCacheError",
+    "FrameworkConfig",
     "PromptEncoder",
-    "action_head_config",
-    "backbone_config",
-    "build_action_head",
-    "build_backbone",
-    "build_dit4dit",
-    "build_prompt_encoder",
-    "build_skeleton",
-    "build_vae",
-    "check_base_model",
-    "dit4dit_config",
-    "save_tiny_base_model",
-    "text_identity",
-    "tiny_base_model",
-    "vae_identity",
     "to_uint8",
     "to_vae_range",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _HOMES:
+        return getattr(importlib.import_module(f"{__name__}.{_HOMES[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -6,8 +6,10 @@ H_a tokens. Training: t = Beta(1.5, 1) / 0.999, x_t = (1 - t) a + t eps, target 
 t_int = floor(1000 t), MSE over real action dims; R repeated noise draws per feature share one K/V
 (``dit.py``). Inference: Euler from t = 1 in ``num_inference_timesteps`` steps.
 
-Widths are the batch's (``ActionHeadConfig.state_width/action_width``, from the BatchSpec): the
-head never pads or trims; PolicyIO did, and the batch is validated at the model boundary.
+Config: ``framework.action_model`` (``ActionModelConfig``, ``configs.py``; the DiT sizes resolved
+from its ``action_model_type`` preset). Widths are the batch's (``state_width``/``action_width``
+from the BatchSpec, constructor arguments): the head never pads or trims; PolicyIO did, and the
+batch is validated at the model boundary.
 
 Precision: the head runs with autocast disabled and its inputs cast explicitly to its parameter
 dtype (fp32 unless a wrapper cast the whole model), and targets are built in fp32 — never
@@ -17,54 +19,16 @@ dtype (fp32 unless a wrapper cast the whole model), and targets are built in fp3
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from dit4dit_npu import device as dev
+from dit4dit_npu.errors import ConfigError
+from dit4dit_npu.models.configs import ActionModelConfig
 from dit4dit_npu.models.dit import KV, CrossAttentionDiT
-from dit4dit_npu.models.errors import ModelConfigError
 from dit4dit_npu.models.noise import checked
-
-# action_model_type -> (input embedding dim, attention heads, attention head dim)
-PRESETS: dict[str, tuple[int, int, int]] = {
-    "DiT-tiny": (64, 4, 16),
-    "DiT-S": (384, 6, 64),
-    "DiT-B": (768, 12, 64),
-    "DiT-L": (1536, 32, 48),
-}
-
-
-@dataclass(frozen=True)
-class ActionHeadConfig:
-    # What the batch brings (BatchSpec): encoded+padded state width (0 = no state token), padded
-    # action width, action steps per chunk.
-    state_width: int
-    action_width: int
-    chunk_length: int
-    # DiT body (defaults: DiT-B, SPEC 2.2)
-    dim: int = 768
-    num_heads: int = 12
-    head_dim: int = 64
-    num_layers: int = 16
-    output_dim: int = 2560
-    dropout: float = 0.2
-    final_dropout: bool = True
-    interleave_self_attention: bool = True
-    # hidden width of the state encoder and action decoder MLPs
-    hidden_size: int = 2560
-    add_pos_embed: bool = True
-    max_seq_len: int = 1024
-    # flow matching: t = Beta(alpha, beta) / noise_s, integer timestep floor(t * buckets)
-    noise_beta_alpha: float = 1.5
-    noise_beta_beta: float = 1.0
-    noise_s: float = 0.999
-    num_timestep_buckets: int = 1000
-    num_inference_timesteps: int = 4
-    # R noise draws per backbone feature in training (they share its cross-attention K/V)
-    repeated_diffusion_steps: int = 4
 
 
 def sinusoidal(t: torch.Tensor, dim: int) -> torch.Tensor:
@@ -95,21 +59,17 @@ def mlp(d_in: int, hidden: int, d_out: int) -> nn.Sequential:
 
 
 class FlowMatchingActionHead(nn.Module):
-    def __init__(self, cfg: ActionHeadConfig, cross_attention_dim: int) -> None:
+    def __init__(self, cfg: ActionModelConfig, cross_attention_dim: int, state_width: int, action_width: int) -> None:
+        """``state_width``: encoded, padded state dims (0 = no state token); ``action_width``:
+        padded action dims; both the BatchSpec's. The chunk is ``cfg.chunk_length`` steps."""
         super().__init__()
-        if cfg.action_width < 1:
-            raise ModelConfigError("action_width", f"got {cfg.action_width}, expected >= 1")
-        if cfg.chunk_length < 1:
-            raise ModelConfigError("chunk_length", f"got {cfg.chunk_length}, expected >= 1")
-        if cfg.add_pos_embed and cfg.chunk_length > cfg.max_seq_len:
-            raise ModelConfigError(
-                "max_seq_len", f"{cfg.max_seq_len} position embeddings, but the chunk has {cfg.chunk_length} steps"
-            )
-        if cfg.repeated_diffusion_steps < 1:
-            raise ModelConfigError("repeated_diffusion_steps", f"got {cfg.repeated_diffusion_steps}, expected >= 1")
+        if action_width < 1:
+            raise ConfigError(f"datasets.vla_data.max_action_dim: got {action_width}, expected >= 1")
         self.cfg = cfg
-        self.state_encoder = mlp(cfg.state_width, cfg.hidden_size, cfg.dim) if cfg.state_width else None
-        self.action_encoder = ActionEncoder(cfg.action_width, cfg.dim)
+        self.state_width, self.action_width = state_width, action_width
+        body = cfg.diffusion_model_cfg
+        self.state_encoder = mlp(state_width, cfg.hidden_size, cfg.dim) if state_width else None
+        self.action_encoder = ActionEncoder(action_width, cfg.dim)
         self.position_embedding = None
         if cfg.add_pos_embed:
             self.position_embedding = nn.Embedding(cfg.max_seq_len, cfg.dim)
@@ -118,14 +78,18 @@ class FlowMatchingActionHead(nn.Module):
             cfg.dim,
             cfg.num_heads,
             cfg.head_dim,
-            cfg.num_layers,
+            body.num_layers,
             cross_attention_dim,
-            cfg.output_dim,
-            dropout=cfg.dropout,
-            final_dropout=cfg.final_dropout,
-            interleave_self_attention=cfg.interleave_self_attention,
+            body.output_dim,
+            dropout=body.dropout,
+            final_dropout=body.final_dropout,
+            interleave_self_attention=body.interleave_self_attention,
         )
-        self.action_decoder = mlp(cfg.output_dim, cfg.hidden_size, cfg.action_width)
+        self.action_decoder = mlp(body.output_dim, cfg.hidden_size, action_width)
+
+    @property
+    def chunk_length(self) -> int:
+        return self.cfg.chunk_length
 
     @property
     def dtype(self) -> torch.dtype:
@@ -240,19 +204,19 @@ class FlowMatchingActionHead(nn.Module):
         row's chunk depends on its own observation and the seed only — not on the device, nor on
         the batch it came in (row i of a batch == the same observation alone). Without one:
         independent global-RNG noise per row. ``noise`` (B, H_a, A): the start x_1, given."""
-        b, n, c = features.shape[0], self.cfg.num_inference_timesteps, self.cfg
-        x = checked(noise, "action", (b, c.chunk_length, c.action_width), features.device)
+        b, n, chunk = features.shape[0], self.cfg.num_inference_timesteps, (self.chunk_length, self.action_width)
+        x = checked(noise, "action", (b, *chunk), features.device)
         kv = self.context_kv(features)  # once for all Euler steps
         with torch.autocast(dev.device_type(), enabled=False):
             state_tok = self._state_token(state)
             if x is None and generator is not None:
-                x = torch.randn(1, c.chunk_length, c.action_width, generator=generator)
+                x = torch.randn(1, *chunk, generator=generator)
                 x = x.to(features.device).expand(b, -1, -1)
             elif x is None:
-                x = torch.randn(b, c.chunk_length, c.action_width, device=features.device)
+                x = torch.randn(b, *chunk, device=features.device)
             for i in range(n):
                 t_int = torch.full(
-                    (b,), int(c.num_timestep_buckets * (1.0 - i / n)), device=x.device, dtype=torch.long
+                    (b,), int(self.cfg.num_timestep_buckets * (1.0 - i / n)), device=x.device, dtype=torch.long
                 )
                 x = x - self._velocity(x, t_int, state_tok, kv, 1) / n
         return x

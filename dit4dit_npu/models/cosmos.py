@@ -13,40 +13,15 @@ from __future__ import annotations
 
 import copy
 import warnings
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch import nn
 
 from dit4dit_npu import device as dev
-from dit4dit_npu.models.errors import ModelConfigError
+from dit4dit_npu.errors import ConfigError
+from dit4dit_npu.models.configs import Cosmos25Config, FlowMatchingConfig
 from dit4dit_npu.models.noise import NoiseError, checked
-
-
-@dataclass(frozen=True)
-class BackboneConfig:
-    # Block whose output feeds the action head (0-indexed; 17 = the paper's "layer 18").
-    extract_layer: int = 17
-    # Timestep of the clean conditioning frame (the pipeline's conditional_frame_timestep).
-    conditional_frame_timestep: float = 1e-4
-    # Time t of the video flow-matching loss: U[0, 1), or sigmoid(N(0, 1)) with, at probability
-    # high_sigma_ratio, t replaced by U[high_sigma_min (default 0.98), 1).
-    time_distribution: Literal["uniform", "logit_normal"] = "uniform"
-    high_sigma_ratio: float | None = None
-    high_sigma_min: float | None = None
-    # Seed of the feature-pass noise; None = unseeded, as the original (SPEC A3).
-    feature_noise_seed: int | None = 42
-    # "auto" = the device layer's choice, or a diffusers attention backend name.
-    attention_backend: str = "auto"
-    gradient_checkpointing: bool = False
-    # Latent of the conditioning frame: the posterior "mean" (deterministic), or a posterior
-    # "sample" mean + std * eps, as DiT4DiT drew it (its video targets stay the mean either way).
-    condition_latent: Literal["mean", "sample"] = "mean"
-    # Round the noise-level timesteps (feature-pass sigma, video-loss t) to the transformer's
-    # compute dtype before the time embedding, as DiT4DiT cast them to the transformer dtype (bf16:
-    # sigma 0.99502486 -> 0.99609375). The conditioning frame's timestep stays fp32 there too.
-    round_timesteps: bool = False
 
 
 def fresh_schedule(scheduler: Any, num_steps: int, device: torch.device | None = None) -> Any:
@@ -118,9 +93,19 @@ def run_blocks(
 
 
 class CosmosBackbone(nn.Module):
-    """Transformer (trainable) + VAE (always frozen, eval) + the scheduler's sigma convention."""
+    """Transformer (trainable) + VAE (always frozen, eval) + the scheduler's sigma convention.
 
-    def __init__(self, transformer: nn.Module, vae: nn.Module, scheduler: Any, cfg: BackboneConfig) -> None:
+    Config: ``framework.cosmos25`` (``Cosmos25Config``); ``gradient_checkpointing`` is the
+    trainer's (``trainer.enable_gradient_checkpointing``)."""
+
+    def __init__(
+        self,
+        transformer: nn.Module,
+        vae: nn.Module,
+        scheduler: Any,
+        cfg: Cosmos25Config,
+        gradient_checkpointing: bool = False,
+    ) -> None:
         super().__init__()
         self.cfg = cfg
         self.transformer = transformer
@@ -134,16 +119,15 @@ class CosmosBackbone(nn.Module):
         # (DeepSpeed) must not round these constants.
         self.latents_mean = torch.tensor(vae.config.latents_mean, dtype=torch.float32).view(1, z, 1, 1, 1)
         self.latents_std = torch.tensor(vae.config.latents_std, dtype=torch.float32).view(1, z, 1, 1, 1)
-        self.temporal_factor = 2 ** sum(vae.config.temperal_downsample)  # 4 (causal: T_lat = (T-1)//4+1)
+        self.temporal_factor = vae_temporal_factor(vae)  # 4 (causal: T_lat = (T-1)//4+1)
         self.spatial_factor = 2 ** len(vae.config.temperal_downsample)  # 8
         self.feature_sigma = first_step_sigma(scheduler)
-        if not 0 <= cfg.extract_layer < self.num_layers:
-            raise ModelConfigError(
-                "extract_layer",
-                f"got {cfg.extract_layer}, expected 0..{self.num_layers - 1} "
-                f"(the transformer has {self.num_layers} blocks)",
+        if not 0 <= cfg.extract_layer < self.num_layers:  # the depth is the loaded model's
+            raise ConfigError(
+                f"framework.cosmos25.extract_layer: got {cfg.extract_layer}, expected 0..{self.num_layers - 1} "
+                f"(the transformer has {self.num_layers} blocks)"
             )
-        if cfg.gradient_checkpointing:
+        if gradient_checkpointing:
             transformer.enable_gradient_checkpointing()
 
     # ------------------------------------------------------------------ properties / mode
@@ -166,17 +150,20 @@ class CosmosBackbone(nn.Module):
         self.vae.eval()  # frozen: never in train mode, whatever the caller does
         return self
 
+    def padded_frames(self, num_frames: int) -> int:
+        """Pixel frames the VAE encodes for a clip of ``num_frames`` (padded to 1 + 4k)."""
+        return causal_length(num_frames, self.temporal_factor)
+
     def latent_frames(self, num_frames: int) -> int:
         """Latent frames of a clip of ``num_frames`` pixel frames (after padding to 1 + 4k)."""
-        return (num_frames - 1 + self.temporal_factor - 1) // self.temporal_factor + 1
+        return (self.padded_frames(num_frames) - 1) // self.temporal_factor + 1
 
     def check_frame_size(self, height: int, width: int) -> None:
         mult = self.spatial_factor * self.transformer.config.patch_size[1]  # 8 x 2 = 16
-        if height % mult or width % mult:
-            raise ModelConfigError(
-                "frame_size",
-                f"tiled frame {height}x{width} must be divisible by {mult} (VAE x{self.spatial_factor}, "
-                f"then patch x{mult // self.spatial_factor})",
+        if height % mult or width % mult:  # the frame is PolicyIO's: the image size tiled by the layout
+            raise ConfigError(
+                f"datasets.vla_data.image_size (x the view layout): tiled frame {height}x{width} must be divisible "
+                f"by {mult} (VAE x{self.spatial_factor}, then patch x{mult // self.spatial_factor})"
             )
 
     # ------------------------------------------------------------------ VAE
@@ -341,7 +328,7 @@ class CosmosBackbone(nn.Module):
         x0 = latents.float()
         b, c, n, h, w = x0.shape
         t = checked(t, "video_time", (b,), x0.device)
-        t = sample_video_time(self.cfg, b, x0.device) if t is None else t
+        t = sample_video_time(self.cfg.flow_matching, b, x0.device) if t is None else t
         z = checked(z, "video", (b, c, n - 1, h, w), x0.device)
         # frame 0 of z only reaches x_t's frame 0, which the conditioning latent replaces
         z = torch.randn_like(x0) if z is None else torch.cat([torch.zeros_like(x0[:, :, :1]), z], dim=2)
@@ -352,7 +339,7 @@ class CosmosBackbone(nn.Module):
         return torch.mean((v[:, :, 1:].float() - (z - x0)[:, :, 1:]) ** 2)
 
 
-def sample_video_time(cfg: BackboneConfig, n: int, device: torch.device) -> torch.Tensor:
+def sample_video_time(cfg: FlowMatchingConfig, n: int, device: torch.device) -> torch.Tensor:
     """n flow-matching times in [0, 1) from ``cfg.time_distribution`` (SPEC 1.6)."""
     if cfg.time_distribution == "uniform":
         return torch.rand(n, device=device)
@@ -369,7 +356,7 @@ def vae_latents(vae: nn.Module, video: torch.Tensor) -> torch.Tensor:
     """(B, 3, T, H, W) in [-1, 1] -> the VAE's posterior mean (B, 16, T_lat, H/8, W/8) in the VAE's
     dtype, un-normalised: ``CosmosBackbone.encode_video`` normalises it, and it is exactly what a
     latent cache stores (deterministic, so caching it is exact). T is padded to 1 + 4k first."""
-    video = pad_to_causal_length(video, 2 ** sum(vae.config.temperal_downsample))
+    video = pad_to_causal_length(video, vae_temporal_factor(vae))
     return vae.encode(video.to(next(vae.parameters()).dtype)).latent_dist.mode()
 
 
@@ -377,7 +364,17 @@ def pad_to_causal_length(video: torch.Tensor, temporal_factor: int) -> torch.Ten
     """(B, 3, T, H, W): pad T to 1 + k * temporal_factor by repeating the last frame (the causal
     VAE would otherwise silently drop the trailing frames)."""
     t = video.shape[2]
-    target = (t - 1 + temporal_factor - 1) // temporal_factor * temporal_factor + 1
+    target = causal_length(t, temporal_factor)
     if target == t:
         return video
     return torch.cat([video, video[:, :, -1:].expand(-1, -1, target - t, -1, -1)], dim=2)
+
+
+def vae_temporal_factor(vae: nn.Module) -> int:
+    """Pixel frames per latent frame after the first (Wan: 4)."""
+    return 2 ** sum(vae.config.temperal_downsample)
+
+
+def causal_length(num_frames: int, temporal_factor: int) -> int:
+    """``num_frames`` rounded up to 1 + k * temporal_factor: what the causal VAE encodes whole."""
+    return (num_frames - 1 + temporal_factor - 1) // temporal_factor * temporal_factor + 1

@@ -1,7 +1,9 @@
 """DiT4DiT: video-diffusion features -> flow-matching action head, trained jointly (SPEC §1-2).
 
 Input: a ``Batch`` (``dit4dit_npu/batch.py``) that fits the ``BatchSpec`` the model was built for,
-checked once here at the boundary. Training modes (``DiT4DiTConfig.training``):
+checked once here at the boundary. Config: the ``framework`` section (``FrameworkConfig``: the
+backbone's ``cosmos25`` and the head's ``action_model``); ``autocast`` is the trainer's
+(``trainer.mixed_precision``). Training modes (``framework.cosmos25.training``):
 
 - ``joint``: action and video losses. By default (as the original, SPEC A1) the features are
   computed without grad, so only the video loss trains the transformer;
@@ -16,10 +18,7 @@ this module.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-from dataclasses import dataclass
-from typing import Literal
 
 import torch
 from einops import rearrange
@@ -27,28 +26,17 @@ from torch import nn
 
 from dit4dit_npu import device as dev
 from dit4dit_npu.batch import Batch, BatchError, BatchSpec
+from dit4dit_npu.errors import ConfigError
 from dit4dit_npu.models.action_head import FlowMatchingActionHead
+from dit4dit_npu.models.configs import FrameworkConfig
 from dit4dit_npu.models.cosmos import CosmosBackbone
-from dit4dit_npu.models.errors import ModelConfigError
 from dit4dit_npu.models.imagine import imagine
 from dit4dit_npu.models.lora import has_lora
 from dit4dit_npu.models.noise import InferenceNoise, TrainingNoise, noise_from
 from dit4dit_npu.models.pixels import to_vae_range
-from dit4dit_npu.models.text import PromptCache, PromptCacheError
+from dit4dit_npu.prompt_cache import PromptCache, PromptCacheError
 
 log = logging.getLogger(__name__)
-
-Training = Literal["joint", "action", "video"]
-
-
-@dataclass(frozen=True)
-class DiT4DiTConfig:
-    # DiT4DiT's name for what is trained: joint | action | video (see the module docstring).
-    training: Training = "joint"
-    # Original behaviour (SPEC A1): the action loss never reaches the video transformer.
-    backprop_action_to_backbone: bool = False
-    # bf16 autocast on the device type (device.py) around the backbone; the head stays fp32.
-    autocast: bool = True
 
 
 class DiT4DiT(nn.Module):
@@ -56,28 +44,37 @@ class DiT4DiT(nn.Module):
         self,
         backbone: CosmosBackbone,
         action_model: FlowMatchingActionHead | None,
-        cfg: DiT4DiTConfig,
+        cfg: FrameworkConfig,
         spec: BatchSpec,
+        *,
+        autocast: bool,
     ) -> None:
+        """``autocast``: bf16 autocast on the device type (device.py) around the backbone; the
+        head stays fp32."""
         super().__init__()
-        if (action_model is None) != (cfg.training == "video"):
-            need = "has no action head" if cfg.training == "video" else "needs an action head"
-            raise ModelConfigError("training", f"{cfg.training!r} {need}")
+        mode = cfg.cosmos25.training
+        if (action_model is None) != (mode == "video"):
+            need = "has no action head" if mode == "video" else "needs an action head"
+            raise ConfigError(f"framework.cosmos25.training: {mode!r} {need}")
         if action_model is not None:
-            head = action_model.cfg
-            widths = (head.state_width, head.action_width, head.chunk_length)
-            if widths != (spec.state_width, spec.action_width, spec.chunk_length):
-                raise ModelConfigError(
-                    "action_width", f"the head takes (state, action, chunk) = {widths}, the batch spec brings "
-                    f"{(spec.state_width, spec.action_width, spec.chunk_length)}"
+            if action_model.chunk_length != spec.chunk_length:
+                raise ConfigError(
+                    f"framework.action_model.future_action_window_size: the head predicts {action_model.chunk_length} "
+                    f"steps but the batches bring chunks of {spec.chunk_length}"
+                )
+            widths = (action_model.state_width, action_model.action_width)
+            if widths != (spec.state_width, spec.action_width):
+                raise ConfigError(
+                    f"datasets.vla_data.max_action_dim: the head takes (state, action) = {widths}, the batch spec "
+                    f"brings {(spec.state_width, spec.action_width)}"
                 )
         backbone.check_frame_size(*spec.frame_size)
         self.backbone = backbone
         self.action_model = action_model
         self.cfg = cfg
         self.spec = spec
-        if (spec.num_frames - 1) % backbone.temporal_factor:
-            n = (backbone.latent_frames(spec.num_frames) - 1) * backbone.temporal_factor + 1
+        self.autocast = autocast
+        if (n := backbone.padded_frames(spec.num_frames)) != spec.num_frames:
             log.warning(
                 "clips of %d frames are not 1 + %dk: each is padded to %d by repeating its last frame "
                 "(choose the clip length to avoid this)",
@@ -86,8 +83,13 @@ class DiT4DiT(nn.Module):
                 n,
             )
         self.prompt_cache: PromptCache | None = None
-        if cfg.training == "action":
+        if mode == "action":
             backbone.transformer.requires_grad_(False)
+
+    @property
+    def training_mode(self) -> str:
+        """joint | action | video (``framework.cosmos25.training``; not nn.Module's ``training``)."""
+        return self.cfg.cosmos25.training
 
     @property
     def feature_latent_frames(self) -> int:
@@ -107,7 +109,7 @@ class DiT4DiT(nn.Module):
         if self.prompt_cache is None:
             raise PromptCacheError("no prompt cache: call model.set_prompt_cache(cache) before forward")
         # Under autocast keep the cache's dtype (autocast casts for the matmul); else the weights'.
-        dtype = None if self.cfg.autocast else self.backbone.dtype
+        dtype = None if self.autocast else self.backbone.dtype
         return self.prompt_cache.lookup(instructions, self.device, dtype)
 
     def video_input(self, frames: torch.Tensor) -> torch.Tensor:
@@ -138,7 +140,7 @@ class DiT4DiT(nn.Module):
         from the batch's precomputed VAE latents (a latent cache) or one batched VAE encode of its
         frames; the rest of the step is the same either way. "action" mode needs only latent frame 0
         (the conditioning latent; the VAE is causal)."""
-        only_cond = self.cfg.training == "action"
+        only_cond = self.training_mode == "action"
         if batch.latents is not None:
             if self.backbone.cfg.condition_latent == "sample":
                 raise BatchError(
@@ -171,14 +173,14 @@ class DiT4DiT(nn.Module):
         # one batched encode (or the cached latents) gives conditioning + targets
         latents, cond = self.clip_latents(batch, n.condition)
         action_loss = video_loss = latents.new_zeros(())
-        with dev.autocast(enabled=self.cfg.autocast):
+        with dev.autocast(enabled=self.autocast):
             if self.action_model is not None:
-                grad = self.cfg.backprop_action_to_backbone and self.cfg.training == "joint" and torch.is_grad_enabled()
+                grad = self.cfg.cosmos25.backprop_action_to_backbone and self.training_mode == "joint" and torch.is_grad_enabled()
                 feats = self.backbone.features(cond, prompts, self.feature_latent_frames, grad=grad, noise=n.feature)
                 action_loss = self.action_model.loss(
                     feats, batch.state, batch.action, batch.action_mask, n.action, n.action_time
                 )
-            if self.cfg.training != "action":
+            if self.training_mode != "action":
                 video_loss = self.backbone.video_flow_matching_loss(latents, prompts, cond, n.video_time, n.video)
         return {"action_loss": action_loss, "video_loss": video_loss}
 
@@ -196,14 +198,14 @@ class DiT4DiT(nn.Module):
         ``noise``: the action start, feature-pass latents and (condition_latent="sample") the
         conditioning eps, given explicitly (``noise.py``); given fields override ``seed``."""
         if self.action_model is None:
-            raise ModelConfigError("training", "predict_action needs an action head; training is 'video'")
+            raise ConfigError("framework.cosmos25.training: predict_action needs an action head; training is 'video'")
         n = noise_from(noise, InferenceNoise) or InferenceNoise()
         batch = self._checked(batch, training=False)
         was_training = self.training
         self.train(False)
         try:
             cond, prompts = self._observation(batch, n.condition, seed)
-            with dev.autocast(enabled=self.cfg.autocast):
+            with dev.autocast(enabled=self.autocast):
                 feats = self.backbone.features(
                     cond, prompts, self.feature_latent_frames, call_seed=seed, noise=n.feature
                 )
@@ -220,7 +222,7 @@ class DiT4DiT(nn.Module):
         self.train(False)
         try:
             cond, prompts = self._observation(batch, seed=seed)
-            with dev.autocast(enabled=self.cfg.autocast):
+            with dev.autocast(enabled=self.autocast):
                 return imagine(self.backbone, cond, prompts, self.feature_latent_frames, num_steps, seed)
         finally:
             self.train(was_training)
@@ -230,14 +232,14 @@ class DiT4DiT(nn.Module):
         action head stays fp32. Reduced-precision weights need autocast for their fp32 inputs."""
         self.backbone.to(dtype)
         if dtype != torch.float32:
-            self.cfg = dataclasses.replace(self.cfg, autocast=True)
+            self.autocast = True
 
     # ------------------------------------------------------------------ trainable weights
 
     def _trainable_prefixes(self) -> tuple[str, ...]:
         # The frozen base (VAE always; the transformer in "action" mode) is referred to by path.
         prefixes = ("action_model.",) if self.action_model is not None else ()
-        if self.cfg.training != "action" and not has_lora(self.backbone.transformer):
+        if self.training_mode != "action" and not has_lora(self.backbone.transformer):
             prefixes = ("backbone.transformer.",) + prefixes
         return prefixes
 
@@ -257,7 +259,7 @@ class DiT4DiT(nn.Module):
         unexpected = sorted(set(sd) - set(params))
         if strict and (missing or unexpected):
             raise KeyError(
-                f"trainable weights do not match this model (training {self.cfg.training!r}): "
+                f"trainable weights do not match this model (training {self.training_mode!r}): "
                 f"{len(missing)} missing (e.g. {missing[:3]}), {len(unexpected)} unexpected (e.g. {unexpected[:3]})"
             )
         with torch.no_grad():

@@ -1,6 +1,6 @@
 """LoRA adapters on a transformer through peft: add, read/write the adapter weights, merge.
 
-    add_lora(transformer, LoraSettings(rank=16, alpha=16, dropout=0.0, target_modules=[...]))
+    add_lora(transformer, cfg.framework.cosmos25.lora)      # a LoraAdapterConfig with rank > 0
 
 peft replaces each targeted ``nn.Linear`` in place by a ``peft.tuners.lora.Linear`` (the original
 layer as ``base_layer`` plus ``lora_A`` / ``lora_B``) and freezes every other parameter of the
@@ -14,13 +14,13 @@ peft's ``LoraConfig`` JSON, so peft reads an exported adapter too.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
-from dit4dit_npu.models.errors import ModelConfigError
+from dit4dit_npu.errors import ConfigError
+from dit4dit_npu.models.configs import LoraAdapterConfig
 
 ADAPTER_MARK = ".lora_"  # every adapter parameter's name holds it (lora_A / lora_B / lora_embedding_*)
 ADAPTER_NAME = "default"  # peft's name of the one adapter
@@ -29,19 +29,13 @@ ADAPTER_NAME = "default"  # peft's name of the one adapter
 PEFT_PREFIX = "base_model.model."
 
 
-@dataclass(frozen=True)
-class LoraSettings:
-    rank: int
-    alpha: float
-    dropout: float
-    target_modules: tuple[str, ...]
+def peft_config(cfg: LoraAdapterConfig) -> Any:
+    """peft's ``LoraConfig`` of ``framework.cosmos25.lora``."""
+    from peft import LoraConfig
 
-    def peft_config(self) -> Any:
-        from peft import LoraConfig
-
-        return LoraConfig(
-            r=self.rank, lora_alpha=self.alpha, lora_dropout=self.dropout, target_modules=list(self.target_modules)
-        )
+    return LoraConfig(
+        r=cfg.rank, lora_alpha=cfg.scale_alpha, lora_dropout=cfg.dropout, target_modules=list(cfg.target_modules)
+    )
 
 
 def is_adapter_key(name: str) -> bool:
@@ -61,7 +55,7 @@ def _matches(name: str, target: str) -> bool:
     return name == target or name.endswith("." + target)
 
 
-def add_lora(transformer: nn.Module, settings: LoraSettings) -> nn.Module:
+def add_lora(transformer: nn.Module, cfg: LoraAdapterConfig) -> nn.Module:
     """Inject the adapters in place (peft freezes the rest of ``transformer``); returns it.
 
     Every target must name at least one linear layer: a typo would otherwise silently train
@@ -69,13 +63,14 @@ def add_lora(transformer: nn.Module, settings: LoraSettings) -> nn.Module:
     from peft import inject_adapter_in_model
 
     linears = _linear_names(transformer)
-    unmatched = [t for t in settings.target_modules if not any(_matches(n, t) for n in linears)]
+    unmatched = [t for t in cfg.target_modules if not any(_matches(n, t) for n in linears)]
     if unmatched:
         leaves = sorted({n.split(".", 2)[-1] if n.startswith("transformer_blocks.") else n for n in linears})
-        raise ModelConfigError(
-            "lora_target_modules", f"{unmatched} name no linear layer of the transformer (its linears: {leaves})"
+        raise ConfigError(
+            f"framework.cosmos25.lora.target_modules: {unmatched} name no linear layer of the transformer "
+            f"(its linears: {leaves})"
         )
-    inject_adapter_in_model(settings.peft_config(), transformer)
+    inject_adapter_in_model(peft_config(cfg), transformer)
     # The adapters are fp32 whatever the base's dtype (peft gives them the base's): they are the
     # trained weights, a bf16 base only their frozen context.
     for name, p in transformer.named_parameters():

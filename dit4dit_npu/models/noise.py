@@ -31,8 +31,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from dit4dit_npu.errors import DiT4DiTError
 
-class NoiseError(ValueError):
+
+class NoiseError(DiT4DiTError, ValueError):
     """Explicit noise that does not fit the call (one line naming the field)."""
 
 

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import torch
 
+from dit4dit_npu.errors import DiT4DiTError
 
-class FrameInputError(ValueError):
+
+class FrameInputError(DiT4DiTError, ValueError):
     """Pixels of a dtype the model cannot interpret."""
 
 

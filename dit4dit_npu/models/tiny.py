@@ -1,23 +1,22 @@
 """Tiny random instances of the real Cosmos-Predict2.5 classes (no weights, no network).
 
 Same diffusers/transformers classes as nvidia/Cosmos-Predict2.5-2B, only smaller. Everything here
-is a pure function of ``TinySizes`` (weights from ``seed`` under a forked RNG, the tokenizer
-trained deterministically on a fixed corpus), so an exported policy that says ``base_model: tiny``
-is reproducible from its config alone. ``build.py`` saves these modules as a diffusers folder laid
-out like the real one and loads them back through the real loader: nothing else builds a model
-from this file.
+is a pure function of ``TinyCosmosConfig`` (``framework.cosmos25.tiny``, validated where it is
+declared; weights from ``seed`` under a forked RNG, the tokenizer trained deterministically on a
+fixed corpus), so an exported policy that says ``base_model: tiny`` is reproducible from its
+config alone. ``weights/tiny_cache.py`` saves these modules as a diffusers folder laid out like
+the real one, and the model is loaded back from it through the real loader.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import torch
 from torch import nn
 
-from dit4dit_npu.models.errors import ModelConfigError
+from dit4dit_npu.models.configs import TinyCosmosConfig
 from dit4dit_npu.models.text import SYSTEM_PROMPT
 
 T = TypeVar("T")
@@ -69,22 +68,6 @@ _CORPUS = [
 ]
 
 
-@dataclass(frozen=True)
-class TinySizes:
-    """Sizes of the tiny random backbone and text encoder (real values in comments)."""
-
-    num_layers: int = 4  # 28
-    num_attention_heads: int = 2  # 16
-    attention_head_dim: int = 16  # 128; even and >= 12 (Cosmos' 3-axis RoPE split)
-    text_embed_dim: int = 32  # 1024
-    adaln_lora_dim: int = 4  # 256
-    vae_base_dim: int = 8  # 96
-    text_hidden_size: int = 32  # 3584
-    text_num_layers: int = 2  # 28
-    text_num_heads: int = 2  # 28
-    seed: int = 0
-
-
 def seeded(seed: int, build: Callable[[], T]) -> T:
     """Run ``build`` with the global RNG seeded, then restore the caller's RNG state."""
     with torch.random.fork_rng(devices=[]):
@@ -92,10 +75,7 @@ def seeded(seed: int, build: Callable[[], T]) -> T:
         return build()
 
 
-def transformer_kwargs(t: TinySizes) -> dict[str, Any]:
-    if t.attention_head_dim < 12 or t.attention_head_dim % 2:
-        # Cosmos' 3-axis RoPE split divides by head_dim // 6 * 2 (ZeroDivisionError below 12).
-        raise ModelConfigError("attention_head_dim", f"got {t.attention_head_dim}, expected even and >= 12")
+def transformer_kwargs(t: TinyCosmosConfig) -> dict[str, Any]:
     return dict(
         in_channels=16 + 1,  # 16 latent channels + the condition-mask channel
         out_channels=16,
@@ -117,7 +97,7 @@ def transformer_kwargs(t: TinySizes) -> dict[str, Any]:
     )
 
 
-def vae_kwargs(t: TinySizes) -> dict[str, Any]:
+def vae_kwargs(t: TinyCosmosConfig) -> dict[str, Any]:
     # z_dim must stay 16 (the default 16-entry latents_mean/std); 4 dim_mult entries and 3
     # temporal flags keep the real x8 spatial / x4 causal temporal factors.
     return dict(
@@ -130,14 +110,14 @@ def vae_kwargs(t: TinySizes) -> dict[str, Any]:
     )
 
 
-def build_transformer(t: TinySizes) -> nn.Module:
+def build_transformer(t: TinyCosmosConfig) -> nn.Module:
     from diffusers import CosmosTransformer3DModel
 
     kwargs = transformer_kwargs(t)
     return seeded(t.seed, lambda: CosmosTransformer3DModel(**kwargs))
 
 
-def build_vae(t: TinySizes) -> nn.Module:
+def build_vae(t: TinyCosmosConfig) -> nn.Module:
     from diffusers import AutoencoderKLWan
 
     kwargs = vae_kwargs(t)
@@ -185,22 +165,13 @@ def mrope_section(head_dim: int) -> list[int]:
     return [half - 2 * hw, hw, hw]
 
 
-def build_text_encoder(t: TinySizes, tokenizer: Any) -> nn.Module:
+def build_text_encoder(t: TinyCosmosConfig, tokenizer: Any) -> nn.Module:
     """A full Qwen2_5_VLForConditionalGeneration, like the real folder holds (the caller keeps
     only its language model)."""
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
-    if t.text_hidden_size % t.text_num_heads:
-        raise ModelConfigError(
-            "text_hidden_size", f"{t.text_hidden_size} must be divisible by text_num_heads ({t.text_num_heads})"
-        )
-    head_dim = t.text_hidden_size // t.text_num_heads
-    if head_dim % 8:
-        raise ModelConfigError(
-            "text_hidden_size", f"text head dim {head_dim} (= text_hidden_size / text_num_heads) must be a multiple of 8 (mrope)"
-        )
     ids = {s: tokenizer.convert_tokens_to_ids(s) for s in SPECIAL_TOKENS}
-    section = mrope_section(head_dim)
+    section = mrope_section(t.text_head_dim)
     config = Qwen2_5_VLConfig(
         text_config=dict(
             vocab_size=len(tokenizer),

@@ -3,13 +3,16 @@
     from dit4dit_npu.policy import DiT4DiTPolicy
     policy = DiT4DiTPolicy.from_pretrained("runs/<run_id>/checkpoints/step_005000/policy")
 
-``folder`` owns the on-disk format (what a checkpoint exports, how it is read back); ``policy``
-wraps a loaded model with its PolicyIO for robots, servers and evaluation.
+``folder`` owns the on-disk format (what a checkpoint exports, how it is read back), ``manifest``
+its policy.json and ``legacy`` the older format versions; ``policy`` wraps a loaded model with its
+PolicyIO for robots, servers and evaluation.
 """
 
-from dit4dit_npu.policy.folder import FORMAT_VERSION, PolicyLoadError, export_policy
+from dit4dit_npu.policy.folder import PolicyLoadError, export_policy
+from dit4dit_npu.policy.manifest import FORMAT_VERSION, PolicyManifest
 from dit4dit_npu.policy.policy import DiT4DiTPolicy, NonFiniteActionError, PolicyInputError
 
 __all__ = [
-    "FORMAT_VERSION", "DiT4DiTPolicy", "NonFiniteActionError", "PolicyInputError", "PolicyLoadError", "export_policy",
+    "FORMAT_VERSION", "DiT4DiTPolicy", "NonFiniteActionError", "PolicyInputError", "PolicyLoadError",
+    "PolicyManifest", "export_policy",
 ]

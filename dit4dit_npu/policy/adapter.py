@@ -7,7 +7,8 @@
 so ``PeftModel.from_pretrained(CosmosTransformer3DModel(...), "<policy>/adapter")`` reads it as
 it is. The base transformer is frozen under LoRA and referred to by path like the VAE;
 ``model.safetensors`` then holds the action head only. ``folder.py`` writes and loads the
-folder; this file owns the adapter's files and what they must agree on.
+folder; this file owns the adapter's files and what they must agree on (the LoRA settings of
+the manifest's model section).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from dit4dit_npu.config import Config
+from dit4dit_npu.config import LoraAdapterConfig
 from dit4dit_npu.policy.integrity import read_weights
 
 ADAPTER_DIR = "adapter"
@@ -38,21 +39,18 @@ def write_adapter(folder: Path, transformer: Any, step: int) -> None:
     lora_config(transformer).save_pretrained(str(folder / ADAPTER_DIR))
 
 
-def adapter_problems(folder: Path, cfg: Config) -> str | None:
-    """The adapter files must be there exactly when config.yaml has LoRA on, and say the same
-    rank, alpha and target modules; None when they agree."""
-    lo = cfg.framework.cosmos25.lora
+def adapter_problems(folder: Path, lo: LoraAdapterConfig, source: str) -> str | None:
+    """The adapter files must be there exactly when the manifest's LoRA rank is > 0, and say the
+    same rank, alpha and target modules; None when they agree. ``source`` names where the
+    settings were read (``policy.json model.framework.cosmos25.lora``, or an old format's file)."""
     present = [f for f in ADAPTER_FILES if (folder / f).is_file()]
     if lo.rank == 0:
         if present:
-            return (
-                f"{folder / ADAPTER_DIR} holds a LoRA adapter but config.yaml has framework.cosmos25.lora.rank 0 "
-                "(files of different runs mixed?)"
-            )
+            return f"{folder / ADAPTER_DIR} holds a LoRA adapter but {source} has rank 0 (files of different runs mixed?)"
         return None
     missing = [f for f in ADAPTER_FILES if f not in present]
     if missing:
-        return f"policy folder is incomplete: config.yaml trains LoRA adapters (rank {lo.rank}) but {missing} are missing"
+        return f"policy folder is incomplete: {source} has LoRA adapters (rank {lo.rank}) but {missing} are missing"
     try:
         saved = json.loads((folder / ADAPTER_CONFIG).read_text())
         got = (saved["r"], float(saved["lora_alpha"]), sorted(saved["target_modules"]))
@@ -62,8 +60,8 @@ def adapter_problems(folder: Path, cfg: Config) -> str | None:
     want = (lo.rank, alpha, sorted(lo.target_modules))
     if got != want:
         return (
-            f"{folder / ADAPTER_CONFIG} (r, lora_alpha, target_modules) = {got} but config.yaml "
-            f"framework.cosmos25.lora says {want} (files of different runs mixed, or edited after export?)"
+            f"{folder / ADAPTER_CONFIG} (r, lora_alpha, target_modules) = {got} but {source} "
+            f"says {want} (files of different runs mixed, or edited after export?)"
         )
     return None
 

@@ -1,57 +1,63 @@
-"""The exported policy folder: everything inference needs, nothing it does not.
+"""The exported policy folder: everything inference needs, each fact in one file.
 
-    <policy>/policy.json               format_version, step, base model, datasets + held-out
-                                       episodes, camera keys, sizes and dims (see export_policy)
-    <policy>/config.yaml               the resolved training config
+    <policy>/policy.json               the manifest (format_version 3, manifest.py): step, the
+                                       model section (framework + precision, base model ref),
+                                       datasets + held-out episodes, joint names
+    <policy>/policy_io.json            every robot <-> model transform (cameras, sizes, clip,
+                                       chunk length, state encoding, action normalization,
+                                       padding) and the training data's statistics
     <policy>/model.safetensors         trainable weights only (transformer + action head; the
                                        action head only under LoRA)
     <policy>/adapter/                  LoRA only: the transformer's adapter in peft's layout
                                        (adapter_model.safetensors, adapter_config.json; adapter.py)
-    <policy>/policy_io.json            every robot <-> model transform (cameras, sizes, state
-                                       encoding, action normalization, padding) and the
-                                       training data's statistics it was built from
     <policy>/prompt_cache.safetensors  embeddings of every training instruction
+    <policy>/train_config.yaml         the run's whole config, for the record: never read
 
 The frozen base model (VAE, text encoder; "tiny" or a local Cosmos folder) is referred to by
 path, never copied (the original stored ~21 GB of frozen weights per checkpoint, SPEC B7).
 The folder is written to a temporary sibling and renamed into place, so a crash never leaves a
-half-written policy that looks complete.
+half-written policy that looks complete. Loading reads the manifest and PolicyIO, never the
+training schema; folders of format_version 2 load through ``legacy.py``.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dit4dit_npu.config import Config, ConfigError, dump_yaml, load_config
+from dit4dit_npu.config import Config, ConfigError, dump_yaml
+from dit4dit_npu.errors import DiT4DiTError
+from dit4dit_npu.files import atomic_folder
 from dit4dit_npu.policy.adapter import ADAPTER_WEIGHTS, adapter_problems, read_adapter, write_adapter
-from dit4dit_npu.policy.integrity import config_io_problems, feature_names, nonfinite_stats, read_weights
+from dit4dit_npu.policy.integrity import feature_names, nonfinite_stats, read_weights, width_problem
+from dit4dit_npu.policy.legacy import CONFIG_V2, read_v2
+from dit4dit_npu.policy.manifest import (
+    FORMAT_VERSION,
+    ManifestError,
+    PolicyManifest,
+    inference_config,
+    manifest_of_run,
+    parse_manifest,
+)
 from dit4dit_npu.transforms.policy_io import PolicyIO, PolicyIOError
 
-FORMAT_VERSION = 2  # 2: policy_io.json replaces normalizer.json
-POLICY_JSON, CONFIG, WEIGHTS, POLICY_IO, PROMPTS = (
+POLICY_JSON, WEIGHTS, POLICY_IO, PROMPTS, TRAIN_CONFIG = (
     "policy.json",
-    "config.yaml",
     "model.safetensors",
     "policy_io.json",
     "prompt_cache.safetensors",
+    "train_config.yaml",
 )
-REQUIRED_FILES = (POLICY_JSON, CONFIG, WEIGHTS, POLICY_IO, PROMPTS)
+REQUIRED_FILES = (POLICY_JSON, WEIGHTS, POLICY_IO, PROMPTS)
+TRAIN_CONFIG_NOTE = "the run's config, kept for the record; loading the policy never reads it (policy.json does)"
+# format_version -> the files it requires (the adapter is checked against the LoRA settings)
+READABLE_VERSIONS = {2: (*REQUIRED_FILES, CONFIG_V2), FORMAT_VERSION: REQUIRED_FILES}
 
 
-class PolicyLoadError(RuntimeError):
+class PolicyLoadError(DiT4DiTError, RuntimeError):
     """A policy folder that cannot be loaded (missing files, other format version, bad base model)."""
-
-
-def _base_model_ref(base_model: str) -> str:
-    # A relative folder is relative to where training ran; record it absolute so the policy loads
-    # from anywhere. "tiny" (and anything that is not an existing folder) is kept verbatim.
-    p = Path(base_model).expanduser()
-    return str(p.resolve()) if base_model != "tiny" and p.is_dir() else base_model
 
 
 def export_policy(
@@ -64,7 +70,7 @@ def export_policy(
     dataset_paths: list[str] | list[Path],
     step: int,
 ) -> Path:
-    """Write the policy folder ``out_dir`` atomically (temp folder + rename); returns it.
+    """Write the policy folder ``out_dir`` (format_version 3) atomically; returns it.
 
     ``split`` maps each dataset path to ``{"train": [...], "val": [...]}`` (or directly to the
     held-out episode list); the held-out episodes are what ``dit4dit_npu.eval`` evaluates on.
@@ -72,53 +78,29 @@ def export_policy(
     from safetensors.torch import save_file
 
     from dit4dit_npu.models.lora import has_lora
-    from dit4dit_npu.policy.prompts import save_prompt_cache
+    from dit4dit_npu.prompt_cache import save_prompt_cache
 
-    out = Path(out_dir)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    try:
+    paths = [str(Path(p).resolve()) for p in dataset_paths]
+    d = cfg.datasets.vla_data
+    manifest = manifest_of_run(
+        cfg, split, dataset_paths, step,
+        # joint names (from the first dataset's info.json) for messages about live inputs
+        state_names=feature_names(paths, d.state_key, io.state_dim),
+        action_names=feature_names(paths, d.action_key, io.action_dim),
+    )
+
+    # replaces an existing folder: the old one is moved aside first so `out` is never half-new
+    with atomic_folder(Path(out_dir)) as tmp:
         # Own, contiguous CPU storage per tensor: safetensors refuses shared/strided storage.
         weights = {k: v.detach().cpu().clone().contiguous() for k, v in model.trainable_state_dict().items()}
         save_file(weights, str(tmp / WEIGHTS), metadata={"format": "dit4dit_npu.policy", "step": str(step)})
         if has_lora(model.backbone.transformer):
             write_adapter(tmp, model.backbone.transformer, step)
-        (tmp / CONFIG).write_text(dump_yaml(cfg))
         io.save(tmp / POLICY_IO)
         save_prompt_cache(prompt_cache, tmp / PROMPTS)
-
-        paths = [str(Path(p).resolve()) for p in dataset_paths]
-        held_out, trained_on = {}, {}
-        for given, resolved in zip(dataset_paths, paths):
-            entry = split.get(str(given), split.get(resolved, []))
-            held_out[resolved] = sorted(int(e) for e in (entry.get("val", []) if isinstance(entry, dict) else entry))
-            if isinstance(entry, dict) and "train" in entry:
-                trained_on[resolved] = sorted(int(e) for e in entry["train"])
-        info = {
-            "format_version": FORMAT_VERSION,
-            "base_model": _base_model_ref(cfg.framework.cosmos25.base_model),
-            "step": int(step),
-            "datasets": paths,
-            "held_out_episodes": held_out,
-            "train_episodes": trained_on,
-            "instructions": sorted(prompt_cache.instructions),
-            # Joint names (from the first dataset's info.json) for warnings about live inputs.
-            "state_names": feature_names(paths, cfg.datasets.vla_data.state_key, io.state_dim),
-            "action_names": feature_names(paths, cfg.datasets.vla_data.action_key, io.action_dim),
-        }
-        (tmp / POLICY_JSON).write_text(json.dumps(info, indent=1))
-        if out.exists():  # replace: move the old folder aside first so `out` is never half-new
-            old = out.parent / f".{out.name}.old-{os.getpid()}"
-            os.replace(out, old)
-            os.replace(tmp, out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return out
+        (tmp / TRAIN_CONFIG).write_text(f"# {TRAIN_CONFIG_NOTE}\n" + dump_yaml(cfg))
+        (tmp / POLICY_JSON).write_text(json.dumps(manifest.to_json(), indent=1))
+    return Path(out_dir)
 
 
 # --------------------------------------------------------------------------------------------
@@ -145,30 +127,55 @@ def find_policy_dir(path: str | Path) -> Path:
     )
 
 
-def read_policy_info(policy_dir: Path) -> dict[str, Any]:
+def model_file(version: int) -> str:
+    """The file of a folder of this format_version that holds the model section."""
+    return CONFIG_V2 if version == 2 else POLICY_JSON
+
+
+def framework_key(version: int) -> str:
+    """Where the framework section is, in messages: ``policy.json model.framework``."""
+    return f"{CONFIG_V2} framework" if version == 2 else f"{POLICY_JSON} model.framework"
+
+
+def read_manifest(path: Path, raw: dict[str, Any], io: PolicyIO) -> PolicyManifest:
+    """The manifest of the policy folder ``path`` (format_version 3, or 2 through legacy.py)
+    from its parsed policy.json; ``io`` is its PolicyIO, whose chunk length the model takes."""
+    if raw["format_version"] == 2:
+        try:
+            return read_v2(raw, path / CONFIG_V2, io.chunk_length)
+        except (ManifestError, ConfigError) as e:  # a key of either file
+            raise PolicyLoadError(f"{path} (format_version 2: {POLICY_JSON} + {CONFIG_V2}): {e}") from None
     try:
-        info = json.loads((policy_dir / POLICY_JSON).read_text())
+        return parse_manifest(raw, io.chunk_length)
+    except ManifestError as e:
+        raise PolicyLoadError(f"{path / POLICY_JSON}: {e}") from None
+
+
+def read_policy_json(path: Path) -> dict[str, Any]:
+    """policy.json parsed, of a readable format_version, with the files that version requires."""
+    try:
+        raw = json.loads((path / POLICY_JSON).read_text())
     except (OSError, json.JSONDecodeError) as e:
-        raise PolicyLoadError(f"{policy_dir / POLICY_JSON}: unreadable ({e})") from None
-    version = info.get("format_version") if isinstance(info, dict) else None
-    if version != FORMAT_VERSION:
+        raise PolicyLoadError(f"{path / POLICY_JSON}: unreadable ({e})") from None
+    version = raw.get("format_version") if isinstance(raw, dict) else None
+    if isinstance(version, bool) or not isinstance(version, int) or version not in READABLE_VERSIONS:
+        newer = isinstance(version, int) and not isinstance(version, bool) and version > FORMAT_VERSION
         raise PolicyLoadError(
-            f"{policy_dir}: policy format_version {version!r} is not supported by this dit4dit_npu "
-            f"(it reads version {FORMAT_VERSION}); export the checkpoint again with this version"
+            f"{path}: policy format_version {version!r} is not supported by this dit4dit_npu (it reads versions "
+            f"{sorted(READABLE_VERSIONS)})" + ("; a newer dit4dit_npu wrote it: update this one" if newer else "")
         )
-    missing = [f for f in REQUIRED_FILES if not (policy_dir / f).is_file()]
+    missing = [f for f in READABLE_VERSIONS[version] if not (path / f).is_file()]
     if missing:
-        raise PolicyLoadError(f"{policy_dir}: policy folder is incomplete, missing {missing}")
-    return info
+        raise PolicyLoadError(f"{path}: policy folder is incomplete, missing {missing}")
+    return raw
 
 
 @dataclass
 class LoadedPolicy:
     model: Any
-    cfg: Config
+    manifest: PolicyManifest
     io: PolicyIO
     prompt_cache: Any
-    info: dict[str, Any]
     path: Path
 
 
@@ -176,55 +183,45 @@ def load_policy_folder(policy_dir: str | Path, base_model: str | None = None, me
     """Read and validate a policy folder and build its model on the CPU. A LoRA policy loads
     with its adapter on the base transformer; ``merge_lora`` folds the adapter into the base
     weights (plain linears again: no adapter cost per step, the same function up to rounding)."""
-    from dit4dit_npu.models import build_dit4dit, text_identity
     from dit4dit_npu.models.lora import load_adapter_state_dict
     from dit4dit_npu.models.lora import merge_lora as merge
-    from dit4dit_npu.policy.prompts import load_prompt_cache
+    from dit4dit_npu.prompt_cache import load_prompt_cache
+    from dit4dit_npu.weights import build_dit4dit, text_identity
 
     path = find_policy_dir(policy_dir)
-    info = read_policy_info(path)
-    base = base_model if base_model is not None else info.get("base_model", "tiny")
-    try:
-        cfg = load_config(path / CONFIG)
-    except ConfigError as e:
-        raise PolicyLoadError(f"{path / CONFIG}: {e}") from None
-    # Set directly, not as an override string: a path is not a YAML scalar to be parsed.
-    cfg.framework.cosmos25.base_model = str(base)
-    # The run's training-only settings mean nothing at inference.
-    cfg.trainer.enable_gradient_checkpointing = False
-    try:
-        io = PolicyIO.load(path / POLICY_IO)
-    except PolicyIOError as e:
-        raise PolicyLoadError(str(e)) from None
-    _check_io(path, cfg, io)
-    weights = _read_weights(path, info)
-    problem = adapter_problems(path, cfg)
-    if problem is None and merge_lora and cfg.framework.cosmos25.lora.rank == 0:
+    raw = read_policy_json(path)  # version and files first: a newer format is refused before its parts are read
+    io = _read_io(path)
+    manifest = read_manifest(path, raw, io)
+    model_at = model_file(raw["format_version"])
+    if base_model is not None:
+        manifest.framework.cosmos25.base_model = str(base_model)
+    weights = _read_weights(path, manifest.step, io)
+    lora = manifest.framework.cosmos25.lora
+    problem = adapter_problems(path, lora, f"{framework_key(raw['format_version'])}.cosmos25.lora")
+    if problem is None and merge_lora and lora.rank == 0:
         problem = "merge_lora / --merge-lora: this policy has no LoRA adapter to merge"
     if problem is not None:
         raise PolicyLoadError(f"{path}: {problem}")
     adapter = None
-    if cfg.framework.cosmos25.lora.rank > 0:
-        adapter, problem = read_adapter(path, info.get("step"))
+    if lora.rank > 0:
+        adapter, problem = read_adapter(path, manifest.step)
         if problem is not None:
             raise PolicyLoadError(problem)
+    cfg = inference_config(manifest.model)
     try:
         model = build_dit4dit(cfg, io.spec)
     except ConfigError as e:
         hint = "" if base_model else " (pass base_model= / --base-model to point at the Cosmos folder)"
-        raise PolicyLoadError(f"cannot build the base model recorded in {path / POLICY_JSON}: {e}{hint}") from None
+        raise PolicyLoadError(f"cannot build the model described in {path / model_at}: {e}{hint}") from None
     try:
         model.load_trainable_state_dict(weights, strict=True)
     except (KeyError, ValueError, RuntimeError) as e:
-        raise PolicyLoadError(
-            f"{path / WEIGHTS} does not fit the model of {path / CONFIG} and {path / POLICY_IO} "
-            f"(state width {io.spec.state_width}, action width {io.spec.action_width}): {e}"
-        ) from None
+        raise PolicyLoadError(f"{path / WEIGHTS} does not fit the model of {path / model_at}: {e}") from None
     if adapter is not None:
         try:
             load_adapter_state_dict(model.backbone.transformer, adapter)
         except (KeyError, ValueError) as e:
-            raise PolicyLoadError(f"{path / ADAPTER_WEIGHTS} does not fit the LoRA config of {path / CONFIG}: {e}") from None
+            raise PolicyLoadError(f"{path / ADAPTER_WEIGHTS} does not fit the LoRA settings of {path / model_at}: {e}") from None
         if merge_lora:
             merge(model.backbone.transformer)
     try:
@@ -236,25 +233,27 @@ def load_policy_folder(policy_dir: str | Path, base_model: str | None = None, me
     except ValueError as e:
         raise PolicyLoadError(str(e)) from None
     model.eval()
-    return LoadedPolicy(model, cfg, io, cache, info, path)
+    return LoadedPolicy(model, manifest, io, cache, path)
 
 
-def _check_io(path: Path, cfg: Config, io: PolicyIO) -> None:
-    """The PolicyIO must be finite and the one its config describes (not another run's)."""
+def _read_io(path: Path) -> PolicyIO:
+    """policy_io.json, with finite statistics."""
+    try:
+        io = PolicyIO.load(path / POLICY_IO)
+    except PolicyIOError as e:
+        raise PolicyLoadError(str(e)) from None
     bad = nonfinite_stats(io)
     if bad:
         raise PolicyLoadError(f"{path / POLICY_IO}: {bad}; refusing a policy whose actions would be non-finite")
-    problems = config_io_problems(cfg, io)
-    if problems:
-        raise PolicyLoadError(
-            f"{path}: {problems[0]} (files of different runs mixed, or edited after export?)"
-            + (f" and {len(problems) - 1} more difference(s)" if len(problems) > 1 else "")
-        )
+    return io
 
 
-def _read_weights(path: Path, info: dict[str, Any]) -> dict[str, Any]:
-    """model.safetensors, readable, finite, and of the step policy.json records."""
-    weights, problem = read_weights(path / WEIGHTS, info.get("step"), path / POLICY_JSON, "weights")
+def _read_weights(path: Path, step: int, io: PolicyIO) -> dict[str, Any]:
+    """model.safetensors, readable, finite, of the manifest's step, and of PolicyIO's widths."""
+    weights, problem = read_weights(path / WEIGHTS, step, path / POLICY_JSON, "weights")
     if problem is not None:
         raise PolicyLoadError(problem)
+    problem = width_problem(io, weights)
+    if problem is not None:
+        raise PolicyLoadError(f"{path}: {problem} (files of different runs mixed, or edited after export?)")
     return weights

@@ -1,13 +1,14 @@
-"""What the files of one policy folder must agree on, checked before a policy may act.
+"""What the files of one policy folder must still agree on, checked before a policy may act.
 
-A policy folder is several files written together (``folder.py``). Copied, hand-edited or
-mixed with files of another run, each can still parse while the whole is wrong; these checks
-say which file disagrees with which, so the policy (not the dataset or the robot) is blamed:
+Each fact has one file (``manifest.py``), so there are no copies to compare; what remains is what
+one file says about another's content. Copied, hand-edited or mixed with files of another run,
+each can still parse while the whole is wrong; these checks name the file at fault, so the
+policy (not the dataset or the robot) is blamed:
 
-- ``config.yaml`` vs ``policy_io.json``: cameras, image size and tiling, clip offsets, chunk
-  length, state/action encodings and padded widths;
-- ``policy.json`` vs ``model.safetensors``: the step (weights of another checkpoint);
+- ``policy.json``'s step vs ``model.safetensors`` (and the adapter): weights of another checkpoint;
+- ``policy_io.json``'s state/action widths vs the action head's weight shapes;
 - statistics and weights must be finite: a single NaN makes every action NaN.
+(The adapter against the manifest's LoRA settings: ``adapter.py``.)
 """
 
 from __future__ import annotations
@@ -19,58 +20,16 @@ from typing import Any
 
 import numpy as np
 
-from dit4dit_npu.config import Config
+from dit4dit_npu.transforms.feature_stats import STAT_FIELDS
 from dit4dit_npu.transforms.policy_io import PolicyIO
-from dit4dit_npu.transforms.stats import STAT_FIELDS
-from dit4dit_npu.transforms.vector import Normalize, Pad, SinCos, VectorPipeline
 
-
-def _config_mode(pipe: VectorPipeline) -> str | None:
-    """The ``state_norm`` / ``action_norm`` value a standard pipeline was built from, or None when
-    the pipeline holds steps the run config cannot express (the conventions of a policy imported
-    from DiT4DiT: grouped sin/cos, masked or clipped min-max, binarized grippers, reordering): then
-    policy_io.json alone defines the transform and there is nothing in config.yaml to compare."""
-    steps = [s for s in pipe.steps if not isinstance(s, Pad)]
-    if not steps:
-        return "none"
-    if len(steps) > 1:
-        return None
-    step = steps[0]
-    if isinstance(step, SinCos) and step.groups is None:
-        return "sincos"
-    if isinstance(step, Normalize) and step.dims is None and not step.clip:
-        return step.mode
-    return None
-
-
-def config_io_problems(cfg: Config, io: PolicyIO) -> list[str]:
-    """Settings where the training config and the PolicyIO saved with it disagree."""
-    d = cfg.datasets.vla_data
-    pairs = [
-        ("datasets.vla_data.camera_keys", list(d.camera_keys), "camera_keys", list(io.camera_keys)),
-        ("datasets.vla_data.image_size", list(d.image_size), "image_size", list(io.image_size)),
-        ("datasets.vla_data.view_layout", d.view_layout, "view_layout", io.view_layout),
-        (
-            "datasets.vla_data.video_delta_indices[::action_video_freq_ratio]",
-            list(d.video_delta_indices[:: d.action_video_freq_ratio]), "clip_offsets", list(io.clip_offsets),
-        ),
-        ("framework.action_model chunk (future_action_window_size + 1)", cfg.framework.action_model.chunk_length,
-         "chunk_length", io.chunk_length),
-    ]
-    for key, value, pipe, what in (
-        ("state_norm", d.state_norm, io.state, "state encoding"),
-        ("action_norm", d.action_norm, io.action, "action normalization"),
-    ):
-        mode = _config_mode(pipe)
-        if mode is not None:
-            pairs.append((f"datasets.vla_data.{key}", value, what, mode))
-    if d.max_state_dim is not None:
-        pairs.append(("datasets.vla_data.max_state_dim", d.max_state_dim, "state width", io.state.out_dim))
-    if d.max_action_dim is not None:
-        pairs.append(("datasets.vla_data.max_action_dim", d.max_action_dim, "action width", io.action.out_dim))
-    return [
-        f"config.yaml {ck} is {cv!r} but policy_io.json {ik} is {iv!r}" for ck, cv, ik, iv in pairs if cv != iv
-    ]
+# (weight, axis of its shape, what it is the width of): the action head's ends, which PolicyIO's
+# widths must fit (models/action_head.py: state MLP, action encoder W1, action decoder).
+WIDTH_WEIGHTS = (
+    ("action_model.state_encoder.0.weight", 1, "state"),
+    ("action_model.action_encoder.W1.weight", 1, "action"),
+    ("action_model.action_decoder.2.weight", 0, "action"),
+)
 
 
 def nonfinite_stats(io: PolicyIO) -> str | None:
@@ -79,6 +38,21 @@ def nonfinite_stats(io: PolicyIO) -> str | None:
             bad = np.flatnonzero(~np.isfinite(getattr(stats, name)))
             if len(bad):
                 return f"{feature} statistic {name!r} is NaN/inf in dims {bad[:5].tolist()}"
+    return None
+
+
+def width_problem(io: PolicyIO, weights: dict[str, Any]) -> str | None:
+    """policy_io.json's encoded+padded state/action widths against the action head's weights
+    (which set them at training); None when they fit or the weights hold no action head."""
+    widths = {"state": io.state.out_dim, "action": io.action.out_dim}
+    for key, axis, what in WIDTH_WEIGHTS:
+        if key in weights and int(weights[key].shape[axis]) != widths[what]:
+            return (
+                f"policy_io.json's {what} width is {widths[what]} but the action head in model.safetensors "
+                f"takes {int(weights[key].shape[axis])} ({key} {list(weights[key].shape)})"
+            )
+    if widths["state"] and any(k.startswith("action_model.") for k in weights) and WIDTH_WEIGHTS[0][0] not in weights:
+        return f"policy_io.json's state width is {widths['state']} but the action head in model.safetensors takes no state"
     return None
 
 

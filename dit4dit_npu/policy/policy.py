@@ -15,8 +15,11 @@ model's batch and the predicted chunk back into robot units, exactly as the trai
 transformed: ``predict_action`` never returns normalized actions (the original returned normalized
 actions and left unnormalization to each client, SPEC 5.1, A19). Only ``predict_normalized``
 does, for the server's DiT4DiT protocol, whose clients un-normalize themselves.
+``predict_action(obs)`` is ``predict_parsed(io.parse_observation(obs))``; the server calls the two
+halves apart, parsing each request once on arrival. Neither ever returns NaN/inf
+(``NonFiniteActionError``).
 
-The folder format is defined by ``export_policy`` in ``folder.py``.
+The folder format is defined by ``folder.py`` (files) and ``manifest.py`` (policy.json).
 """
 
 from __future__ import annotations
@@ -32,9 +35,9 @@ import torch
 
 from dit4dit_npu import device as dev
 from dit4dit_npu.batch import Batch
-from dit4dit_npu.config import Config
-from dit4dit_npu.policy.folder import FORMAT_VERSION, load_policy_folder
-from dit4dit_npu.transforms.observation import PolicyInputError
+from dit4dit_npu.policy.folder import load_policy_folder
+from dit4dit_npu.policy.manifest import FORMAT_VERSION, PolicyManifest, inference_config
+from dit4dit_npu.transforms.observation import Observation, PolicyInputError
 from dit4dit_npu.transforms.policy_io import NonFiniteActionError, PolicyIO
 
 log = logging.getLogger(__name__)
@@ -57,23 +60,25 @@ def state_out_of_range(stats: Any, state: np.ndarray, limit: float = STATE_RANGE
 
 
 class DiT4DiTPolicy:
-    """A trained DiT4DiT model with its PolicyIO and prompt cache, ready for inference."""
+    """A trained DiT4DiT model with its PolicyIO and prompt cache, ready for inference.
+
+    ``manifest`` is the folder's policy.json in memory (``policy/manifest.py``): the model
+    section, the recorded datasets and held-out episodes, joint names; ``io`` every transform
+    between robot and model."""
 
     def __init__(
         self,
         model: torch.nn.Module,
-        cfg: Config,
+        manifest: PolicyManifest,
         io: PolicyIO,
         prompt_cache: Any,
-        info: dict[str, Any],
         path: Path | None = None,
     ) -> None:
         self.model = model.eval()
         self.path = path  # the policy folder it was loaded from (None when built in memory)
-        self.cfg = cfg
+        self.manifest = manifest
         self.io = io
         self.prompt_cache = prompt_cache
-        self.info = info
         self._text_encoder: Any = None
         # Instructions encoded at run time (not exported with the policy), least recently used
         # first. ``max_added_instructions`` caps them (None = no cap): each embedding is ~100 MB at
@@ -112,7 +117,7 @@ class DiT4DiTPolicy:
                 raise ValueError(f"backbone_dtype: expected float32 or {dev.autocast_dtype()}, got {backbone_dtype}")
             loaded.model.use_backbone_dtype(backbone_dtype)
         model = loaded.model.to(target)
-        return cls(model, loaded.cfg, loaded.io, loaded.prompt_cache, loaded.info, loaded.path)
+        return cls(model, loaded.manifest, loaded.io, loaded.prompt_cache, loaded.path)
 
     @property
     def device(self) -> torch.device:
@@ -151,8 +156,8 @@ class DiT4DiTPolicy:
             "state_dim": self.state_dim,
             "action_dim": self.action_dim,
             "chunk_length": self.chunk_length,
-            "step": self.info.get("step"),
-            "base_model": self.info.get("base_model"),
+            "step": self.manifest.step,
+            "base_model": self.manifest.base_model,
             "instructions": sorted(self.prompt_cache.instructions),
             "observation_keys": [*self.camera_keys, "state", "instruction"],
         }
@@ -190,10 +195,10 @@ class DiT4DiTPolicy:
 
     def _encoder(self, missing: list[str]) -> Any:
         if self._text_encoder is None:
-            from dit4dit_npu.models import build_prompt_encoder
+            from dit4dit_npu.weights import build_prompt_encoder
 
             try:
-                self._text_encoder = build_prompt_encoder(self.cfg).to(self.device)
+                self._text_encoder = build_prompt_encoder(inference_config(self.manifest.model)).to(self.device)
             except Exception as e:  # base folder without text_encoder/, or weights that do not load
                 raise PolicyInputError(
                     f"instruction(s) {missing[:3]} are not in the policy's prompt cache and no text encoder "
@@ -221,37 +226,47 @@ class DiT4DiTPolicy:
         ``feature`` (B, 16, T_lat, h, w) the feature-pass latents, and ``condition`` (B, 16, 1,
         h, w) the conditioning latent's posterior eps (policies imported from DiT4DiT); B = 1 for
         unbatched input. See dit4dit_npu/models/noise.py."""
-        batch, batched = self.io.encode_observation(obs)
-        self._warn_state_out_of_range(obs)
+        return self.predict_parsed(self.io.parse_observation(obs), seed=seed, noise=noise)
+
+    @torch.inference_mode()
+    def predict_parsed(self, observation: Observation, seed: int | None = None, noise: Any = None) -> np.ndarray:
+        """``predict_action`` for an observation already parsed by ``io.parse_observation`` (checked,
+        resized): the server parses each request once, on arrival, and batches the parsed ones
+        (``concat_observations``). Raises ``NonFiniteActionError`` rather than return NaN/inf."""
+        self._warn_state_out_of_range(observation.state)
+        batch = self.io.encode_parsed(observation)
         self.add_instructions(batch.instruction)
         with self._lock:
             normalized = self.model.predict_action(batch, seed=seed, noise=noise)
-        actions = self._finite(self.io.decode_actions(normalized))
-        return actions if batched else actions[0]
+        actions = self._finite(self.io.decode_actions(normalized), "predict_action")
+        return actions if observation.batched else actions[0]
 
-    def _finite(self, actions: np.ndarray) -> np.ndarray:
-        """Nothing non-finite reaches a robot: raise instead of returning NaN/inf actions."""
+    def _finite(self, actions: np.ndarray, call: str) -> np.ndarray:
+        """Nothing non-finite reaches a robot or a client: raise instead of returning NaN/inf.
+        The one check, for both outputs (robot units and normalized, whose padded dims follow
+        the real ones)."""
         bad = ~np.isfinite(actions)
         if bad.any():
             joints = np.flatnonzero(bad.reshape(-1, actions.shape[-1]).any(0)).tolist()
-            names = self.info.get("action_names") or [f"action[{j}]" for j in range(actions.shape[-1])]
+            names = list(self.manifest.data.action_names or [f"action[{j}]" for j in range(self.action_dim)])
+            names += [f"padding[{j}]" for j in range(len(names), actions.shape[-1])]
             raise NonFiniteActionError(
-                f"predict_action produced {int(bad.sum())} NaN/inf value(s) of {bad.size} (joints "
+                f"{call} produced {int(bad.sum())} NaN/inf value(s) of {bad.size} (joints "
                 f"{[names[j] for j in joints[:6]]}); refusing to return them: the observation is far outside "
                 "the training data, or the policy's weights/normalizer are damaged"
             )
         return actions
 
-    def _warn_state_out_of_range(self, obs: dict[str, Any]) -> None:
-        """Warn (once per process) when a live state lies far outside the training range: the
-        model never saw such inputs and its actions there are guesses."""
+    def _warn_state_out_of_range(self, state: np.ndarray) -> None:
+        """Warn (once per process) when a live state (robot units, (B, state_dim)) lies far outside
+        the training range: the model never saw such inputs and its actions there are guesses."""
         global _warned_state_range
         if _warned_state_range or not self.io.state_dim:
             return
-        joints = state_out_of_range(self.io.stats["state"], np.asarray(obs["state"], dtype=np.float64))
+        joints = state_out_of_range(self.io.stats["state"], state)
         if joints:
             _warned_state_range = True
-            names = self.info.get("state_names") or [f"state[{j}]" for j in range(self.io.state_dim)]
+            names = self.manifest.data.state_names or [f"state[{j}]" for j in range(self.io.state_dim)]
             log.warning(
                 "state far outside the training range (min-max normalized |x| > %g) in %s; actions "
                 "there are extrapolation. Check the robot's units and joint order (warned once per process)",
@@ -281,7 +296,7 @@ class DiT4DiTPolicy:
         un-normalize themselves. ``frames``: uint8 (B, H, W_tiled, 3), the views already resized and
         tiled as ``io.frame_size``; ``state``: (B, state_width), already encoded and padded (None
         when the policy takes no state). The server's DiT4DiT protocol; robots should use
-        ``predict_action``."""
+        ``predict_action``. Raises ``NonFiniteActionError`` rather than return NaN/inf."""
         batch = Batch(
             frames=torch.from_numpy(np.ascontiguousarray(frames)).permute(0, 3, 1, 2)[:, None].contiguous(),
             instruction=list(instructions),
@@ -289,4 +304,5 @@ class DiT4DiTPolicy:
         )
         self.add_instructions(batch.instruction)
         with self._lock:
-            return self.model.predict_action(batch, seed=seed).float().cpu().numpy()
+            normalized = self.model.predict_action(batch, seed=seed).float().cpu().numpy()
+        return self._finite(normalized, "predict_normalized")

@@ -8,7 +8,8 @@ than one request at a time. The rules:
   ``max_batch`` rows. The window closes early when every open connection already has a request
   waiting (a robot waits for its reply before it sends again, so nobody else can join): a lone
   client never pays the window.
-- Only requests with the same key batch together. The key is (kind, seed): a seeded call uses
+- Only requests with the same key batch together. The key is (handler, seed), the handler of
+  the request's kind (``handlers.py``: observations, DiT4DiT examples): a seeded call uses
   one noise draw for every row of its batch, so rows of the same seed get exactly what their
   single calls return (to float tolerance), and rows of different seeds are run as separate
   calls. Unseeded requests batch freely (each gets fresh noise either way).

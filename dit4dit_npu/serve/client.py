@@ -14,8 +14,8 @@ message; the connection stays usable for the next call. The server reports error
 does (a text frame), so openpi's own ``WebsocketClientPolicy`` works against it unchanged too,
 raising ``RuntimeError`` with the same message.
 
-Note: ``import dit4dit_npu`` itself is light (no torch); ``dit4dit_npu.client`` only touches
-``dit4dit_npu.msgpack_numpy``.
+Note: ``import dit4dit_npu`` itself is light (no torch); this module only touches
+``dit4dit_npu.serve.msgpack_numpy`` and ``dit4dit_npu.errors``.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from typing import Any
 import websockets.sync.client
 from websockets.exceptions import InvalidMessage, InvalidURI
 
+from dit4dit_npu.errors import DiT4DiTError
 from dit4dit_npu.serve import msgpack_numpy
 
 logger = logging.getLogger(__name__)
@@ -37,7 +38,7 @@ logger = logging.getLogger(__name__)
 _CLIENT_MAX_SIZE = 64 * 1024 * 1024
 
 
-class ServerError(RuntimeError):
+class ServerError(DiT4DiTError, RuntimeError):
     """The server refused the request (its text frame is the message); the connection lives on."""
 
 

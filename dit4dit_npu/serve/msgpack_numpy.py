@@ -11,7 +11,7 @@ peer's bytes. Decoding also checks that the byte count matches dtype x shape, so
 truncated message becomes a ``WireFormatError`` (a ``ValueError``) instead of a numpy crash
 deep in the policy.
 
-This module imports only numpy and msgpack: robots use it through ``dit4dit_npu.client``
+This module imports only numpy and msgpack: robots use it through ``dit4dit_npu.serve.client``
 without torch.
 """
 
@@ -24,6 +24,8 @@ from typing import Any
 import msgpack
 import numpy as np
 
+from dit4dit_npu.errors import DiT4DiTError
+
 __all__ = ["Packer", "WireFormatError", "pack_array", "packb", "unpack_array", "unpackb"]
 
 _NDARRAY = b"__ndarray__"
@@ -33,7 +35,7 @@ _NPGENERIC = b"__npgeneric__"
 _REJECTED_KINDS = {"O": "object", "V": "void/structured", "c": "complex"}
 
 
-class WireFormatError(ValueError):
+class WireFormatError(DiT4DiTError, ValueError):
     """A message that cannot be encoded or decoded; the text says why."""
 
 

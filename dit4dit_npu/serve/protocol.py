@@ -33,6 +33,8 @@ from typing import Any
 
 import numpy as np
 
+from dit4dit_npu.errors import DiT4DiTError
+
 SEED_LIMIT = 2**63  # seeds are ints in [0, 2**63): any torch / numpy generator takes them
 DIT4DIT_INFER = ("infer", "predict_action")
 DIT4DIT_PING = "ping"
@@ -43,7 +45,7 @@ DIT4DIT_KEYS = ("type", "request_id", "examples", "seed", *DIT4DIT_IGNORED)
 OPENPI_CTRL = "__ctrl__"
 
 
-class RequestError(ValueError):
+class RequestError(DiT4DiTError, ValueError):
     """A request the server refuses before any inference; the message is the client's answer."""
 
 
@@ -101,15 +103,22 @@ class ModelSpace:
     layout: str  # how the views are tiled, for error messages and metadata
 
 
-def parse_dit4dit(msg: dict[Any, Any], space: ModelSpace) -> tuple[str, ModelInputs | None, int | None]:
-    """-> (type, inputs or None for ping, seed). Raises RequestError naming the key."""
+def request_id(msg: dict[Any, Any]) -> Any:
+    """The id a DiT4DiT client matches replies by (its clients leave it out: "default")."""
+    return msg.get("request_id", "default")
+
+
+def check_dit4dit_keys(msg: dict[Any, Any]) -> None:
     unknown = sorted(str(k) for k in msg if k not in DIT4DIT_KEYS)
     if unknown:
         raise RequestError(f"unknown request key(s) {unknown}; a DiT4DiT request has {list(DIT4DIT_KEYS)}")
+
+
+def parse_dit4dit(msg: dict[Any, Any], space: ModelSpace) -> tuple[ModelInputs, int | None]:
+    """An ``infer`` request -> (inputs, seed). Raises RequestError naming the key."""
+    check_dit4dit_keys(msg)
     kind = msg.get("type", "infer")
-    if kind == DIT4DIT_PING:
-        return kind, None, None
-    if kind not in DIT4DIT_INFER:
+    if not isinstance(kind, str) or kind not in DIT4DIT_INFER:
         raise RequestError(f"Unsupported message type {kind!r}; expected 'infer', 'predict_action' or 'ping'")
     seed = parse_seed(msg.get("seed"))
     examples = msg.get("examples")
@@ -117,7 +126,7 @@ def parse_dit4dit(msg: dict[Any, Any], space: ModelSpace) -> tuple[str, ModelInp
         raise RequestError("examples: expected a non-empty list of example dicts {image, state, lang}")
     rows = [_example(i, ex, space) for i, ex in enumerate(examples)]
     state = None if space.state_width == 0 else np.stack([r[1] for r in rows])
-    return kind, ModelInputs(np.stack([r[0] for r in rows]), state, [r[2] for r in rows]), seed
+    return ModelInputs(np.stack([r[0] for r in rows]), state, [r[2] for r in rows]), seed
 
 
 def _example(i: int, ex: Any, space: ModelSpace) -> tuple[np.ndarray, np.ndarray | None, str]:
@@ -169,19 +178,33 @@ def _lang(name: str, value: Any) -> str:
     return value
 
 
-def dit4dit_ping(request_id: Any) -> dict[str, Any]:
-    return {"status": "ok", "ok": True, "type": "ping", "request_id": request_id}
+def is_dit4dit_ping(msg: dict[Any, Any]) -> bool:
+    kind = msg.get("type")
+    return isinstance(kind, str) and kind == DIT4DIT_PING
 
 
-def dit4dit_result(request_id: Any, normalized: np.ndarray) -> dict[str, Any]:
+def dit4dit_ping(msg: dict[Any, Any]) -> dict[str, Any]:
+    return {"status": "ok", "ok": True, "type": "ping", "request_id": request_id(msg)}
+
+
+def dit4dit_result(msg: dict[Any, Any], normalized: np.ndarray) -> dict[str, Any]:
     return {
         "status": "ok",
         "ok": True,
         "type": "inference_result",
-        "request_id": request_id,
+        "request_id": request_id(msg),
         "data": {"normalized_actions": np.asarray(normalized, dtype=np.float32)},
     }
 
 
-def dit4dit_error(request_id: Any, message: str, kind: str = "inference_result") -> dict[str, Any]:
-    return {"status": "error", "ok": False, "type": kind, "request_id": request_id, "error": {"message": message}}
+def dit4dit_error(msg: dict[Any, Any], message: str) -> dict[str, Any]:
+    """The original's error envelope; its ``type`` is "unknown" for a message type it did not know."""
+    kind = msg.get("type", "infer")
+    known = isinstance(kind, str) and kind in (*DIT4DIT_INFER, DIT4DIT_PING)
+    return {
+        "status": "error",
+        "ok": False,
+        "type": "inference_result" if known else "unknown",
+        "request_id": request_id(msg),
+        "error": {"message": message},
+    }

@@ -1,16 +1,16 @@
 """Closed-loop simulation on gym-aloha's ALOHA scenes (optional extra: ``pip install -e '.[sim]'``).
 
-    tasks.py     task registry (scene file, instruction, seeded object poses), sizes
-    backend.py   MUJOCO_GL choice and one-line errors when MuJoCo/OpenGL cannot start
-    render.py    one offscreen renderer, shadows and MSAA off
-    scene.py     AlohaScene: reset(seed) / step(action) with the project's observation keys
-    ik.py        TCP-pose inverse kinematics for the two arms
-    experts.py   scripted experts (transfer cube, insertion)
-    policies.py  what the eval drives: expert, hold, a policy folder, a websocket server
-    rollout.py   one episode, and the worker loop that runs many
-    stats.py     Wilson interval and the summary line
-    demos.py     python -m dit4dit_npu.sim.demos: expert demos -> LeRobot dataset
-    eval.py      python -m dit4dit_npu.sim.eval: success rate with CIs, results.json, videos
+    tasks.py         task registry (scene file, instruction, seeded object poses), sizes
+    backend.py       MUJOCO_GL choice and one-line errors when MuJoCo/OpenGL cannot start
+    render.py        one offscreen renderer, shadows and MSAA off
+    scene.py         AlohaScene: reset(seed) / step(action) with the project's observation keys
+    ik.py            TCP-pose inverse kinematics for the two arms
+    experts.py       scripted experts (transfer cube, insertion)
+    policies.py      what the eval drives: expert, hold, a policy folder, a websocket server
+    rollout.py       one episode, and the worker loop that runs many
+    success_rate.py  Wilson interval and the summary line
+    demos.py         python -m dit4dit_npu.sim.demos: expert demos -> LeRobot dataset
+    eval.py          python -m dit4dit_npu.sim.eval: success rate with CIs, results.json, videos
 
 Importing this package is light; MuJoCo loads with ``scene``/``render``/``ik``.
 """

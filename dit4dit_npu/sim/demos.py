@@ -14,15 +14,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import shutil
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-from dit4dit_npu.sim.errors import EXIT_BAD_INPUT, SimError
+from dit4dit_npu.cli import entry_point
+from dit4dit_npu.files import atomic_folder
+from dit4dit_npu.sim.errors import SimError
 from dit4dit_npu.sim.tasks import CAMERAS, FPS, MOTORS, TRAIN_SEED0, get_task, parse_size
 
 # A failing seed is skipped; this many failures in a row means the expert is broken, not unlucky.
@@ -95,11 +95,9 @@ def write_demos(
         extra_meta={"modality.json": aloha_modality(CAMERAS)},
     )
     kept, failed, first_steps = [], [], []
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
     t0 = time.perf_counter()
-    try:
+    # a reader never sees a half-written dataset
+    with atomic_folder(out, replace=False) as tmp:
         with AlohaScene(task, size_hw) as scene, LeRobotWriter(tmp, version, spec) as writer:
             bar = tqdm(total=episodes, desc=f"{task} demos", unit="ep", disable=not progress)
             seed, streak = seed0, 0
@@ -135,20 +133,16 @@ def write_demos(
             }
         # Provenance next to lerobot's metadata: which seeds, which expert outcome.
         (tmp / "meta" / "sim_demos.json").write_text(json.dumps(summary, indent=2))
-        if out.exists():
-            out.rmdir()
-        os.replace(tmp, out)  # a reader never sees a half-written dataset
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return summary
 
 
+@entry_point
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--task", default="transfer_cube")
-    p.add_argument("--episodes", type=int, default=50)
+    p = argparse.ArgumentParser(prog="python -m dit4dit_npu.sim.demos", description=__doc__.splitlines()[0])
+    p.add_argument("--task", default="transfer_cube", help="the scene and its scripted expert (default: %(default)s)")
+    p.add_argument("--episodes", type=int, default=50, help="how many successful episodes to keep (default: %(default)s)")
     p.add_argument("--size", default="240x320", help="HxW of every camera (RoboTwin: 240x320)")
-    p.add_argument("--out", required=True, type=Path)
+    p.add_argument("--out", required=True, type=Path, help="new (or empty) folder to write the dataset into")
     p.add_argument("--seed", type=int, default=TRAIN_SEED0, help=f"first training seed (>= {TRAIN_SEED0})")
     p.add_argument(
         "--horizon",
@@ -156,18 +150,16 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="steps per episode (default: the expert's: transfer_cube 320, insertion 300)",
     )
-    p.add_argument("--version", default="v3.0", choices=["v2.1", "v3.0"])
+    p.add_argument(
+        "--version", default="v3.0", choices=["v2.1", "v3.0"], help="LeRobot format version (default: %(default)s)"
+    )
     a = p.parse_args(argv)
-    try:
-        get_task(a.task)
-        size_hw = parse_size(a.size)
-        from dit4dit_npu.sim.backend import require_simulator
+    get_task(a.task)
+    size_hw = parse_size(a.size)
+    from dit4dit_npu.sim.backend import require_simulator
 
-        require_simulator()
-        s = write_demos(a.out, a.task, a.episodes, size_hw, a.seed, a.horizon, a.version)
-    except SimError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+    require_simulator()
+    s = write_demos(a.out, a.task, a.episodes, size_hw, a.seed, a.horizon, a.version)
     print(
         f"wrote {s['episodes']} {a.task} demos ({s['frames_per_episode']} frames, 3 cameras {a.size}, seeds "
         f"{s['seeds'][0]}..{s['seeds'][-1]}, {len(s['failed_seeds'])} failed seed(s) skipped) in "

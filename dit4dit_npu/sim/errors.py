@@ -6,14 +6,13 @@ written when it is raised before the first episode.
 
 from __future__ import annotations
 
+from dit4dit_npu.errors import DiT4DiTError
 
-class SimError(RuntimeError):
+
+class SimError(DiT4DiTError, RuntimeError):
     """Unknown task, mismatched policy, unreachable server, renderer that cannot start, ..."""
 
 
-EXIT_BAD_INPUT = 2
-
-
-class EpisodeError(RuntimeError):
+class EpisodeError(DiT4DiTError, RuntimeError):
     """This episode cannot go on (non-finite action, diverged physics): it counts as a failure
     and the evaluation continues with the next one."""

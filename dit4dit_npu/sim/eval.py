@@ -2,7 +2,7 @@
 
     python -m dit4dit_npu.sim.eval --policy POLICY_DIR|ws://host:port|expert|hold \
         --task transfer_cube --episodes 50 --seed 0 [--replan K] [--size HxW] [--videos N] \
-        [--workers W] --output DIR
+        [--workers W] --out DIR
 
 Episode i uses seed S+i (gym-aloha's object placement for that seed; demos use seeds >= 100000).
 Each query returns an action chunk; its first K actions are executed (default: all of it), then
@@ -16,24 +16,25 @@ W > 1 runs episodes in W processes, each with its own scene and policy.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from dit4dit_npu.sim.errors import EXIT_BAD_INPUT, SimError
+from dit4dit_npu.cli import entry_point, former_names, require
+from dit4dit_npu.files import atomic_write_json
+from dit4dit_npu.sim.errors import SimError
 from dit4dit_npu.sim.rollout import EvalSetup
-from dit4dit_npu.sim.stats import format_rate, wilson_interval
+from dit4dit_npu.sim.success_rate import format_rate, wilson_interval
 from dit4dit_npu.sim.tasks import EPISODE_STEPS, GYM_MAX_STEPS, TRAIN_SEED0, get_task, parse_size
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m dit4dit_npu.sim.eval", description=__doc__.splitlines()[0])
     p.add_argument("--policy", required=True, help="POLICY_DIR | ws://host:port | expert | hold")
-    p.add_argument("--task", default="transfer_cube")
-    p.add_argument("--episodes", type=int, default=50)
+    p.add_argument("--task", default="transfer_cube", help="the scene and its success check (default: %(default)s)")
+    p.add_argument("--episodes", type=int, default=50, help="how many episodes (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="seed of the first episode")
     p.add_argument(
         "--replan", type=int, default=None, help="actions executed per query (default: whole chunk)"
@@ -48,8 +49,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--merge-lora", action="store_true", help="fold a LoRA policy folder's adapter into the base transformer at load"
     )
-    p.add_argument("--output", required=True, type=Path)
-    return p.parse_args(argv)
+    out = p.add_argument("--out", type=Path, help="folder for results.json and the videos (required)")
+    former_names(p, out, "--output")
+    args = p.parse_args(argv)
+    require(p, args, out)
+    return args
 
 
 def make_setup(a: argparse.Namespace) -> EvalSetup:
@@ -65,9 +69,9 @@ def make_setup(a: argparse.Namespace) -> EvalSetup:
             raise SimError(f"{name}: expected >= {low}, got {value}")
     if a.replan is not None and a.replan < 1:
         raise SimError(f"--replan: expected >= 1, got {a.replan}")
-    if (a.output / "results.json").exists():
+    if (a.out / "results.json").exists():
         raise SimError(
-            f"--output: {a.output / 'results.json'} exists; choose another folder (results are never overwritten)"
+            f"--out: {a.out / 'results.json'} exists; choose another folder (results are never overwritten)"
         )
     if (
         a.policy not in ("expert", "hold")
@@ -84,7 +88,7 @@ def make_setup(a: argparse.Namespace) -> EvalSetup:
         max_steps=a.max_steps,
         replan=a.replan,
         size_hw=parse_size(a.size) if a.size else None,
-        video_dir=str(a.output / "videos") if a.videos else None,
+        video_dir=str(a.out / "videos") if a.videos else None,
         video_seeds=tuple(seeds[: a.videos]),
         threads=max(1, cores // workers) if workers > 1 else None,
         connect_timeout_s=a.connect_timeout,
@@ -222,35 +226,32 @@ def summarize(
     }
 
 
+@entry_point
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
-    try:
-        setup = make_setup(a)
-        from dit4dit_npu.sim.backend import require_simulator
+    setup = make_setup(a)
+    from dit4dit_npu.sim.backend import require_simulator
 
-        require_simulator()
-        seeds = list(range(a.seed, a.seed + a.episodes))
-        if seeds[-1] >= TRAIN_SEED0:
-            print(f"warning: seeds >= {TRAIN_SEED0} are the demo (training) seeds", file=sys.stderr)
-        results: list[dict] = []
+    require_simulator()
+    seeds = list(range(a.seed, a.seed + a.episodes))
+    if seeds[-1] >= TRAIN_SEED0:
+        print(f"warning: seeds >= {TRAIN_SEED0} are the demo (training) seeds", file=sys.stderr)
+    results: list[dict] = []
 
-        def on_result(r: dict) -> None:
-            results.append(r)
-            print(episode_line(len(results) - 1, len(seeds), r), flush=True)
+    def on_result(r: dict) -> None:
+        results.append(r)
+        print(episode_line(len(results) - 1, len(seeds), r), flush=True)
 
-        t0 = time.perf_counter()
-        workers = min(a.workers, a.episodes)
-        if workers == 1:
-            info = run_serial(setup, seeds, a.output, on_result)
-        else:
-            info = run_parallel(setup, seeds, workers, a.output, on_result)
-        wall = time.perf_counter() - t0
-    except SimError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+    t0 = time.perf_counter()
+    workers = min(a.workers, a.episodes)
+    if workers == 1:
+        info = run_serial(setup, seeds, a.out, on_result)
+    else:
+        info = run_parallel(setup, seeds, workers, a.out, on_result)
+    wall = time.perf_counter() - t0
     results.sort(key=lambda r: r["seed"])
     summary = summarize(a, setup, info, results, wall)
-    (a.output / "results.json").write_text(json.dumps({"summary": summary, "episodes": results}, indent=1))
+    atomic_write_json(a.out / "results.json", {"summary": summary, "episodes": results})
     print(f"success {format_rate(summary['successes'], len(results))}")
     print(
         f"success within {GYM_MAX_STEPS} steps (gym-aloha's limit): "
@@ -258,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(
         f"env {summary['env_ms_per_step']} ms/step, policy {summary['policy_ms_per_chunk']} ms/chunk, "
-        f"{summary['episodes_per_min']} episodes/min with {summary['workers']} worker(s) -> {a.output / 'results.json'}"
+        f"{summary['episodes_per_min']} episodes/min with {summary['workers']} worker(s) -> {a.out / 'results.json'}"
     )
     return 0
 

@@ -121,7 +121,7 @@ class RemotePolicy:
         except ConnectionError as e:
             raise SimError(
                 f"--policy {uri}: server unreachable ({e}); start it with "
-                "python -m dit4dit_npu.serve --checkpoint POLICY_DIR --port PORT"
+                "python -m dit4dit_npu.serve --policy POLICY_DIR --port PORT"
             ) from None
         except ValueError as e:  # a malformed address, e.g. a port past 65535
             raise SimError(f"--policy {uri}: {e}") from None

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dit4dit_npu.cli import size_hw
 from dit4dit_npu.sim.errors import SimError
 
 FPS = 50  # gym-aloha's control rate (DT = 0.02 s)
@@ -72,10 +73,7 @@ def object_pose(task: str, seed: int) -> np.ndarray:
 
 def parse_size(text: str) -> tuple[int, int]:
     """'240x320' -> (240, 320); even sizes (the mp4s are yuv420p)."""
-    try:
-        h, w = (int(x) for x in text.lower().split("x"))
-    except ValueError:
-        raise SimError(f"--size: expected HxW such as 240x320, got {text!r}") from None
+    h, w = size_hw(text)
     if h < 16 or w < 16 or h % 2 or w % 2:
         raise SimError(f"--size: height and width must be even and >= 16, got {text!r}")
     return h, w

@@ -7,9 +7,10 @@
     stream.py       BatchStream: endless micro-batches and the data cursor checkpoints save
     checkpoint.py   checkpoint layout, atomic commit, resume lookup, config fingerprint
     run_folder.py   refusing a run before anything is written; config.yaml
-    prompt_cache.py the run's prompt-embedding cache, encoded once before the first step
     evaluate.py     held-out action MSE in eval mode
     optim.py        freezing, per-module LR groups, AdamW, LR schedule
     metrics.py      metrics.jsonl / tensorboard / wandb, throughput window, loss.png
-    cli.py          `python -m dit4dit_npu.train`; errors.py: what is a one-line user error
+    cli.py          `python -m dit4dit_npu.train`; errors.py: TrainingError
+
+The run's prompt-embedding cache (encoded once before the first step) is dit4dit_npu/prompt_cache.py.
 """

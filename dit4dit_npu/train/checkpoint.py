@@ -24,7 +24,6 @@ the next start puts back (``clean_stale``). Which checkpoint a resume may use is
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import re
@@ -35,6 +34,7 @@ from typing import Any
 import torch
 
 from dit4dit_npu.config import Config, to_dict
+from dit4dit_npu.files import publish_folder
 
 STEP_DIR = re.compile(r"^step_(\d+)$")
 TRAINER_STATE, FINGERPRINT, MANIFEST = "trainer_state.pt", "fingerprint.json", "manifest.json"
@@ -137,14 +137,8 @@ def write_manifest(folder: Path) -> None:
 def commit(tmp: Path, final: Path) -> None:
     """Rename a finished save into place. Replacing a same-step checkpoint (from a run resumed
     at an earlier step) moves the old copy aside first, so one complete copy always exists."""
-    if not final.exists():
-        os.replace(tmp, final)
-        return
-    old = final.with_name(OLD + final.name)
-    shutil.rmtree(old, ignore_errors=True)
-    os.replace(final, old)
-    os.replace(tmp, final)  # a kill between the renames: clean_stale() puts `old` back
-    shutil.rmtree(old, ignore_errors=True)
+    # a kill between the two renames leaves only `old`: clean_stale() puts it back
+    publish_folder(tmp, final, aside=final.with_name(OLD + final.name))
 
 
 def prune(run_dir: Path, keep: int) -> None:
@@ -201,26 +195,8 @@ def clean_stale(run_dir: Path) -> list[str]:
 
 
 # --------------------------------------------------------------------------------------------
-# Save failures
+# Save failures (is_out_of_space: dit4dit_npu.files)
 # --------------------------------------------------------------------------------------------
-
-_NO_SPACE_ERRNOS = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT}
-# torch's zip writer and safetensors' Rust writer drop the errno; these are their short-write texts.
-_NO_SPACE_TEXTS = ("no space left", "file too large", "disk quota", "file write failed", "unexpected pos",
-                   "os error 28", "os error 27", "storagefull", "filetoolarge")
-
-
-def is_out_of_space(e: BaseException) -> bool:
-    """Whether a save failed because the disk (or a file-size/quota limit) ran out."""
-    seen: set[int] = set()
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        if isinstance(e, OSError) and e.errno in _NO_SPACE_ERRNOS:
-            return True
-        if any(t in str(e).lower() for t in _NO_SPACE_TEXTS):
-            return True
-        e = e.__cause__ or e.__context__
-    return False
 
 
 def one_line(e: BaseException, limit: int = 200) -> str:

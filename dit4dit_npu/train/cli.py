@@ -13,7 +13,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from dit4dit_npu.config import Config, ConfigError, dump_yaml, load_config
+from dit4dit_npu.cli import entry_point
+from dit4dit_npu.config import Config, dump_yaml, load_config
+from dit4dit_npu.errors import DiT4DiTError
+from dit4dit_npu.files import atomic_write_text, is_out_of_space
 from dit4dit_npu.train.metrics import check_trackers
 
 USAGE_EPILOG = """overrides:
@@ -67,59 +70,40 @@ def print_notices(notices: list[str]) -> None:
 def check_model_build(cfg: Config) -> None:
     """What building the model checks, on its module tree without weights: the base folder, the
     model sizes, and that every learning-rate key and freeze_modules path names a module."""
-    from dit4dit_npu.batch import BatchSpec
-    from dit4dit_npu.models import build_skeleton
     from dit4dit_npu.train.optim import freeze_modules, param_groups
-    from dit4dit_npu.transforms.images import tiled_size
+    from dit4dit_npu.transforms.policy_io import config_spec
+    from dit4dit_npu.weights import build_skeleton
 
-    d = cfg.datasets.vla_data
-    # widths come from the data (PolicyIO); the padded widths or placeholders build the same tree
-    spec = BatchSpec(
-        state_width=d.max_state_dim or 1,
-        action_width=d.max_action_dim or 1,
-        chunk_length=cfg.framework.action_model.chunk_length,
-        num_frames=len(d.video_delta_indices[:: d.action_video_freq_ratio]),
-        frame_size=tiled_size(d.image_size, len(d.camera_keys), d.view_layout),
-    )
-    model = build_skeleton(cfg, spec)
+    # the raw widths come from the data: any placeholder builds the same module tree
+    model = build_skeleton(cfg, config_spec(cfg, state_dim=1, action_dim=1))
     freeze_modules(model, cfg.trainer.freeze_modules)
     param_groups(model, cfg.trainer.learning_rate)
 
 
+@entry_point
 def main(argv: list[str] | None = None) -> int:
     args, overrides = parse_args(argv)
-    try:
-        cfg = load_config(args.config, overrides, on_notices=print_notices)
-        check_trackers(cfg.trackers)  # now, not after the imports and the data loading
-        if args.migrate_config is not None:
-            args.migrate_config.parent.mkdir(parents=True, exist_ok=True)
-            args.migrate_config.write_text(dump_yaml(cfg))
-            print(f"wrote {args.migrate_config}", file=sys.stderr)
-            return 0
-        if args.dry_run:
-            check_model_build(cfg)
-    except ConfigError as e:
-        print(f"config error: {e}", file=sys.stderr)
-        return 2
-    except OSError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    cfg = load_config(args.config, overrides, on_notices=print_notices)
+    check_trackers(cfg.trackers)  # now, not after the imports and the data loading
+    if args.migrate_config is not None:
+        write_migrated(cfg, args.migrate_config)
+        print(f"wrote {args.migrate_config}", file=sys.stderr)
+        return 0
     if args.dry_run:
+        check_model_build(cfg)
         print(dump_yaml(cfg), end="")
         return 0
-    from dit4dit_npu.train.errors import user_errors  # heavy imports only when training
-    from dit4dit_npu.train.loop import train
+    from dit4dit_npu.train.loop import train  # heavy imports only when training
 
-    try:
-        train(cfg)
-    except user_errors() as e:  # bad input: one line, no traceback; anything else is a bug
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except OSError as e:  # a full disk outside a checkpoint save (metrics, logs): still one line
-        from dit4dit_npu.train.checkpoint import is_out_of_space
-
-        if not is_out_of_space(e):
-            raise
-        print(f"error: no space left: {e}", file=sys.stderr)
-        return 2
+    train(cfg)
     return 0
+
+
+def write_migrated(cfg: Config, out: Path) -> None:
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(out, dump_yaml(cfg))
+    except OSError as e:
+        if is_out_of_space(e):
+            raise
+        raise DiT4DiTError(f"--migrate-config {out}: cannot write ({e.strerror or e})") from None

@@ -1,22 +1,9 @@
-"""The training errors a user gets as one line (exit code 2) rather than a traceback."""
+"""The training error a user gets as one line (exit code 2, ``dit4dit_npu.cli``) rather than a traceback."""
 
 from __future__ import annotations
 
+from dit4dit_npu.errors import DiT4DiTError
 
-class TrainingError(RuntimeError):
+
+class TrainingError(DiT4DiTError, RuntimeError):
     """A training problem with a one-line, user-facing message."""
-
-
-def user_errors() -> tuple[type[Exception], ...]:
-    """Errors that mean bad input (config, data, base model, launch), not a bug."""
-    from dit4dit_npu import device
-    from dit4dit_npu.batch import BatchError
-    from dit4dit_npu.config import ConfigError
-    from dit4dit_npu.data import DatasetError
-    from dit4dit_npu.models import FrameInputError, ModelConfigError, PromptCacheError
-    from dit4dit_npu.transforms import PolicyIOError
-
-    return (
-        ConfigError, TrainingError, device.DeviceError, DatasetError, BatchError, FrameInputError,
-        ModelConfigError, PromptCacheError, PolicyIOError,
-    )

@@ -13,15 +13,15 @@ from pathlib import Path
 
 from dit4dit_npu import device
 from dit4dit_npu.config import Config
+from dit4dit_npu.prompt_cache import prepare_prompt_cache
 from dit4dit_npu.train.distributed import build_accelerator, building_outside_deepspeed
-from dit4dit_npu.train.errors import TrainingError, user_errors
+from dit4dit_npu.train.errors import TrainingError
 from dit4dit_npu.train.optim import freeze_modules
-from dit4dit_npu.train.prompt_cache import prepare_prompt_cache
 from dit4dit_npu.train.resume import check_data
 from dit4dit_npu.train.run_folder import RunFolder, discard_if_unused, open_run, record_config
 from dit4dit_npu.train.trainer import Trainer, check_ema_supported, data_fingerprint
 
-__all__ = ["TrainingError", "train", "user_errors"]
+__all__ = ["TrainingError", "train"]
 
 
 def train(cfg: Config) -> Path:
@@ -82,7 +82,7 @@ def _run(cfg: Config, accelerator, run: RunFolder) -> Path:
 def build_data(cfg: Config, accelerator):
     """Datasets, split, PolicyIO (from the training statistics) and this rank's shard of the sampler."""
     from dit4dit_npu.data import build_training_data
-    from dit4dit_npu.models import vae_identity
+    from dit4dit_npu.weights import vae_identity
 
     return build_training_data(
         cfg, rank=accelerator.process_index, world_size=accelerator.num_processes, barrier=accelerator.wait_for_everyone,
@@ -92,7 +92,7 @@ def build_data(cfg: Config, accelerator):
 
 def build_model(cfg: Config, accelerator, data, run_dir: Path):
     """The DiT4DiT model with its prompt cache set and its frozen modules frozen."""
-    from dit4dit_npu.models import build_dit4dit
+    from dit4dit_npu.weights import build_dit4dit
 
     instructions = [task for ds in data.datasets for task in ds.meta.tasks.values()]
     with building_outside_deepspeed(accelerator):

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from dit4dit_npu.config import Config, ConfigError, dump_yaml, to_dict
+from dit4dit_npu.files import atomic_write_text
 
 # The module each optional tracker needs (tensorboard: torch.utils.tensorboard imports it).
 TRACKER_MODULES = {"tensorboard": "tensorboard", "wandb": "wandb"}
@@ -162,9 +163,7 @@ def truncate_metrics(path: Path, step: int) -> int:
     if not path.is_file():
         return 0
     rows, bad = _parse_rows(path)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows if r["step"] <= step))
-    tmp.replace(path)
+    atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in rows if r["step"] <= step))
     return bad
 
 

@@ -17,8 +17,7 @@ from typing import Any
 
 import torch
 
-from dit4dit_npu.data.errors import unwrap_worker_error
-from dit4dit_npu.train.errors import user_errors
+from dit4dit_npu.errors import DiT4DiTError, unwrap_worker_error
 
 
 class BatchStream:
@@ -43,7 +42,7 @@ class BatchStream:
     def next(self) -> Any:
         try:
             return self._next()
-        except user_errors() as e:
+        except DiT4DiTError as e:
             raise unwrap_worker_error(e) from None
 
     def _next(self) -> Any:

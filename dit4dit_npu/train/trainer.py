@@ -20,6 +20,7 @@ import torch
 
 from dit4dit_npu.batch import Batch
 from dit4dit_npu.config import Config, ConfigError
+from dit4dit_npu.files import is_out_of_space
 from dit4dit_npu.train import checkpoint as ckpt_io
 from dit4dit_npu.train import distributed
 from dit4dit_npu.train.ema import EMA, EMA_FILE
@@ -243,7 +244,7 @@ class Trainer:
 
     def _save_error(self, error: BaseException, tmp: Path) -> BaseException:
         """One line for a full disk; any other failure is re-raised as it is (a bug)."""
-        if not ckpt_io.is_out_of_space(error):
+        if not is_out_of_space(error):
             return error
         done = ckpt_io.list_checkpoints(self.run_dir)
         latest = f"the latest checkpoint is still {done[-1][1]}" if done else "no checkpoint was saved yet"

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from dit4dit_npu.errors import DiT4DiTError
 from dit4dit_npu.transforms.images import resize_rgb
 
 STATE, INSTRUCTION = "state", "instruction"
@@ -33,29 +34,23 @@ CAMERA_PREFIX = "observation.images."
 ASPECT_TOLERANCE = 0.02
 
 
-class PolicyInputError(ValueError):
+class PolicyInputError(DiT4DiTError, ValueError):
     """An observation the policy cannot take; the message says what was expected and what came."""
 
 
 @dataclass
 class Observation:
+    """A parsed observation: what ``PolicyIO.parse_observation`` returns and
+    ``DiT4DiTPolicy.predict_parsed`` takes (single observations carry a batch axis of 1)."""
+
     views: np.ndarray  # uint8 (B, V, H, W, 3) at the model's image size, cameras in model order
     state: np.ndarray  # float64 (B, state_dim), robot units
     instructions: list[str]
-    batched: bool
+    batched: bool  # False: sent without a batch axis, so its actions are returned without one
 
     @property
     def rows(self) -> int:
         return len(self.instructions)
-
-    def to_dict(self, cameras: Sequence[str]) -> dict[str, Any]:
-        """Back to the canonical observation dict (images already at the model size, so parsing it
-        again is exact and resizes nothing)."""
-        views = self.views if self.batched else self.views[0]
-        obs: dict[str, Any] = {key: views[..., v, :, :, :] for v, key in enumerate(cameras)}
-        obs[STATE] = self.state if self.batched else self.state[0]
-        obs[INSTRUCTION] = list(self.instructions) if self.batched else self.instructions[0]
-        return obs
 
 
 def concat_observations(parts: Sequence[Observation]) -> Observation:

@@ -2,8 +2,8 @@
 
 One object, built once from the training data's statistics and the config, saved with every
 checkpoint and policy folder (``policy_io.json``), and called by the dataset (``encode_sample``),
-the policy (``encode_observation`` / ``decode_actions``) and evaluation alike, so training and
-deployment cannot drift apart. It owns:
+the policy and the server (``parse_observation`` / ``encode_parsed`` / ``decode_actions``) and
+evaluation alike, so training and deployment cannot drift apart. It owns:
 
 - camera_keys: which observation keys, in which order, at which size, tiled how (``images.py``);
 - state: raw robot state -> encoded (normalized / sin-cos / raw) and zero-padded (``vector.py``);
@@ -27,21 +27,30 @@ import numpy as np
 import torch
 
 from dit4dit_npu.batch import Batch, BatchSpec
-from dit4dit_npu.config import Config
+from dit4dit_npu.config import Config, ConfigError
+from dit4dit_npu.errors import DiT4DiTError
+from dit4dit_npu.transforms.feature_stats import FeatureStats
 from dit4dit_npu.transforms.images import RESIZE_METHODS, VIEW_LAYOUTS, tile_views, tiled_size
-from dit4dit_npu.transforms.observation import parse_observation
-from dit4dit_npu.transforms.stats import FeatureStats
-from dit4dit_npu.transforms.vector import NORM_MODES, Normalize, Pad, SinCos, Step, VectorPipeline
+from dit4dit_npu.transforms.observation import Observation, parse_observation
+from dit4dit_npu.transforms.vector import (
+    NORM_MODES,
+    Normalize,
+    SinCos,
+    Step,
+    TooNarrowError,
+    VectorPipeline,
+    padded,
+)
 
 FORMAT = "dit4dit_npu.policy_io/1"
 STATE_MODES = (*NORM_MODES, "sincos", "none")
 
 
-class PolicyIOError(ValueError):
+class PolicyIOError(DiT4DiTError, ValueError):
     """A PolicyIO that cannot be built or read (one line naming the setting or file)."""
 
 
-class NonFiniteActionError(RuntimeError):
+class NonFiniteActionError(DiT4DiTError, RuntimeError):
     """The model computed NaN/inf actions: they are never returned to a robot."""
 
 
@@ -104,9 +113,15 @@ class PolicyIO:
             state_steps.append(SinCos())
         elif state_norm != "none":
             state_steps.append(Normalize(state_norm, state_stats))
-        state = _padded(state_steps, state_stats.dim, max_state_dim, "state", "max_state_dim")
-        action = _padded([Normalize(action_norm, action_stats)], action_stats.dim, max_action_dim, "action",
-                         "max_action_dim")
+        try:
+            state = padded(state_steps, state_stats.dim, max_state_dim, "state")
+            action = padded([Normalize(action_norm, action_stats)], action_stats.dim, max_action_dim, "action")
+        except TooNarrowError as e:
+            key = f"max_{e.name}_dim"
+            raise PolicyIOError(
+                f"datasets.vla_data.{key} is {e.width} but the encoded {e.name} has {e.encoded} dims "
+                f"({e.in_dim} raw); set {key} >= {e.encoded}, or leave it null for no padding"
+            ) from None
         io = cls(
             camera_keys=list(camera_keys),
             image_size=tuple(image_size),
@@ -137,7 +152,7 @@ class PolicyIO:
             camera_keys=d.camera_keys,
             image_size=d.image_size,
             view_layout=d.view_layout,
-            clip_offsets=d.video_delta_indices[:: d.action_video_freq_ratio],
+            clip_offsets=d.clip_offsets,
             chunk_length=cfg.framework.action_model.chunk_length,
             state_stats=state_stats,
             action_stats=action_stats,
@@ -175,6 +190,7 @@ class PolicyIO:
 
     @property
     def spec(self) -> BatchSpec:
+        """What every batch this PolicyIO makes fits: the one place a BatchSpec is derived."""
         return BatchSpec(
             state_width=self.state.out_dim,
             action_width=self.action.out_dim,
@@ -222,17 +238,26 @@ class PolicyIO:
             "action_mask": torch.from_numpy(mask.copy()),
         }
 
-    def encode_observation(self, obs: dict[str, Any]) -> tuple[Batch, bool]:
-        """A robot observation (single or batched) -> (inference Batch with T = 1, batched?)."""
-        o = parse_observation(
+    def parse_observation(self, obs: Any) -> Observation:
+        """A robot observation dict (ours or openpi's layout, single or batched) -> checked arrays,
+        images resized to ``image_size`` the policy's way. The one place a wire or robot
+        observation is read: the policy and the server both call it, once per observation."""
+        return parse_observation(
             obs, self.camera_keys, self.image_size, self.state_dim, self.source_sizes, self.resize_method
         )
-        batch = Batch(
+
+    def encode_parsed(self, o: Observation) -> Batch:
+        """A parsed observation -> the inference Batch (T = 1): views tiled, state encoded and padded."""
+        return Batch(
             frames=self.frames(o.views)[:, None],
-            instruction=o.instructions,
+            instruction=list(o.instructions),
             state=self.encode_state(o.state) if self.state.out_dim else None,
         )
-        return batch, o.batched
+
+    def encode_observation(self, obs: dict[str, Any]) -> tuple[Batch, bool]:
+        """A robot observation (single or batched) -> (inference Batch with T = 1, batched?)."""
+        o = self.parse_observation(obs)
+        return self.encode_parsed(o), o.batched
 
     # ------------------------------------------------------------------ model -> robot
 
@@ -306,13 +331,16 @@ class PolicyIO:
         )
 
 
-def _padded(steps: list[Step], in_dim: int, width: int | None, name: str, key: str) -> VectorPipeline:
-    encoded = VectorPipeline(steps, in_dim).out_dim
-    if width is None or width == encoded:
-        return VectorPipeline(steps, in_dim)
-    if width < encoded:
-        raise PolicyIOError(
-            f"datasets.vla_data.{key} is {width} but the encoded {name} has {encoded} dims "
-            f"({in_dim} raw); set {key} >= {encoded}, or leave it null for no padding"
-        )
-    return VectorPipeline([*steps, Pad(encoded, width)], in_dim)
+
+def config_spec(cfg: Config, state_dim: int, action_dim: int) -> BatchSpec:
+    """The BatchSpec of the PolicyIO ``cfg`` builds for a robot with ``state_dim`` / ``action_dim``
+    raw dims, before any data is read (what a dry run and the benchmarks build models for). The
+    statistics only set values, never widths, so placeholders stand in for them."""
+
+    def placeholder(dim: int) -> FeatureStats:  # [-1, 1]: no degenerate dims
+        return FeatureStats(*(np.full(dim, v) for v in (-1.0, 1.0, 0.0, 1.0, -1.0, 1.0)), count=0)
+
+    try:
+        return PolicyIO.from_config(cfg, placeholder(state_dim), placeholder(action_dim), warn=False).spec
+    except PolicyIOError as e:
+        raise ConfigError(str(e)) from None

@@ -21,7 +21,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from dit4dit_npu.transforms.stats import FeatureStats
+from dit4dit_npu.errors import DiT4DiTError
+from dit4dit_npu.transforms.feature_stats import FeatureStats
 
 # A range or std this small carries no signal (rad, m): the dim normalizes to 0 and
 # unnormalizes to its constant, so nothing ever divides by ~0 (openpi#814, lerobot#211).
@@ -345,3 +346,21 @@ class VectorPipeline:
     def __repr__(self) -> str:
         names = " -> ".join(repr(s) for s in self.steps) or "identity"
         return f"VectorPipeline({self.in_dim} -> {self.out_dim}: {names})"
+
+
+class TooNarrowError(DiT4DiTError, ValueError):
+    """A padded width below the encoded width of feature ``name`` (the caller says which setting
+    is at fault: the run config's, or an imported checkpoint's)."""
+
+    def __init__(self, name: str, in_dim: int, encoded: int, width: int) -> None:
+        super().__init__(f"{name}: cannot pad {encoded} encoded dims ({in_dim} raw) to {width}")
+        self.name, self.in_dim, self.encoded, self.width = name, in_dim, encoded, width
+
+
+def padded(steps: Sequence[Step], in_dim: int, width: int | None, name: str) -> VectorPipeline:
+    """``steps``, then zero padding up to ``width`` (None: no padding, the encoded width)."""
+    encoded = VectorPipeline(steps, in_dim).out_dim
+    width = encoded if width is None else width
+    if width < encoded:
+        raise TooNarrowError(name, in_dim, encoded, width)
+    return VectorPipeline([*steps, Pad(encoded, width)] if width > encoded else steps, in_dim)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dit4dit_npu.sim.stats import format_rate, wilson_interval
+from dit4dit_npu.sim.success_rate import format_rate, wilson_interval
 
 
 @pytest.mark.parametrize(

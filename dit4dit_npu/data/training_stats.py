@@ -2,7 +2,7 @@
 
 Computed over the *training* episodes of the whole mixture (never from lerobot's stats files,
 which may be stale, and never from held-out episodes): min/max/mean/std pooled exactly, q01/q99
-recomputed from the concatenated data (``transforms.stats``).
+recomputed from the concatenated data (``transforms.feature_stats``).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from dit4dit_npu.transforms.stats import FeatureStats, merge_stats
+from dit4dit_npu.transforms.feature_stats import FeatureStats, merge_stats
 
 
 def compute_stats(

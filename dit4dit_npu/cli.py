@@ -1,0 +1,116 @@
+"""The one wrapper every command-line entry point's ``main`` goes through.
+
+    @entry_point
+    def main(argv: list[str] | None = None) -> int: ...
+
+A problem the user can fix (a ``DiT4DiTError``: bad input, files, config, environment) or a full
+disk becomes exactly one line on stderr, ``error: <message>`` (``config error: <message>`` for a
+``ConfigError``), and exit code 2, with no traceback; Ctrl-C exits with 130 quietly. Any other
+exception is a bug and keeps its traceback. argparse's own usage errors (also exit code 2) pass
+through unchanged.
+
+Light on purpose (no torch): a command fails fast on its arguments and config before the heavy
+imports happen.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from dit4dit_npu.errors import DiT4DiTError, unwrap_worker_error
+from dit4dit_npu.files import is_out_of_space
+
+EXIT_USER_ERROR = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for Ctrl-C
+
+
+def error_line(e: BaseException) -> str:
+    """The one line a user sees for ``e``: its kind's prefix and its message, whitespace folded
+    (a problem raised in a DataLoader worker gets its own message back, not torch's traceback)."""
+    if isinstance(e, DiT4DiTError):
+        e = unwrap_worker_error(e)
+    text = " ".join(str(e).split()) or type(e).__name__
+    if isinstance(e, DiT4DiTError):
+        return f"{e.cli_prefix}: {text}"
+    return f"error: no space left: {text}"
+
+
+def run(command: Callable[[], int | None]) -> int:
+    """Run ``command`` (a CLI's body) and return its exit code, user errors as one line (code 2)."""
+    try:
+        code = command()
+    except DiT4DiTError as e:
+        print(error_line(e), file=sys.stderr)
+        return EXIT_USER_ERROR
+    except OSError as e:
+        if not is_out_of_space(e):
+            raise
+        print(error_line(e), file=sys.stderr)
+        return EXIT_USER_ERROR
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    return 0 if code is None else code
+
+
+def entry_point(main: Callable[..., int | None]) -> Callable[..., int]:
+    """Decorate a ``main(argv=None)`` so that calling it (console script, ``python -m``, a test)
+    goes through ``run``."""
+
+    @functools.wraps(main)
+    def wrapped(argv: list[str] | None = None) -> int:
+        return run(lambda: main(argv))
+
+    return wrapped
+
+
+# --------------------------------------------------------------------------------------------
+# Flags: one name per concept across the commands
+# --------------------------------------------------------------------------------------------
+# --policy DIR      a policy folder (eval, serve, sim.eval); --checkpoint only for an original
+#                   DiT4DiT checkpoint file (convert)
+# --out DIR         the folder a command writes (data.demo, encode_latents, convert, eval, sim.*)
+# --episodes N      how many episodes (data.demo, sim.*); --episode-indices I [I ...] which ones (eval)
+# --size HxW        camera frame size (data.demo, sim.*)
+# A renamed flag keeps its former spelling as a hidden alias that says once that it was renamed.
+
+
+class _FormerName(argparse.Action):
+    def __init__(self, option_strings: list[str], dest: str, new: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, **kwargs)
+        self.new = new
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        print(f"notice: {option_string} is deprecated, use {self.new}", file=sys.stderr)
+        setattr(namespace, self.dest, values)
+
+
+def former_names(parser: argparse.ArgumentParser, action: argparse.Action, *names: str) -> None:
+    """Accept ``names``, the former spellings of ``action``'s flag, hidden from ``--help``: each sets
+    the same value and prints one notice line, so scripts written for the old name keep working.
+    A required flag is declared ``required=False`` and checked with ``require`` after parsing."""
+    for name in names:
+        parser.add_argument(
+            name, dest=action.dest, nargs=action.nargs, type=action.type, metavar=action.metavar,
+            default=argparse.SUPPRESS, help=argparse.SUPPRESS, action=_FormerName, new=action.option_strings[0],
+        )
+
+
+def require(parser: argparse.ArgumentParser, args: argparse.Namespace, *actions: argparse.Action) -> None:
+    """argparse's own "required" error for flags that have former names (``former_names``)."""
+    missing = [a.option_strings[0] for a in actions if getattr(args, a.dest, None) is None]
+    if missing:
+        parser.error(f"the following arguments are required: {', '.join(missing)}")
+
+
+def size_hw(text: str, flag: str = "--size") -> tuple[int, int]:
+    """``--size HxW`` (e.g. 240x320) -> (H, W); the command checks the values it can use."""
+    try:
+        h, w = (int(x) for x in text.lower().split("x"))
+    except ValueError:
+        raise DiT4DiTError(f"{flag}: expected HxW such as 240x320, got {text!r}") from None
+    return h, w

@@ -1,0 +1,246 @@
+"""The prompt-embedding cache: every instruction's text-encoder output, computed once.
+
+The original ran the 7B text encoder on every training step and every ``predict_action`` call
+(SPEC B1). An instruction's embedding never changes while the text encoder is frozen, so it is
+computed once per unique instruction (``PromptEncoder``, ``models/text.py``) and kept here. This
+module owns the cache whole:
+
+- ``PromptCache``: instruction -> (L, D) embedding in memory, refusing embeddings of another text
+  encoder. Not an ``nn.Module``: it must never end up inside the trained model (nor in DeepSpeed's
+  engine or a checkpoint's weights);
+- ``save_prompt_cache`` / ``load_prompt_cache``: its file, one safetensors file next to
+  checkpoints and in policy folders (atomic writes; a cache of another model is refused);
+- ``prepare_prompt_cache``: a training run's cache, built before the first step.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from dit4dit_npu.errors import DiT4DiTError
+from dit4dit_npu.files import atomic_path
+
+if TYPE_CHECKING:
+    from dit4dit_npu.config import Config
+    from dit4dit_npu.models.text import PromptEncoder
+
+
+class PromptCacheError(DiT4DiTError, ValueError):
+    """Cache miss, or embeddings made by another text encoder."""
+
+
+def _key(instruction: str) -> str:
+    # safetensors keys must be plain strings; instructions can hold anything, so key by a hash
+    # and keep the text itself in the metadata.
+    return hashlib.sha256(instruction.encode("utf-8")).hexdigest()[:32]
+
+
+class PromptCache:
+    """instruction -> (L, D) embedding, computed once per unique instruction."""
+
+    def __init__(self, identity: str = "", max_sequence_length: int | None = None) -> None:
+        self.identity = identity
+        self.max_sequence_length = max_sequence_length
+        self._store: dict[str, torch.Tensor] = {}
+
+    def __len__(self) -> int:
+        return len(self._store)
+
+    def __contains__(self, instruction: object) -> bool:
+        return instruction in self._store
+
+    @property
+    def instructions(self) -> list[str]:
+        return list(self._store)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self._store.values())
+
+    def _check_encoder(self, encoder: PromptEncoder) -> None:
+        if not self.identity and not self._store:
+            self.identity, self.max_sequence_length = encoder.identity, encoder.max_sequence_length
+            return
+        if not self.matches(encoder.identity, encoder.max_sequence_length):
+            raise PromptCacheError(
+                f"prompt cache was made by text encoder {self.identity!r} (max_sequence_length="
+                f"{self.max_sequence_length}), not {encoder.identity!r} (max_sequence_length="
+                f"{encoder.max_sequence_length}): start a new cache for this encoder"
+            )
+
+    def build(self, instructions: Iterable[str], encoder: PromptEncoder, batch_size: int = 8) -> int:
+        """Encode the instructions not cached yet; returns how many were computed."""
+        self._check_encoder(encoder)
+        missing = sorted({s for s in instructions if s not in self._store})
+        for i in range(0, len(missing), batch_size):  # chunked: the real embeddings are ~100 MB each
+            chunk = missing[i : i + batch_size]
+            for text, emb in zip(chunk, encoder.encode(chunk, batch_size=batch_size).cpu()):
+                self._store[text] = emb.clone()  # own storage, not a view of the chunk
+        return len(missing)
+
+    def add(self, instruction: str, embedding: torch.Tensor) -> None:
+        self._store[instruction] = embedding.detach().cpu()
+
+    def discard(self, instruction: str) -> None:
+        """Forget one instruction if cached (a policy's bounded cache of run-time prompts)."""
+        self._store.pop(instruction, None)
+
+    def to(self, device: torch.device | str) -> PromptCache:
+        """Keep the embeddings on ``device`` (saves a host->device copy per step when they fit)."""
+        self._store = {k: v.to(device) for k, v in self._store.items()}
+        return self
+
+    def lookup(
+        self, instructions: Sequence[str], device: torch.device | str, dtype: torch.dtype | None = None
+    ) -> torch.Tensor:
+        missing = [s for s in dict.fromkeys(instructions) if s not in self._store]
+        if missing:
+            raise PromptCacheError(
+                f"{len(missing)} instruction(s) not in the prompt cache ({len(self._store)} cached): "
+                + "; ".join(repr(s) for s in missing[:5])
+                + (" ..." if len(missing) > 5 else "")
+                + ". Build the cache over the dataset's instructions before training (PromptCache.build)"
+            )
+        return torch.stack([self._store[s] for s in instructions]).to(device=device, dtype=dtype)
+
+    def matches(self, identity: str | None, max_sequence_length: int | None) -> bool:
+        """Made by that text encoder (None = do not check that part)?"""
+        return (identity is None or identity == self.identity) and (
+            max_sequence_length is None or max_sequence_length == self.max_sequence_length
+        )
+
+    # -------------------------------------------------------------------------- tensors
+
+    def to_tensors(self) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+        """-> (tensors, string metadata), e.g. for a safetensors file. Keys are hashes of the
+        instructions (a safetensors key must be a plain string; an instruction can hold anything);
+        the instructions themselves travel in the metadata."""
+        tensors = {_key(s): t.detach().cpu().contiguous() for s, t in self._store.items()}
+        meta = {
+            "identity": self.identity,
+            "max_sequence_length": json.dumps(self.max_sequence_length),
+            "instructions": json.dumps({_key(s): s for s in self._store}),
+        }
+        return tensors, meta
+
+    @classmethod
+    def from_tensors(cls, tensors: dict[str, torch.Tensor], meta: dict[str, str]) -> PromptCache:
+        """Inverse of ``to_tensors``."""
+        if "identity" not in meta or "instructions" not in meta:
+            raise PromptCacheError("not a prompt cache (no identity/instructions metadata)")
+        cache = cls(meta["identity"], json.loads(meta.get("max_sequence_length", "null")))
+        names = json.loads(meta["instructions"])
+        if set(names) != set(tensors):
+            raise PromptCacheError(
+                f"prompt cache metadata names {len(names)} instructions but holds {len(tensors)} embeddings"
+            )
+        cache._store = {names[k]: t for k, t in tensors.items()}
+        return cache
+
+    def merge_from(self, other: PromptCache) -> None:
+        if other.identity != self.identity or other.max_sequence_length != self.max_sequence_length:
+            raise PromptCacheError(
+                f"cannot merge prompt caches of different text encoders ({other.identity!r} vs {self.identity!r})"
+            )
+        self._store.update(other._store)
+
+
+# --------------------------------------------------------------------------------------------
+# The file
+# --------------------------------------------------------------------------------------------
+
+
+def save_prompt_cache(cache: PromptCache, path: str | Path) -> Path:
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tensors, meta = cache.to_tensors()
+    with atomic_path(path) as tmp:
+        save_file(tensors, str(tmp), metadata=meta)
+    return path
+
+
+def load_prompt_cache(
+    path: str | Path,
+    expect_identity: str | None = None,
+    expect_max_sequence_length: int | None = None,
+) -> PromptCache:
+    """Read a cache file; with ``expect_*`` given, a cache of another text encoder is an error."""
+    from safetensors import safe_open
+
+    path = Path(path)
+    if not path.is_file():
+        raise PromptCacheError(f"prompt cache file not found: {path}")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata() or {}
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+        cache = PromptCache.from_tensors(tensors, meta)
+    except PromptCacheError as e:
+        raise PromptCacheError(f"{path}: {e}") from None
+    except Exception as e:  # safetensors raises its own error types for a damaged file
+        raise PromptCacheError(f"{path}: not a readable safetensors file ({e})") from None
+    if not cache.matches(expect_identity, expect_max_sequence_length):
+        raise PromptCacheError(
+            f"prompt cache {path} was made by text encoder {cache.identity!r} with max_sequence_length="
+            f"{cache.max_sequence_length}, expected {expect_identity!r} with "
+            f"{expect_max_sequence_length}; delete it to rebuild"
+        )
+    return cache
+
+
+# --------------------------------------------------------------------------------------------
+# A training run's cache
+# --------------------------------------------------------------------------------------------
+
+# A real Cosmos prompt embedding is 512 x 100352 bf16 values (~100 MB per instruction). Up to this
+# size the whole cache lives on the device, saving a host->device copy of B embeddings per step;
+# beyond it (many instructions) it stays in host memory.
+PROMPT_CACHE_ON_DEVICE_BYTES = 2 * 2**30
+
+
+def prepare_prompt_cache(cfg: Config, accelerator: Any, instructions: list[str], run_dir: Path) -> PromptCache:
+    """Rank 0 encodes the instructions the cache file lacks and saves it; every rank loads it.
+
+    Building under ``building_outside_deepspeed`` is the caller's job (the text encoder must not
+    be ZeRO-3 partitioned). The encoder is freed before training starts.
+    """
+    path = Path(cfg.framework.cosmos25.prompt_cache or run_dir / "prompt_cache.safetensors")
+    if accelerator.is_main_process:
+        cache = _load_or_empty(path, accelerator.print)
+        _encode_missing(cfg, cache, instructions)
+        save_prompt_cache(cache, path)
+    accelerator.wait_for_everyone()
+    cache = load_prompt_cache(path)
+    if cache.nbytes <= PROMPT_CACHE_ON_DEVICE_BYTES:
+        cache.to(accelerator.device)
+    return cache
+
+
+def _encode_missing(cfg: Config, cache: PromptCache, instructions: list[str]) -> None:
+    from dit4dit_npu.weights import build_prompt_encoder
+
+    missing = [t for t in dict.fromkeys(instructions) if t not in cache]
+    if missing:
+        encoder = build_prompt_encoder(cfg)
+        cache.build(missing, encoder)
+        del encoder  # the 7B text model never stays resident during training
+
+
+def _load_or_empty(path: Path, say: Callable[[str], None]) -> PromptCache:
+    """The cache file, or an empty cache when there is none or it is damaged: it only holds what
+    the text encoder recomputes, so a torn file costs one encode, not the run."""
+    if not path.is_file():
+        return PromptCache()
+    try:
+        return load_prompt_cache(path)
+    except PromptCacheError as e:
+        say(f"{e}; rebuilding the prompt cache")
+        return PromptCache()

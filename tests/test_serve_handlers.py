@@ -1,0 +1,155 @@
+"""The server's request handlers: each kind dispatched to its own handler, an observation parsed
+once on its way to the model (a real PolicyIO subclass counts), non-finite actions refused in
+each kind's own format, unknown message shapes answered in one line on a connection that stays
+usable. Real websockets, the real tiny policy."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import msgpack
+import numpy as np
+import pytest
+from serve_fixtures import (
+    TIMEOUT,
+    Dit4DitProtocolClient,
+    RunningServer,
+    concurrently,
+    load_policy,
+    sample_observations,
+)
+
+from dit4dit_npu.batch import Batch
+from dit4dit_npu.policy import DiT4DiTPolicy
+from dit4dit_npu.serve import msgpack_numpy, protocol
+from dit4dit_npu.serve.handlers import Handlers, InstructionGate
+from dit4dit_npu.transforms.observation import Observation
+from dit4dit_npu.transforms.policy_io import PolicyIO
+
+
+class CountingIO(PolicyIO):
+    """The policy's own PolicyIO, counting how often an observation is parsed and encoded."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.parsed = self.encoded = 0
+        self._count_lock = threading.Lock()  # parsing runs on the event loop and helper threads
+
+    def parse_observation(self, obs: Any) -> Observation:
+        with self._count_lock:
+            self.parsed += 1
+        return super().parse_observation(obs)
+
+    def encode_parsed(self, o: Observation) -> Batch:
+        with self._count_lock:
+            self.encoded += 1
+        return super().encode_parsed(o)
+
+    def reset(self) -> None:
+        self.parsed = self.encoded = 0
+
+
+@pytest.fixture(scope="module")
+def policy() -> DiT4DiTPolicy:
+    return load_policy()
+
+
+@pytest.fixture(scope="module")
+def observations(policy: DiT4DiTPolicy) -> list[dict[str, Any]]:
+    return sample_observations(policy, 4)
+
+
+def _example(policy: DiT4DiTPolicy, lang: str, state: float = 0.0) -> dict[str, Any]:
+    return {"image": [np.zeros((*policy.io.frame_size, 3), np.uint8)], "lang": lang,
+            "state": np.full((1, policy.io.spec.state_width), state, np.float32)}
+
+
+def test_each_message_kind_has_its_handler(policy: DiT4DiTPolicy, observations) -> None:
+    handlers = Handlers.for_policy(policy, InstructionGate())
+    obs = observations[0]
+    openpi = {"images": {k.removeprefix("observation.images."): obs[k] for k in policy.camera_keys},
+              "state": obs["state"], "prompt": obs["instruction"]}
+    kinds = {
+        "openpi_control": [{"__ctrl__": "episode_start"}, {"__ctrl__": "x", "examples": []}],
+        "dit4dit_ping": [{"type": "ping"}, {"type": "ping", "request_id": 3}],
+        "dit4dit_infer": [{"examples": []}, {"type": "infer"}, {"type": "reset"}, {"type": ["ping"]}],
+        "observation": [obs, openpi, {"anything": 1}, {}],
+    }
+    for name, messages in kinds.items():
+        for msg in messages:
+            assert handlers.find(msg).name == name, msg
+    for not_a_dict in ([1, 2], 3, "observation", None, b"x"):
+        with pytest.raises(protocol.RequestError, match="expected an observation dict, got "):
+            handlers.find(not_a_dict)
+    # Without the catch-all observation handler, an unclaimed dict says what the server answers.
+    only_dit4dit = Handlers([h for h in handlers if h.name.startswith("dit4dit")])
+    with pytest.raises(protocol.RequestError, match=r"no request kind has the keys \['x'\]; this server answers"):
+        only_dit4dit.find({"x": 1})
+    with pytest.raises(ValueError, match="unique"):
+        Handlers([*handlers, *handlers])
+
+
+def test_every_kind_on_one_connection_and_unknown_shapes_get_one_line(policy: DiT4DiTPolicy, observations) -> None:
+    obs = observations[0]
+    expected = policy.predict_action(obs, seed=2)
+    unknown_shapes = [msgpack.packb([1, 2, 3]), msgpack.packb(7), msgpack.packb("hello"), msgpack.packb(None)]
+    with RunningServer(policy) as srv, srv.raw() as ws:
+        def ask(msg: Any) -> Any:
+            ws.send(msg if isinstance(msg, bytes) else msgpack_numpy.packb(msg))
+            reply = ws.recv(timeout=TIMEOUT)
+            return reply if isinstance(reply, str) else msgpack_numpy.unpackb(reply)
+
+        for raw in unknown_shapes:
+            reply = ask(raw)
+            assert isinstance(reply, str) and reply.startswith("expected an observation dict, got ") and "\n" not in reply
+        assert ask({"__ctrl__": "episode_end"}) == {"__ack__": "episode_end"}
+        assert ask({"type": "ping", "request_id": 4}) == {"status": "ok", "ok": True, "type": "ping", "request_id": 4}
+        ping_typo = ask({"type": "ping", "request_idx": 4})  # refused in DiT4DiT's envelope, not a text frame
+        assert ping_typo["status"] == "error" and "unknown request key(s) ['request_idx']" in ping_typo["error"]["message"]
+        reply = ask({"examples": [_example(policy, obs["instruction"])], "seed": 1, "request_id": "a"})
+        assert reply["request_id"] == "a" and reply["data"]["normalized_actions"].shape[0] == 1
+        np.testing.assert_array_equal(ask({**obs, "seed": 2})["actions"], expected)
+        assert "missing" in ask({"anything": 1})  # a dict nobody else claims is read as an observation
+        np.testing.assert_array_equal(ask({**obs, "seed": 2})["actions"], expected)  # still serving
+
+
+def test_an_observation_is_parsed_once_on_its_way_to_the_model(observations) -> None:
+    fresh = load_policy()
+    fresh.io = io = CountingIO.from_dict(fresh.io.to_dict())
+    cams, (h, w) = fresh.camera_keys, fresh.image_size
+    rng = np.random.default_rng(0)
+    # Camera-size images: resized on arrival (on a helper thread, being large), never again.
+    big = {**observations[0], **{k: rng.integers(0, 256, (24 * h, 24 * w, 3), dtype=np.uint8) for k in cams}}
+    expected = fresh.predict_action(big, seed=0)
+    assert (io.parsed, io.encoded) == (1, 1)
+    with RunningServer(fresh, max_batch=8, batch_window_ms=5000) as srv:
+        io.reset()
+        with srv.client() as client:
+            np.testing.assert_array_equal(client.infer({**big, "seed": 0})["actions"], expected)
+        assert (io.parsed, io.encoded) == (1, 1)
+        # Three robots at once: each request parsed once, on arrival; one model call for all three.
+        io.reset()
+        replies = concurrently(srv, [{**o, "seed": 5} for o in observations[1:4]])
+        assert {r["server_timing"]["batch_size"] for (r,) in replies} == {3}
+        assert (io.parsed, io.encoded) == (3, 1)
+
+
+def test_non_finite_actions_are_refused_in_each_kinds_format(policy: DiT4DiTPolicy, observations) -> None:
+    # One owner of the check (the policy), whatever the kind: robot units and normalized alike.
+    obs = observations[0]
+    absurd = {**obs, "state": np.full(policy.state_dim, 1e30)}
+    with RunningServer(policy) as srv:
+        with srv.raw() as ws:
+            ws.send(msgpack_numpy.packb(absurd))
+            reply = ws.recv(timeout=TIMEOUT)
+            assert isinstance(reply, str) and reply.startswith("NonFiniteActionError: predict_action produced ") and "\n" not in reply
+        client = Dit4DitProtocolClient(srv.uri)
+        try:
+            err = client.predict_action({"examples": [_example(policy, obs["instruction"], 1e30)], "request_id": 8})
+            assert (err["status"], err["ok"], err["type"], err["request_id"]) == ("error", False, "inference_result", 8)
+            assert err["error"]["message"].startswith("NonFiniteActionError: predict_normalized produced ")
+            ok = client.predict_action({"examples": [_example(policy, obs["instruction"])]})
+            assert ok["status"] == "ok" and np.isfinite(ok["data"]["normalized_actions"]).all()
+        finally:
+            client.close()
