@@ -31,7 +31,7 @@ import torch  # noqa: E402
 torch.set_num_threads(1)
 
 # Training runs several test modules read, trained once per session (tests/train_runs.py).
-from train_runs import demo_root, ema_workers_runs, full_run, two_rank_runs  # noqa: E402,F401
+from train_runs import demo_root, demo_run, ema_workers_runs, full_run, two_rank_runs  # noqa: E402,F401
 
 # scripts/test.sh runs the suite on pytest-xdist workers with --dist loadgroup: each test file is
 # one group, so its module fixtures (a training run, a 2-rank encode) are built once, on one worker;

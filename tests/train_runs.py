@@ -1,5 +1,5 @@
 """Training runs shared by the training tests (test_train, test_ema, test_lora, test_end_to_end,
-test_reliability_train): the tiny config's overrides, a real training process, the same entry
+test_reliability_train, test_eval): the tiny config's overrides, a real training process, the same entry
 point run in this process, and the runs several test modules read (session fixtures, so each is
 trained once per test session).
 
@@ -215,3 +215,21 @@ def two_rank_runs(tmp_path_factory, demo_root) -> TwoRankRuns:
     cut = cut_at(full, root / "cut", 2)
     resumed = launch_two_ranks(tiny_overrides(root / "cut", demo_root, **{"trainer.resume": "auto", **EMA_ON}))
     return TwoRankRuns(full, logs, cut, resumed.stdout + resumed.stderr)
+
+
+@pytest.fixture(scope="session")
+def demo_run(tmp_path_factory) -> Path:
+    """The embedded default (the tiny config as a user runs it, DeepSpeed ZeRO-2) shortened to 400
+    of its 600 steps, from an empty working folder, so the demo data is generated at its default
+    location (demo_data/robotwin_demo) as for a user; returns the run folder (checkpoints at steps
+    300 and 400). The only run long enough to learn: a test that needs a trained policy reads
+    this one (its file in SHARED_RUNS_GROUP with test_eval.py, tests/conftest.py)."""
+    cwd = tmp_path_factory.mktemp("demo_run")
+    r = subprocess.run(
+        [sys.executable, "-m", "dit4dit_npu.train", "--config", str(TINY), f"run_root_dir={cwd}/runs",
+         "run_id=t", "trainer.max_train_steps=400"],
+        env={**ENV, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, cwd=cwd, timeout=1800,
+    )
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert (cwd / "demo_data" / "robotwin_demo" / "meta" / "info.json").is_file()
+    return cwd / "runs" / "t"
