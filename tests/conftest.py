@@ -39,6 +39,13 @@ from train_runs import demo_root, demo_run, ema_workers_runs, full_run, two_rank
 SHARED_RUNS_GROUP = {"test_train.py": "train_runs", "test_ema.py": "train_runs"}
 
 
+# Files whose tests share nothing and each take minutes: one group per test, so they spread over
+# the workers instead of queueing on one.
+ONE_GROUP_PER_TEST = {"test_bench_smoke.py"}
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        item.add_marker(pytest.mark.xdist_group(SHARED_RUNS_GROUP.get(item.path.name, item.path.name)))
+        name = item.path.name
+        group = item.nodeid if name in ONE_GROUP_PER_TEST else SHARED_RUNS_GROUP.get(name, name)
+        item.add_marker(pytest.mark.xdist_group(group))
