@@ -36,7 +36,7 @@ from torch.distributed._tools.mem_tracker import MemTracker, _ModState
 
 from dit4dit_npu import device as dev
 from dit4dit_npu.models import tiny as tiny_parts
-from dit4dit_npu.models.configs import Cosmos25Config
+from dit4dit_npu.models.configs import Cosmos25Config, TinyCosmosConfig
 from dit4dit_npu.models.cosmos import CosmosBackbone, vae_latents
 
 PARAM_KEYS = ("Parameter", "Buffer")
@@ -105,12 +105,13 @@ def _depth_fit(samples: dict[int, list[tuple[int, int, float]]]) -> DepthFit:
     return DepthFit(Fit.of(base), Fit.of(per_block))
 
 
-def real_width_backbone(layers: int, extract_layer: int) -> CosmosBackbone:
-    """The real Cosmos-Predict2.5-2B transformer config with ``layers`` blocks (random weights),
-    composed like the trained model; its VAE is a tiny one (the VAE is measured separately)."""
+def real_width_backbone(layers: int, extract_layer: int, widths: TinyCosmosConfig | None = None) -> CosmosBackbone:
+    """The real Cosmos-Predict2.5-2B transformer config (or ``widths``: bench/memory.py --smoke)
+    with ``layers`` blocks (random weights), composed like the trained model; its VAE is a tiny
+    one (the VAE is measured separately)."""
     from _common import FULL_SIZE
 
-    sizes = dataclasses.replace(FULL_SIZE, num_layers=layers, vae_base_dim=8)
+    sizes = dataclasses.replace(widths or FULL_SIZE, num_layers=layers, vae_base_dim=8)
     transformer = tiny_parts.build_transformer(sizes)
     vae = tiny_parts.build_vae(sizes)
     backbone = CosmosBackbone(transformer, vae, tiny_parts.build_scheduler(), Cosmos25Config(extract_layer=extract_layer))
@@ -136,13 +137,16 @@ class BackwardFit:
         return max(self.start.residual, self.block.residual, self.tail.residual)
 
 
-def measure_transformer(max_text: int, text_width: int, log: Callable[[str], None]) -> dict:
+def measure_transformer(
+    max_text: int, text_width: int, log: Callable[[str], None], widths: TinyCosmosConfig | None = None
+) -> dict:
     """Fits of the video pass (forward end incl. the autocast weight cache; backward peak; with and
-    without gradient checkpointing) and of the no-grad feature pass."""
+    without gradient checkpointing) and of the no-grad feature pass, at the real widths (or
+    ``widths``)."""
     keys = ("post_fw", "pre_bw", "block_bw", "tail")
     raw = {f"{k}{g}": {1: [], 2: []} for k in keys for g in ("", "_gc")} | {"features": {1: [], 2: []}}
     for layers in (1, 2):
-        bb = real_width_backbone(layers, layers - 1)
+        bb = real_width_backbone(layers, layers - 1, widths)
         tr = bb.transformer
         for batch, h, w in POINTS:
             tokens = T_LAT * h * w // 4

@@ -2,6 +2,7 @@
 
     python bench/loader.py [--episodes 4] [--length 120] [--height 240] [--width 320]
                            [--codec libx264] [--gop 8] [--samples 96] [--workers 1 4]
+    python bench/loader.py --smoke   # seconds: 2 short episodes at 64x80, a few samples, 1 worker
 
 Writes a demo dataset (RoboTwin-like: 3 cameras at 240x320, 15 fps) into a temp dir, then
 1. samples/s of RoboTwinDataset through a DataLoader (3 cameras x the clip subsampled by
@@ -33,7 +34,8 @@ from dit4dit_npu.cli import run
 from dit4dit_npu.config import load_config
 from dit4dit_npu.data import build_training_data
 from dit4dit_npu.data.demo import write_demo_dataset
-from dit4dit_npu.data.video import VideoDecoder, resize_rgb
+from dit4dit_npu.data.video import VideoDecoder
+from dit4dit_npu.transforms.images import resize_rgb
 
 _FULL = VideoReformatter()
 
@@ -84,12 +86,14 @@ def original_clip(
     return out
 
 
-def bench_decode(data, n: int, seed: int) -> tuple[float, float, float]:
+def bench_decode(data, deltas: list[int], n: int, seed: int) -> tuple[float, float, float]:
+    """Per-sample decode seconds: sparse, whole clip, whole clip with the original's primitives;
+    ``deltas`` are the clip's frame offsets before subsampling (the whole clip's span)."""
     ds = data.train_dataset
     rng = np.random.default_rng(seed)
     picks = rng.integers(0, len(ds), n)
-    deltas = np.asarray(ds.cfg.video_delta_indices)
-    size = ds.image_size
+    deltas = np.asarray(deltas)
+    size = ds.io.image_size
     sparse_dec = VideoDecoder()
     containers: dict[str, av.container.InputContainer] = {}
     jobs = []
@@ -98,7 +102,7 @@ def bench_decode(data, n: int, seed: int) -> tuple[float, float, float]:
         lr = ds.datasets[k]
         ep = int(lr.column("episode_index")[row])
         start, end = lr.episode_bounds(ep)
-        for key in ds.camera_keys:
+        for key in ds.io.camera_keys:
             vid = lr.meta.episode(ep)["videos"][key]
             ts = lr.column("timestamp").astype(np.float64) + vid["from_timestamp"]
             kept = ts[np.clip(row + ds.clip_offsets, start, end - 1)]
@@ -141,7 +145,7 @@ def bench_loader(data, workers: int, batches: int, batch_size: int) -> float:
     t = time.perf_counter()
     n = 0
     for _ in range(batches):
-        n += len(next(it)["instruction"])
+        n += len(next(it).instruction)
     return n / (time.perf_counter() - t)
 
 
@@ -157,7 +161,10 @@ def main() -> None:
     p.add_argument("--batches", type=int, default=12)
     p.add_argument("--batch-size", type=int, default=4)
     p.add_argument("--workers", type=int, nargs="+", default=[1, 4])
+    p.add_argument("--smoke", action="store_true", help="a seconds-long run at tiny sizes (overrides the size options): checks that the bench works; its numbers mean nothing")
     a = p.parse_args()
+    if a.smoke:
+        a.episodes, a.length, a.height, a.width, a.samples, a.batches, a.batch_size, a.workers = 2, 24, 64, 80, 4, 2, 2, [1]
     with tempfile.TemporaryDirectory() as tmp:
         t = time.perf_counter()
         write_demo_dataset(
@@ -188,12 +195,12 @@ def main() -> None:
             ],
         )
         data = build_training_data(cfg)
-        T = data.train_dataset.num_frames
+        T = len(data.train_dataset.clip_offsets)
         print(f"sample: 3 cameras x {T} frames (9 deltas / 2) at 224x224, chunk 16, batch {a.batch_size}")
         for w in a.workers:
             sps = bench_loader(data, w, a.batches, a.batch_size)
             print(f"loader  workers={w}: {sps:7.1f} samples/s")
-        sparse, whole, original = bench_decode(data, a.samples, seed=0)
+        sparse, whole, original = bench_decode(data, cfg.datasets.vla_data.video_delta_indices, a.samples, seed=0)
         print(
             f"decode per sample (3 cameras): sparse {sparse * 1e3:.1f} ms   whole clip {whole * 1e3:.1f} ms"
         )

@@ -2,14 +2,20 @@
 malloc settings ``device.configure_host_allocator`` applies at start-up of every entry point.
 
     python bench/malloc.py [--config configs/robotwin/dit4dit_robotwin_tiny.yaml] [--steps 30] [--rounds 3]
+    python bench/malloc.py --smoke   # seconds: one default/tuned pair, 2 steps of batch 2
 
 Each measurement is a fresh subprocess (malloc settings are process-wide and cannot be undone):
 ``default`` leaves glibc as it is, ``tuned`` calls ``configure_host_allocator()`` first (32 MiB
 mmap threshold, 256 MiB trim threshold). Both run the same training step (forward + backward +
 AdamW on one random batch, 1 thread, as ``bench/train_step.py``) and the same
-``predict_action`` call, alternating default / tuned for ``--rounds`` rounds so machine noise hits
-both alike. Page faults are ``resource.getrusage`` minor + major faults over the timed steps. Any
+``predict_action`` call, and the model's VAE encoding a training batch's clips alone (the buffers
+that churn most), alternating default / tuned for ``--rounds`` rounds so machine noise hits both
+alike. Page faults are ``resource.getrusage`` minor + major faults over the timed calls. Any
 MALLOC_* variable in the environment is removed for ``default`` and kept out of ``tuned``.
+Measured on the 2-core host, batch 8: about 3000-8000 faults per VAE encode with glibc's defaults
+(it trims in bursts, every few encodes), 0-100 tuned; a loaded host once showed 538 tuned (page
+reclaim from outside). This measurement was a unit test (tests/test_host_allocator.py) until it
+proved load-dependent; that file now checks the mechanism (where a freed buffer goes) instead.
 
 The last line is ``speedup: X.XX`` = default / tuned median training-step time.
 """
@@ -69,6 +75,14 @@ def child(args: argparse.Namespace) -> None:
         opt.step()
 
     obs = make_batch(spec, batch_size=1, training=False)
+    from dit4dit_npu.models.cosmos import vae_latents
+
+    vae = model.backbone.vae
+    video = batch.frames.permute(0, 2, 1, 3, 4).float() / 127.5 - 1  # (B, 3, T, H, W) in [-1, 1]
+
+    def encode() -> None:
+        with torch.no_grad():
+            vae_latents(vae, video)
 
     def timed(fn, n: int) -> dict:
         for _ in range(3):  # warm-up: optimizer state, first-touch of every buffer
@@ -84,6 +98,7 @@ def child(args: argparse.Namespace) -> None:
     print(json.dumps({
         "mode": args.mode, "applied": applied, "step": timed(step, args.steps),
         "act": timed(lambda: model.predict_action(obs, seed=0), args.steps),
+        "encode": timed(encode, args.steps),
     }))
 
 
@@ -107,7 +122,10 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3, help="default/tuned process pairs")
     p.add_argument("--batch-size", type=int, default=8, help="the tiny config's per-device batch")
     p.add_argument("--child", choices=MODES, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--smoke", action="store_true", help="a seconds-long run at tiny sizes (overrides the size options): checks that the bench works; its numbers mean nothing")
     args = p.parse_args()
+    if args.smoke:
+        args.config, args.steps, args.rounds, args.batch_size = str(TINY), 2, 1, 2
     if args.child:
         args.mode = args.child
         child(args)
@@ -120,7 +138,7 @@ def main() -> None:
           f"steps per mode; tuned applied {runs['tuned'][0]['applied']}")
     print(f"{'':<18} {'wall ms p50':>12} {'p90':>8} {'CPU ms p50':>11} {'p90':>8} {'faults/call':>12}")
     cpu = {}
-    for what, label in (("step", "train step"), ("act", "predict_action")):
+    for what, label in (("step", "train step"), ("act", "predict_action"), ("encode", "VAE encode")):
         for mode in MODES:
             wall = [t * 1e3 for r in runs[mode] for t in r[what]["wall"]]
             used = [t * 1e3 for r in runs[mode] for t in r[what]["cpu"]]

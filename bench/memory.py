@@ -2,6 +2,7 @@
 
     python bench/memory.py --config configs/robotwin/dit4dit_robotwin.yaml [--zero 2|3] [--world-size 8]
                            [--batch 4] [--instructions N] [--cards 64 141] [--threads 2]
+    python bench/memory.py --smoke   # seconds: the tiny config, activations measured at tiny widths
 
 The plan, per card, in GiB (card sizes are given in GB = 1e9 bytes, as vendors quote them):
 - parameters: counted from the real module shapes on the meta device (Cosmos-Predict2.5-2B
@@ -41,6 +42,7 @@ from _common import FULL_SIZE, QWEN_VOCAB, bench_spec, full_size_text_config
 
 from dit4dit_npu.cli import run
 from dit4dit_npu.config import Config, load_config
+from dit4dit_npu.models.configs import TinyCosmosConfig
 from dit4dit_npu.prompt_cache import PROMPT_CACHE_ON_DEVICE_BYTES
 
 os.environ.setdefault("KINETO_LOG_LEVEL", "5")  # quiet profiler sessions (set before torch loads kineto)
@@ -148,14 +150,24 @@ class StepShape:
                    cfg.framework.cosmos25.max_sequence_length, h * w, (t_lat - 1) * 4 + 1)
 
 
-def step_phases(fits: dict, head: dict, vae, s: StepShape, gc: bool, latent_cache: bool) -> dict[str, float]:
+def text_width(widths: TinyCosmosConfig) -> int:
+    """Width of a prompt embedding: every text-model layer's hidden state, concatenated."""
+    return widths.text_num_layers * widths.text_hidden_size
+
+
+def hidden_width(widths: TinyCosmosConfig) -> int:
+    return widths.num_attention_heads * widths.attention_head_dim
+
+
+def step_phases(fits: dict, head: dict, vae, s: StepShape, gc: bool, latent_cache: bool,
+                widths: TinyCosmosConfig = FULL_SIZE) -> dict[str, float]:
     """Working memory of each phase of one training step, in bytes. Autograd runs the video graph's
     backward first (it was built last) while the head's graph waits, then the head's. The batch's
     prompt embeddings are alive all step (the transformer measurements include them)."""
     suffix = "_gc" if gc else ""
     b, n = s.batch, s.tokens
-    prompts = b * s.text_tokens * 28 * 3584 * 2  # the batch's bf16 prompt embeddings, alive all step
-    features = b * n * 2048 * 2  # bf16 output of block extract_layer, kept for the head
+    prompts = b * s.text_tokens * text_width(widths) * 2  # the batch's bf16 prompt embeddings, alive all step
+    features = b * n * hidden_width(widths) * 2  # bf16 output of block extract_layer, kept for the head
     phases = {
         "feature pass (no grad)": fits["features"](s.feature_layers, b, n),
         "forward end (both graphs)": fits["fwd_end" + suffix](s.layers, b, n) + head["saved"](b, n) + features,
@@ -167,7 +179,8 @@ def step_phases(fits: dict, head: dict, vae, s: StepShape, gc: bool, latent_cach
     return phases
 
 
-def check(cfg: Config, fits: dict, head_fits: dict, batch: int, gc: bool) -> tuple[float, float, StepShape]:
+def check(cfg: Config, fits: dict, head_fits: dict, batch: int, gc: bool,
+          widths: TinyCosmosConfig = FULL_SIZE) -> tuple[float, float, StepShape]:
     """One real training step (forward + backward, from cached latents) of a real-width model,
     measured (the allocator's peak on an accelerator; on CPU the profiler's alloc/free high-water
     mark), against the plan's working memory for the same shape. On an accelerator: the full
@@ -186,11 +199,11 @@ def check(cfg: Config, fits: dict, head_fits: dict, batch: int, gc: bool) -> tup
     spec = bench_spec(cfg)
     layers, (h, w) = (FULL_SIZE.num_layers, (spec.frame_size[0] // 8, spec.frame_size[1] // 8)) if full else (3, (8, 12))
     extract = cfg.framework.cosmos25.extract_layer if full else 1
-    backbone = real_width_backbone(layers, extract)
+    backbone = real_width_backbone(layers, extract, widths)
     if gc:
         backbone.transformer.enable_gradient_checkpointing()
     spec = dataclasses.replace(spec, frame_size=(8 * h, 8 * w))
-    head = build_action_head(cfg, spec, 2048)
+    head = build_action_head(cfg, spec, hidden_width(widths))
     free_grads_on_accumulation(head)
     device = dev.get_device()
     model = DiT4DiT(backbone, head, cfg.framework, spec, autocast=True).to(device).train()
@@ -199,7 +212,7 @@ def check(cfg: Config, fits: dict, head_fits: dict, batch: int, gc: bool) -> tup
     cache = PromptCache()
     b = make_batch(spec, batch_size=batch)
     for instruction in b.instruction:
-        cache.add(instruction, torch.randn(text, 28 * 3584).to(torch.bfloat16))
+        cache.add(instruction, torch.randn(text, text_width(widths)).to(torch.bfloat16))
     model.set_prompt_cache(cache.to(device))
     t_lat = model.backbone.latent_frames(spec.num_frames)
     b = dataclasses.replace(b, frames=None, latents=torch.randn(batch, 16, t_lat, h, w, dtype=torch.bfloat16))
@@ -210,7 +223,7 @@ def check(cfg: Config, fits: dict, head_fits: dict, batch: int, gc: bool) -> tup
 
     measured = step_peak_mib(step)[0] * 2**20
     shape = StepShape(batch, t_lat * h * w // 4, layers, extract + 1, text, 8 * h * 8 * w, 0)
-    return measured, max(step_phases(fits, head_fits, None, shape, gc, latent_cache=True).values()), shape
+    return measured, max(step_phases(fits, head_fits, None, shape, gc, True, widths).values()), shape
 
 
 def main() -> None:
@@ -227,7 +240,13 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--json", type=Path, metavar="OUT.json",
                    help="also write the per-card totals (bytes) there (what `python -m dit4dit_npu.doctor` reads)")
+    p.add_argument("--smoke", action="store_true", help="a seconds-long run at tiny sizes (overrides the size options): checks that the bench works; its numbers mean nothing")
     args = p.parse_args()
+    # the widths the activations are measured at (the plan is always for the real model's shapes)
+    widths = FULL_SIZE
+    if args.smoke:
+        args.config, args.threads, widths = str(REPO / "configs/robotwin/dit4dit_robotwin_tiny.yaml"), 1, TinyCosmosConfig()
+    hidden = hidden_width(widths)
     torch.set_num_threads(args.threads)
     cfg = load_config(args.config)
     batch = args.batch or cfg.datasets.vla_data.per_device_batch_size
@@ -250,13 +269,17 @@ def main() -> None:
     from _activations import measure_head, measure_transformer, measure_vae
 
     print("measuring activations on CPU (real classes, reduced size):")
-    fits = measure_transformer(cfg.framework.cosmos25.max_sequence_length, 28 * 3584, print)
+    fits = measure_transformer(cfg.framework.cosmos25.max_sequence_length,
+                               text_width(widths), print, widths)
     from dit4dit_npu.weights import build_action_head
 
-    head = measure_head(build_action_head(cfg, bench_spec(cfg), 2048), bench_spec(cfg), 2048, print)
+    head = measure_head(build_action_head(cfg, bench_spec(cfg), hidden), bench_spec(cfg), hidden, print)
     from diffusers import AutoencoderKLWan
 
-    vae = measure_vae(AutoencoderKLWan().to(torch.bfloat16).eval(), 9, print)
+    from dit4dit_npu.models import tiny as tiny_parts
+
+    vae_module = tiny_parts.build_vae(widths) if args.smoke else AutoencoderKLWan()  # the class defaults are Wan2.1's
+    vae = measure_vae(vae_module.to(torch.bfloat16).eval(), 9, print)
     residual = max([f.residual for f in fits.values()] + [f.residual for f in head.values()] + [vae.residual])
     print(f"measured in {time.perf_counter() - t0:.0f} s; largest relative fit residual {100 * residual:.1f}%")
 
@@ -269,12 +292,12 @@ def main() -> None:
     if args.ema or cfg.trainer.ema.decay is not None:  # train/ema.py: fp32, each rank owns 1/world (ZeRO-2)
         share = args.world_size if args.zero else 1
         rows.append(("EMA of the trained weights (fp32)", 4 * sum(trained) / share, f"1/{share} per rank, trainer.ema"))
-    cache = n_instr * cfg.framework.cosmos25.max_sequence_length * 28 * 3584 * 2
+    cache = n_instr * cfg.framework.cosmos25.max_sequence_length * text_width(FULL_SIZE) * 2
     on_card = cache <= PROMPT_CACHE_ON_DEVICE_BYTES
     rows.append(("prompt cache (bf16)", cache if on_card else 0.0,
                  f"{n_instr} instructions x {cache / n_instr / 1e6:.0f} MB, " + ("on the card" if on_card else "in host memory")))
     shape = StepShape.of(cfg, batch)
-    phases = {k: step_phases(fits, head, vae, shape, k == "gc", args.latent_cache) for k in ("no_gc", "gc")}
+    phases = {k: step_phases(fits, head, vae, shape, k == "gc", args.latent_cache, widths) for k in ("no_gc", "gc")}
     resident = sum(r[1] for r in rows)
     peak = {k: max(v.values()) for k, v in phases.items()}
     total = {k: resident + v for k, v in peak.items()}
@@ -308,7 +331,7 @@ def main() -> None:
         }))
     if args.check:
         for gc in (False, True):
-            measured, planned, s = check(cfg, fits, head, shape.batch, gc)
+            measured, planned, s = check(cfg, fits, head, shape.batch, gc, widths)
             print(f"check ({'with' if gc else 'without'} gradient checkpointing, {s.layers} blocks, batch {s.batch}, "
                   f"{s.tokens} tokens): step working memory measured {measured / GIB:.2f} GiB, planned "
                   f"{planned / GIB:.2f} GiB ({100 * (planned / measured - 1):+.1f}%)")

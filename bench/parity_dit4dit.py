@@ -2,7 +2,8 @@
 
     python bench/parity_dit4dit.py --original-root /path/to/DiT4DiT \\
         --original-python /path/to/dit4dit-venv/bin/python [--work DIR] [--presets libero robotwin]
-        [--train-steps N | --smoke]
+        [--train-steps N]
+    python bench/parity_dit4dit.py --smoke [--original-root ... --original-python ...]
 
 The original needs its own virtualenv (it runs on diffusers 0.37 and transformers 4.x, not on
 this project's versions): python 3.11 with torch, torchvision, diffusers==0.37.1,
@@ -36,6 +37,8 @@ Presets: ``libero`` (2 views, interleaved sin/cos state, gripper passed raw and 
 client, min-max actions clipped) and ``robotwin`` (3 views, DiT4DiT's [L6, R6, Lg, Rg] order
 against the robot's [L6, Lg, R6, Rg], min-max joints, binary grippers, an 8-frame clip of which
 its VAE used 5). The last line is ``max abs diff: X`` (exit code 1 above the target).
+``--smoke`` runs 2 training steps of the libero preset; without ``--original-root`` it prints one line saying
+that it was skipped, and exits 0 (the original is an external checkout with its own virtualenv).
 """
 
 from __future__ import annotations
@@ -237,7 +240,7 @@ def train_compare(out: Path, steps: int) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--original-root", type=Path, required=True, help="a checkout of Mondo-Robotics/DiT4DiT")
+    ap.add_argument("--original-root", type=Path, help="a checkout of Mondo-Robotics/DiT4DiT (required unless --smoke)")
     ap.add_argument("--original-python", default=sys.executable,
                     help="python of a virtualenv that runs the original (diffusers 0.37, transformers 4.x)")
     ap.add_argument("--work", type=Path, help="working folder (default: a temporary one)")
@@ -246,10 +249,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--train-steps", type=int, metavar="N",
                     help="compare N training steps (optimizer, schedule, clipping, freezing) instead of one call")
     ap.add_argument("--smoke", action="store_true",
-                    help="2 training steps on libero (minutes: both sides still build, save and import the model)")
+                    help="2 training steps on libero (minutes: both sides still build, save and import the model); "
+                         "without --original-root: say it was skipped and exit 0")
     args = ap.parse_args(argv)
     if args.smoke:
+        if args.original_root is None:
+            print("parity_dit4dit --smoke: skipped: needs a checkout of the original DiT4DiT (--original-root DIR) "
+                  "and a python that runs it (--original-python)")
+            return 0
         args.train_steps, args.presets = 2, ["libero"]
+    elif args.original_root is None:
+        ap.error("--original-root is required (a checkout of Mondo-Robotics/DiT4DiT)")
     if args.train_steps is not None and args.train_steps < 1:
         ap.error("--train-steps: expected N >= 1")
     training = args.train_steps is not None

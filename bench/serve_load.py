@@ -2,6 +2,7 @@
 
     python bench/serve_load.py [--policy POLICY_DIR] [--clients 1 8 32] [--requests 20]
                                [--max-batch 8] [--window-ms 5] [--server-threads 1]
+    python bench/serve_load.py --smoke   # seconds: 1 and 2 clients, 2 requests each
 
 Starts two real server processes (``python -m dit4dit_npu.serve``) on the same policy: the
 default batching one (``--max-batch``, ``--batch-window-ms``) and ``--max-batch 1`` (one request
@@ -14,7 +15,8 @@ count: throughput (replies / seconds of the bursts), p50 / p95 latency per reque
 client, and the mean rows per model call (from the replies' ``server_timing``).
 
 Without ``--policy`` it builds the tiny policy (``configs/robotwin/dit4dit_robotwin_tiny.yaml``,
-untrained weights: only timing matters) in a temp folder. The last line is ``speedup: X.XX`` =
+untrained weights: only timing matters) in a temp folder, on demo data it writes there itself (the
+trainer generates demo data only at its default location). The last line is ``speedup: X.XX`` =
 batching / one-at-a-time throughput at 8 clients (or the nearest client count run).
 """
 
@@ -65,14 +67,18 @@ class Load:
 
 
 def build_tiny_policy(root: Path) -> Path:
-    """The tiny config's demo data + an untrained tiny model, exported as a policy folder."""
+    """The tiny config's demo data (written under ``root``) + an untrained tiny model, exported as a
+    policy folder."""
     from dit4dit_npu.config import load_config
     from dit4dit_npu.data import build_training_data
+    from dit4dit_npu.data.demo import write_demo_dataset
     from dit4dit_npu.policy import export_policy
     from dit4dit_npu.prompt_cache import PromptCache
     from dit4dit_npu.weights import build_dit4dit, build_prompt_encoder
 
-    cfg = load_config(TINY, [f"datasets.vla_data.data_root_dir={root}/data", f"run_root_dir={root}/runs"])
+    write_demo_dataset(root / "data" / "robotwin_demo")
+    cfg = load_config(TINY, [f"datasets.vla_data.data_root_dir={root}/data", f"run_root_dir={root}/runs",
+                             "datasets.vla_data.generate_demo_if_missing=false"])
     data = build_training_data(cfg)
     model = build_dit4dit(cfg, data.io.spec)
     cache = PromptCache()
@@ -193,7 +199,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--server-threads", type=int, default=1, help="OMP_NUM_THREADS of each server process")
     p.add_argument("--baseline-repo", type=Path, default=None,
                    help="also load the server of another checkout (e.g. the previous release), default flags")
+    p.add_argument("--smoke", action="store_true", help="a seconds-long run at tiny sizes (overrides the size options): checks that the bench works; its numbers mean nothing")
     args = p.parse_args(argv)
+    if args.smoke:
+        args.clients, args.requests, args.rounds = [1, 2], 2, 2
     # A TERM (e.g. from `timeout`) unwinds normally, so the server processes are stopped too.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 

@@ -1,6 +1,7 @@
 """Cost of closed-loop simulation: env ms/step, policy ms/chunk, eval episodes/min (1 vs all workers).
 
     python bench/sim_eval.py [--policy expert|POLICY_DIR|ws://...] [--episodes 8] [--size 240x320]
+    python bench/sim_eval.py --smoke   # seconds: 2 episodes of 10 steps at 32x40, 2 workers
 
 1. Env step at 240x320 with three cameras (physics + our renderer: one context, no shadows, no
    MSAA), physics alone, and - for comparison - the stock ``gym_aloha`` env step, which renders
@@ -76,7 +77,7 @@ def policy_ms_per_chunk(spec: str, size_hw: tuple[int, int], calls: int) -> tupl
     return 1000 * statistics.median(times), len(chunk)
 
 
-def eval_rate(spec: str, episodes: int, workers: int, size: str, root: Path) -> dict:
+def eval_rate(spec: str, episodes: int, workers: int, size: str, root: Path, max_steps: int | None = None) -> dict:
     out = root / f"w{workers}"
     args = [
         "--policy",
@@ -91,6 +92,7 @@ def eval_rate(spec: str, episodes: int, workers: int, size: str, root: Path) -> 
         "0",
         "--out",
         str(out),
+        *(["--max-steps", str(max_steps)] if max_steps else []),
     ]
     if eval_main(args) != 0:
         raise SystemExit(f"eval failed: {args}")
@@ -104,7 +106,11 @@ def main() -> None:
     p.add_argument("--size", default="240x320")
     p.add_argument("--steps", type=int, default=100, help="timed env steps")
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="'all workers' count")
+    p.add_argument("--smoke", action="store_true", help="a seconds-long run at tiny sizes (overrides the size options): checks that the bench works; its numbers mean nothing")
     a = p.parse_args()
+    calls, max_steps = 20, None  # policy calls timed; eval episode length (None: the task's)
+    if a.smoke:
+        a.episodes, a.size, a.steps, a.workers, calls, max_steps = 2, "32x40", 5, 2, 2, 10
     size_hw = parse_size(a.size)
 
     with AlohaScene("transfer_cube", size_hw) as scene:
@@ -117,12 +123,12 @@ def main() -> None:
         f"stock gym-aloha step {stock_ms:.1f} ms = {stock_ms / env_ms:.1f}x)"
     )
 
-    pol_ms, chunk = policy_ms_per_chunk(a.policy, size_hw, 20)
+    pol_ms, chunk = policy_ms_per_chunk(a.policy, size_hw, calls)
     print(f"policy {a.policy}: {pol_ms:.2f} ms per chunk of {chunk} action(s)")
 
     with tempfile.TemporaryDirectory(prefix="sim_eval_bench_") as tmp:
-        one = eval_rate(a.policy, a.episodes, 1, a.size, Path(tmp))
-        many = eval_rate(a.policy, a.episodes, a.workers, a.size, Path(tmp))
+        one = eval_rate(a.policy, a.episodes, 1, a.size, Path(tmp), max_steps)
+        many = eval_rate(a.policy, a.episodes, a.workers, a.size, Path(tmp), max_steps)
     for s in (one, many):
         print(
             f"eval with {s['workers']} worker(s): {s['episodes_per_min']:.2f} episodes/min "

@@ -1,6 +1,7 @@
 """Latent statistics of the tiny random VAE on a config's training images, as config lines.
 
     python bench/tiny_vae_stats.py --config configs/aloha/dit4dit_aloha_transfer_cube_tiny.yaml [--samples 256] [a.b=c ...]
+    python bench/tiny_vae_stats.py --smoke --config CFG [a.b=c ...]   # 4 frames: checks that it runs
 
 The model normalizes VAE latents per channel, (z - mean) / std, with the statistics in the VAE's
 config: for the real Wan2.1 VAE, its published ones. A tiny *random* VAE's latents are far
@@ -10,6 +11,8 @@ on the cameras. This encodes ``--samples`` training frames (evenly spaced over t
 samples, cameras tiled as the model sees them) with the config's tiny VAE and prints
 ``framework.cosmos25.tiny.vae_latents_mean`` / ``vae_latents_std`` to paste into the config,
 then how much of the images survives normalization under the real statistics and under these.
+The last line is ``speedup: X.XX`` = the share of the normalized latent that varies between
+images under these statistics / under the real ones (how much more the model can see).
 """
 
 from __future__ import annotations
@@ -22,9 +25,9 @@ import torch
 
 from dit4dit_npu.config import load_config
 from dit4dit_npu.data import build_training_data
-from dit4dit_npu.models import build_vae
 from dit4dit_npu.models.cosmos import vae_latents
 from dit4dit_npu.models.dit4dit import video_input
+from dit4dit_npu.weights import build_vae
 
 
 def main() -> None:
@@ -32,8 +35,11 @@ def main() -> None:
     p.add_argument("--config", required=True)
     p.add_argument("--samples", type=int, default=256)
     p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--smoke", action="store_true", help="4 frames, batch 2: checks that the bench runs")
     p.add_argument("overrides", nargs="*")
     a = p.parse_args()
+    if a.smoke:
+        a.samples, a.batch = 4, 2
     torch.set_num_threads(1)
     cfg = load_config(a.config, a.overrides)
     tiny = dataclasses.replace(cfg.framework.cosmos25.tiny, vae_latents_mean=None, vae_latents_std=None)
@@ -54,10 +60,15 @@ def main() -> None:
     real_mean = torch.tensor(vae.config.latents_mean).view(1, -1, 1, 1, 1)
     real_std = torch.tensor(vae.config.latents_std).view(1, -1, 1, 1, 1)
 
-    def signal(m: torch.Tensor, s: torch.Tensor) -> str:
+    def share(m: torch.Tensor, s: torch.Tensor) -> tuple[float, float, float]:
         x = (z - m) / s
         # how much the normalized latent varies between images, next to its typical size
-        return f"variation between images {x.std(0).mean():.3f} on a magnitude of {x.abs().mean():.3f}"
+        between, size = float(x.std(0).mean()), float(x.abs().mean())
+        return between, size, between / size
+
+    def signal(m: torch.Tensor, s: torch.Tensor) -> str:
+        between, size, _ = share(m, s)
+        return f"variation between images {between:.3f} on a magnitude of {size:.3f}"
 
     fmt = ", ".join
     print(f"{len(idx)} frames of {a.config}: latent std per channel {std.min():.4f}-{std.max():.4f}")
@@ -65,6 +76,8 @@ def main() -> None:
     print(f"under these: {signal(mean.view(1, -1, 1, 1, 1), std.view(1, -1, 1, 1, 1))}")
     print(f"    vae_latents_mean: [{fmt(f'{x:.4f}' for x in mean.tolist())}]")
     print(f"    vae_latents_std: [{fmt(f'{x:.4f}' for x in std.tolist())}]")
+    own, real = share(mean.view(1, -1, 1, 1, 1), std.view(1, -1, 1, 1, 1))[2], share(real_mean, real_std)[2]
+    print(f"speedup: {own / real:.2f}")
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
     python bench/train_step.py [--config bench/medium.yaml] [--steps 5] [key=value overrides ...]
     python bench/train_step.py --config configs/robotwin/dit4dit_robotwin_tiny.yaml --batch-size 8
     python bench/train_step.py --full-size [--peak-tflops 989]   # accelerator: random-init real sizes, bf16
+    python bench/train_step.py --smoke   # seconds: the tiny config, batch 2, 1 timed step per path, no projection
 
 "reference" is the original DiT4DiT's step (SPEC 1.7, B1-B5), built by ``bench/reference.py`` from the
 same modules and weights: the text encoder every step; a full-depth feature pass with autograd on
@@ -160,8 +161,12 @@ def main() -> None:
     # 1 thread: on a shared 2-core box, 2 intra-op threads made steps 5-20x slower and erratic
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--no-projection", action="store_true", help="skip the meta-device full-size FLOP projection")
+    p.add_argument("--smoke", action="store_true", help="a seconds-long run at tiny sizes (overrides the size options): checks that the bench works; its numbers mean nothing")
     p.add_argument("overrides", nargs="*", help="config overrides, key=value")
     args = p.parse_args()
+    if args.smoke:
+        args.config, args.steps, args.batch_size, args.threads = str(HERE.parent / "configs/robotwin/dit4dit_robotwin_tiny.yaml"), 1, 2, 1
+        args.no_projection = True  # the full-size FLOP count on the meta device alone takes ~15 s
     if args.config is None:
         args.config = str(REAL_CONFIG if args.full_size else HERE / "medium.yaml")
     cfg, model, encoder, batches, opt, cache, steps = setup(args)

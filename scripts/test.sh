@@ -1,9 +1,21 @@
 #!/usr/bin/env bash
-# Set up .venv (idempotent) and run the linter and the whole test suite (slow tests included).
+# Set up .venv (idempotent), run the linter and the test suite. Extra arguments go to pytest.
+#   bash scripts/test.sh            the full tier, slow tests included (what CI runs)
+#   bash scripts/test.sh --fast     the fast tier: -m "not slow" (unit + in-process tests, minutes)
+# Tests run on $TEST_WORKERS pytest-xdist workers (default 2; each test file stays on one worker,
+# tests/conftest.py); `-n 0` among the arguments runs them in this process instead.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
+args=(-n "${TEST_WORKERS:-2}" --dist loadgroup)
+for arg in "$@"; do
+  if [ "$arg" = "--fast" ]; then
+    args+=(-m "not slow")
+  else
+    args+=("$arg")
+  fi
+done
 bash scripts/setup_env.sh
 export OMP_NUM_THREADS=1 PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 DS_ACCELERATOR=cpu
 .venv/bin/ruff check .
-.venv/bin/python -m pytest "$@"
+.venv/bin/python -m pytest ${args[@]+"${args[@]}"}

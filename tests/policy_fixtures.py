@@ -14,16 +14,19 @@ from dit4dit_npu.config import Config, load_config
 TINY_YAML = Path(__file__).resolve().parents[1] / "configs" / "robotwin" / "dit4dit_robotwin_tiny.yaml"
 
 
-def tiny_config(root: Path, *overrides: str) -> Config:
-    """The embedded tiny config with its demo data (written here: the trainer generates it only
-    at its default location) and runs under ``root``."""
+def tiny_config(root: Path, *overrides: str, data_root: Path | None = None) -> Config:
+    """The embedded tiny config with runs under ``root`` and its demo data under ``data_root``
+    (default: written to ``root/data`` here, since the trainer generates it only at its default
+    location)."""
     from dit4dit_npu.data.demo import write_demo_dataset
 
-    if not (root / "data" / "robotwin_demo").exists():
-        write_demo_dataset(root / "data" / "robotwin_demo")
+    if data_root is None:
+        data_root = root / "data"
+        if not (data_root / "robotwin_demo").exists():
+            write_demo_dataset(data_root / "robotwin_demo")
     return load_config(
         TINY_YAML,
-        [f"datasets.vla_data.data_root_dir={root}/data", f"run_root_dir={root}/runs", *overrides],
+        [f"datasets.vla_data.data_root_dir={data_root}", f"run_root_dir={root}/runs", *overrides],
     )
 
 
@@ -43,14 +46,14 @@ def dataset_instructions(data: Any) -> list[str]:
     return sorted({t for ds in data.datasets for t in ds.meta.tasks.values()})
 
 
-def build_tiny_setup(root: Path, *overrides: str, step: int = 0) -> TinySetup:
+def build_tiny_setup(root: Path, *overrides: str, step: int = 0, data_root: Path | None = None) -> TinySetup:
     """Demo data + a freshly built (untrained) tiny model, exported to ``root/policy``."""
     from dit4dit_npu.data import build_training_data
     from dit4dit_npu.policy import export_policy
     from dit4dit_npu.prompt_cache import PromptCache
     from dit4dit_npu.weights import build_dit4dit, build_prompt_encoder
 
-    cfg = tiny_config(root, *overrides)
+    cfg = tiny_config(root, *overrides, data_root=data_root)
     data = build_training_data(cfg)
     model = build_dit4dit(cfg, data.io.spec)
     cache = PromptCache()
@@ -70,17 +73,33 @@ def observation_from_sample(camera_keys: list[str], sample: Any) -> dict[str, An
     return obs
 
 
-_SHARED: dict[str, TinySetup] = {}
+_SHARED: dict[str, Any] = {}
+
+
+def _process_temp_dir(prefix: str) -> Path:
+    import atexit
+    import shutil
+    import tempfile
+
+    root = Path(tempfile.mkdtemp(prefix=prefix))
+    atexit.register(shutil.rmtree, root, ignore_errors=True)
+    return root
+
+
+def shared_demo_root() -> Path:
+    """The tiny config's demo dataset (``robotwin_demo`` under the returned folder), written once
+    per test process: every test that only reads demo data shares it (training tests included)."""
+    if "data" not in _SHARED:
+        from dit4dit_npu.data.demo import write_demo_dataset
+
+        root = _process_temp_dir("dit4dit_demo_")
+        write_demo_dataset(root / "robotwin_demo")
+        _SHARED["data"] = root
+    return _SHARED["data"]
 
 
 def shared_tiny_setup() -> TinySetup:
     """One tiny setup per test process (building it takes seconds): for tests that only read it."""
     if "setup" not in _SHARED:
-        import atexit
-        import shutil
-        import tempfile
-
-        root = Path(tempfile.mkdtemp(prefix="dit4dit_policy_"))
-        atexit.register(shutil.rmtree, root, ignore_errors=True)
-        _SHARED["setup"] = build_tiny_setup(root)
+        _SHARED["setup"] = build_tiny_setup(_process_temp_dir("dit4dit_policy_"), data_root=shared_demo_root())
     return _SHARED["setup"]

@@ -39,6 +39,7 @@ def test_every_entry_point_has_a_console_script() -> None:
     }
 
 
+@pytest.mark.slow  # a process each (the options' help text is checked in-process below)
 @pytest.mark.parametrize("script", sorted(SCRIPTS))
 def test_console_script_help_runs(script: str) -> None:
     r = _call(SCRIPTS[script], ["--help"])
@@ -68,6 +69,7 @@ def test_every_option_has_help_text(script: str, monkeypatch) -> None:
     assert not missing, f"{script}: options without help: {missing}"
 
 
+@pytest.mark.slow
 def test_device_help_names_every_argument() -> None:
     out = _call(SCRIPTS["dit4dit-device"], ["--help"]).stdout
     assert all(word in out for word in ("env", "--ranks N", "--help"))

@@ -158,6 +158,7 @@ def test_checkpoint_layout_is_the_documented_one(run):
     assert head == {k for t in DOCUMENTED_HEAD_KEYS for k in expand(t)}
 
 
+@pytest.mark.slow
 def test_cli_converts_every_tensor_to_its_place(run, tmp_path):
     out = tmp_path / "policy"
     r = subprocess.run(
@@ -247,6 +248,7 @@ def test_base_model_whose_frozen_weights_differ(run, tmp_path):
     assert "frozen vae weights differ from the base model" in msg and "--base-model" in msg
 
 
+@pytest.mark.slow
 def test_cli_bad_input_is_one_line(run, tmp_path):
     bad = tmp_path / "stats.json"
     bad.write_text(json.dumps(statistics("gr1", 29, 29)))

@@ -197,6 +197,7 @@ def test_cli_rank_check_is_one_line_with_exit_code_2(monkeypatch, capsys):
     assert device_main(["bogus"]) == 2 and "usage:" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_cli_prints_this_hosts_exports_for_real():
     """`python -m dit4dit_npu.device env` as the launch script runs it, on the real host."""
     env = {k: v for k, v in os.environ.items() if k not in ("DIT4DIT_DEVICE", *device.ASCEND_ENV_DEFAULTS)}

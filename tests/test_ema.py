@@ -1,16 +1,14 @@
 """trainer.ema (train/ema.py): the update maths by hand, and in real training runs (accelerate +
-DeepSpeed ZeRO-2 on CPU): exact resume with the average, the exported policy holds the average,
-held-out evaluation scores it."""
+DeepSpeed ZeRO-2 on CPU, shared with test_train: tests/train_runs.py): exact resume with the
+average, the exported policy holds the average, held-out evaluation scores it."""
 
 from __future__ import annotations
-
-import shutil
 
 import pytest
 import torch
 from safetensors.torch import load_file
-from test_train import TINY, demo_root, run_train, run_training, tiny_overrides  # noqa: F401 (fixture)
 from torch import nn
+from train_runs import EMA_ON, RUN, run_train, tiny_overrides
 
 from dit4dit_npu.config import EMAConfig, load_config
 from dit4dit_npu.train.ema import EMA, EMA_FILE, deal_out
@@ -93,8 +91,6 @@ def test_ranks_average_disjoint_shards_that_make_up_the_whole_average():
 
 # -- real training runs -------------------------------------------------------------------------
 
-EMA_ON = {"trainer.ema.decay": 0.5, "trainer.ema.start_step": 1}
-
 
 def live_weights(ckpt) -> dict[str, torch.Tensor]:
     """The model weights DeepSpeed saved (the live ones, not the average)."""
@@ -102,14 +98,10 @@ def live_weights(ckpt) -> dict[str, torch.Tensor]:
     return state["module"]
 
 
-def test_resume_with_ema_is_exact_and_the_policy_holds_the_average(tmp_path, demo_root):  # noqa: F811
-    full = run_training(tiny_overrides(tmp_path / "full", demo_root, **EMA_ON))
-    cut = tmp_path / "cut" / full.name
-    shutil.copytree(full, cut)
-    shutil.rmtree(cut / "checkpoints/step_000004")
-    run_training(tiny_overrides(tmp_path / "cut", demo_root, **{"trainer.resume": "auto", **EMA_ON}))
-
-    a, b = full / "checkpoints/step_000004", cut / "checkpoints/step_000004"
+@pytest.mark.slow
+def test_resume_with_ema_is_exact_and_the_policy_holds_the_average(ema_workers_runs):
+    """One process, prefetching loader workers: the run cut after step 2 and resumed."""
+    a, b = ema_workers_runs.full / "checkpoints/step_000004", ema_workers_runs.cut / "checkpoints/step_000004"
     ema_a, ema_b = load_file(a / EMA_FILE), load_file(b / EMA_FILE)
     assert ema_a and sorted(ema_a) == sorted(ema_b)
     assert all(torch.equal(ema_a[k], ema_b[k]) for k in ema_a)  # bit-exact average after resume
@@ -124,9 +116,10 @@ def test_resume_with_ema_is_exact_and_the_policy_holds_the_average(tmp_path, dem
     assert EMA_FILE in (a / "manifest.json").read_text()
 
 
-def test_held_out_eval_scores_the_average(tmp_path, demo_root):  # noqa: F811
-    """val/action_mse logged at step 4 is the held-out error of the exported (averaged) weights,
-    recomputed here in-process with the trainer's own evaluation function."""
+@pytest.mark.slow
+def test_held_out_eval_scores_the_average(ema_workers_runs):
+    """val/action_mse logged at steps 2 and 4 is the held-out error of the exported (averaged)
+    weights, recomputed here in-process with the trainer's own evaluation function."""
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState
 
@@ -135,31 +128,35 @@ def test_held_out_eval_scores_the_average(tmp_path, demo_root):  # noqa: F811
     from dit4dit_npu.policy.folder import load_policy_folder
     from dit4dit_npu.train.evaluate import held_out_action_mse
 
-    overrides = tiny_overrides(tmp_path, demo_root, **{**EMA_ON, "trainer.max_train_steps": 2})
-    run = run_training(overrides)
-    logged = [r["val/action_mse"] for r in read_metrics(run / "metrics.jsonl") if "val/action_mse" in r]
-    cfg = load_config(TINY, overrides)
+    run = ema_workers_runs.full
+    logged = {r["step"]: r["val/action_mse"] for r in read_metrics(run / "metrics.jsonl") if "val/action_mse" in r}
+    assert sorted(logged) == [2, 4]
+    cfg = load_config(run / "config.yaml")  # the run's own resolved config
     data = build_training_data(cfg)
-    loaded = load_policy_folder(run / "checkpoints/step_000002/policy")
-    loaded.model.set_prompt_cache(loaded.prompt_cache)
     acc = Accelerator(cpu=True)
     try:
-        def score(model):
+        def score(model, step):  # the trainer draws its held-out samples with seed + step
             return held_out_action_mse(
-                model, data.val_dataset, samples=cfg.trainer.eval_samples, batch_size=2, seed=cfg.seed + 2,
+                model, data.val_dataset, samples=cfg.trainer.eval_samples, batch_size=2, seed=cfg.seed + step,
                 accelerator=acc, make_batch=lambda s: Batch.collate(s), targets=lambda b: (b.action, b.action_mask),
             )["val/action_mse"]
 
-        averaged = score(loaded.model)
-        loaded.model.load_trainable_state_dict(live_weights(run / "checkpoints/step_000002"), strict=False)
-        live = score(loaded.model)
+        for step in (2, 4):
+            ckpt = run / f"checkpoints/step_{step:06d}"
+            loaded = load_policy_folder(ckpt / "policy")
+            loaded.model.set_prompt_cache(loaded.prompt_cache)
+            averaged = score(loaded.model, step)
+            loaded.model.load_trainable_state_dict(live_weights(ckpt), strict=False)
+            live = score(loaded.model, step)
+            assert logged[step] == pytest.approx(averaged, rel=1e-5), step
+            assert abs(live - averaged) > 1e-6 * averaged, step  # the two weight sets score differently
     finally:
         AcceleratorState._reset_state(True)
-    assert logged == [pytest.approx(averaged, rel=1e-5)]
-    assert abs(live - averaged) > 1e-6 * averaged  # the two weight sets score differently
 
 
-def test_ema_on_zero3_and_resume_without_ema_file_are_one_line_errors(tmp_path, demo_root):  # noqa: F811
+@pytest.mark.slow
+def test_ema_on_zero3_and_resume_without_ema_file_are_one_line_errors(tmp_path, demo_root):
+    # a real process: the ZeRO-3 accelerator registers its config with transformers process-wide
     r = run_train(
         tiny_overrides(tmp_path, demo_root, **{**EMA_ON, "trainer.deepspeed_config": "configs/deepspeed/zero3.json"}),
         expect_ok=False,
@@ -167,35 +164,14 @@ def test_ema_on_zero3_and_resume_without_ema_file_are_one_line_errors(tmp_path, 
     assert r.returncode != 0
     assert "trainer.ema: not supported with ZeRO-3" in r.stderr + r.stdout
     assert "Traceback" not in r.stderr
-    assert not (tmp_path / "dit4dit_robotwin_tiny").exists()  # refused before anything is written
+    assert not (tmp_path / RUN).exists()  # refused before anything is written
 
 
 @pytest.mark.slow
-def test_two_process_zero2_ema_resumes_exactly(tmp_path, demo_root):  # noqa: F811
+def test_two_process_zero2_ema_resumes_exactly(two_rank_runs):
     """Under DeepSpeed ZeRO-2 on 2 ranks each rank averages its shard of the weights; the shards
     meet in the saved average and the exported policy, and a resume continues them bit-exactly."""
-    import subprocess
-    import sys
-
-    from test_train import ENV, ROOT
-
-    launch = [
-        sys.executable, "-m", "accelerate.commands.launch", "--use_deepspeed", "--zero_stage", "2",
-        "--num_processes", "2", "--main_process_port", "0", "-m", "dit4dit_npu.train", "--config", str(TINY),
-    ]
-
-    def run(root, **extra):
-        r = subprocess.run([*launch, *tiny_overrides(root, demo_root, **EMA_ON, **extra)], env=ENV,
-                           capture_output=True, text=True, cwd=ROOT, timeout=600)
-        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-        return root / "dit4dit_robotwin_tiny"
-
-    full = run(tmp_path / "full")
-    cut = tmp_path / "cut" / full.name
-    shutil.copytree(full, cut)
-    shutil.rmtree(cut / "checkpoints/step_000004")
-    run(tmp_path / "cut", **{"trainer.resume": "auto"})
-    a, b = full / "checkpoints/step_000004", cut / "checkpoints/step_000004"
+    a, b = two_rank_runs.full / "checkpoints/step_000004", two_rank_runs.cut / "checkpoints/step_000004"
     assert len(list((a / "state").rglob("*optim_states.pt"))) == 2  # really partitioned over 2 ranks
     ema_a, ema_b, policy = load_file(a / EMA_FILE), load_file(b / EMA_FILE), load_file(a / "policy/model.safetensors")
     assert all(torch.equal(ema_a[k], ema_b[k]) and torch.equal(policy[k], ema_a[k]) for k in ema_a)

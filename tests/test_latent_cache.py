@@ -20,6 +20,10 @@ from dit4dit_npu.data.encode_latents import main as encode_main
 from dit4dit_npu.prompt_cache import PromptCache
 from dit4dit_npu.weights import build_dit4dit, build_prompt_encoder, vae_identity
 
+# Every test reads the cache the 2-rank `accelerate launch` fixture encodes (the one-rank,
+# in-process encode is tested in the fast tier: test_latent_cache_damage.py).
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "configs/robotwin/dit4dit_robotwin_tiny.yaml"
 ENV = {**os.environ, "DIT4DIT_DEVICE": "cpu", "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
@@ -178,7 +182,6 @@ def test_encode_resumes_and_refuses_a_foreign_folder(root, capsys):
     assert sorted(p.name for p in foreign.iterdir()) == ["notes.txt"]  # nothing written
 
 
-@pytest.mark.slow
 def test_training_reads_the_cache(root):
     """The real trainer (DeepSpeed ZeRO-2 on CPU) from cached latents: no video decoded for training."""
     extra = overrides(root, f"datasets.vla_data.latent_cache={root / 'cache'}", "trainer.max_train_steps=2",

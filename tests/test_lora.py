@@ -1,5 +1,8 @@
 """LoRA fine-tuning of the Cosmos transformer through peft (framework.cosmos25.lora), in real
-training runs (accelerate + DeepSpeed ZeRO-2 on CPU) and with real peft on the exported files."""
+training runs (accelerate + DeepSpeed ZeRO-2 on CPU) and with real peft on the exported files.
+
+One LoRA run with EMA on, and the same run cut after step 2 and resumed, serve every test here
+(the exported policy then holds the average: the in-memory comparisons swap it in)."""
 
 from __future__ import annotations
 
@@ -8,20 +11,31 @@ import shutil
 import pytest
 import torch
 from safetensors.torch import load_file
-from test_train import TINY, demo_root, run_train, run_training, tiny_overrides  # noqa: F401 (fixture)
+from train_runs import EMA_ON, TINY, cut_at, run_training, tiny_overrides, train_here
 
 from dit4dit_npu.config import ConfigError, load_config
 from dit4dit_npu.models.lora import ADAPTER_MARK, PEFT_PREFIX
+from dit4dit_npu.train.ema import EMA_FILE
 
 LORA = {"framework.cosmos25.lora.rank": 4, "framework.cosmos25.lora.alpha": 8}
 
 
 @pytest.fixture(scope="module")
-def lora_run(tmp_path_factory, demo_root):  # noqa: F811
-    """One 4-step LoRA run, checkpoints at steps 2 and 4 (read-only use)."""
+def lora_runs(tmp_path_factory, demo_root):
+    """A 4-step LoRA run with EMA, checkpoints at steps 2 and 4, and the same run cut after step 2
+    and resumed (read-only use): (full, cut, config)."""
     root = tmp_path_factory.mktemp("lora")
-    overrides = tiny_overrides(root, demo_root, **LORA)
-    return run_training(overrides), load_config(TINY, overrides)
+    overrides = tiny_overrides(root / "full", demo_root, **LORA, **EMA_ON)
+    full = run_training(overrides)
+    cut = cut_at(full, root / "cut", 2)
+    run_training(tiny_overrides(root / "cut", demo_root, **{"trainer.resume": "auto", **LORA, **EMA_ON}))
+    return full, cut, load_config(TINY, overrides)
+
+
+@pytest.fixture(scope="module")
+def lora_run(lora_runs):
+    full, _, cfg = lora_runs
+    return full, cfg
 
 
 def live_weights(ckpt) -> dict[str, torch.Tensor]:
@@ -37,6 +51,7 @@ def fresh_model(cfg):
     return build_dit4dit(cfg, PolicyIO.load(policy / "policy_io.json").spec)
 
 
+@pytest.mark.slow
 def test_only_adapters_and_action_head_train(lora_run):
     run, cfg = lora_run
     step2, step4 = live_weights(run / "checkpoints/step_000002"), live_weights(run / "checkpoints/step_000004")
@@ -69,6 +84,7 @@ def actions(model, cfg, seed: int = 3) -> torch.Tensor:
         return model.eval().predict_action(batch, seed=seed)
 
 
+@pytest.mark.slow
 def test_train_export_load_gives_the_same_actions(lora_run):
     from dit4dit_npu.policy.folder import PolicyLoadError, load_policy_folder
 
@@ -77,6 +93,9 @@ def test_train_export_load_gives_the_same_actions(lora_run):
     loaded = load_policy_folder(policy)
     in_memory = fresh_model(cfg)
     in_memory.load_state_dict(live_weights(run / "checkpoints/step_000004"), strict=True)
+    # what the export saw: the average swapped in for the trained tensors (EMA on, test_ema)
+    swapped = in_memory.load_state_dict(load_file(run / "checkpoints/step_000004" / EMA_FILE), strict=False)
+    assert not swapped.unexpected_keys
     in_memory.set_prompt_cache(loaded.prompt_cache)
     loaded.model.set_prompt_cache(loaded.prompt_cache)
     want = actions(in_memory, cfg)
@@ -103,6 +122,7 @@ def test_train_export_load_gives_the_same_actions(lora_run):
     shutil.rmtree(broken)
 
 
+@pytest.mark.slow
 def test_peft_reads_the_exported_adapter(lora_run):
     """peft's own PeftModel.from_pretrained on a fresh tiny transformer: the same adapter weights,
     and peft's merge_and_unload equals ours."""
@@ -127,13 +147,9 @@ def test_peft_reads_the_exported_adapter(lora_run):
     assert all(torch.allclose(peft_merged[k], ours[k], atol=1e-6) for k in ours)
 
 
-def test_resume_with_lora_and_ema_is_exact(tmp_path, demo_root):  # noqa: F811
-    extra = {**LORA, "trainer.ema.decay": 0.5, "trainer.ema.start_step": 1}
-    full = run_training(tiny_overrides(tmp_path / "full", demo_root, **extra))
-    cut = tmp_path / "cut" / full.name
-    shutil.copytree(full, cut)
-    shutil.rmtree(cut / "checkpoints/step_000004")
-    run_training(tiny_overrides(tmp_path / "cut", demo_root, **{"trainer.resume": "auto", **extra}))
+@pytest.mark.slow
+def test_resume_with_lora_and_ema_is_exact(lora_runs):
+    full, cut, _ = lora_runs
     a, b = full / "checkpoints/step_000004", cut / "checkpoints/step_000004"
     for f in ("ema.safetensors", "policy/adapter/adapter_model.safetensors", "policy/model.safetensors"):
         x, y = load_file(a / f), load_file(b / f)
@@ -151,7 +167,7 @@ def test_resume_with_lora_and_ema_is_exact(tmp_path, demo_root):  # noqa: F811
     assert torch.equal(adapter[peft_key], ema[key]) and not torch.equal(live_a[key], ema[key])
 
 
-def test_a_mistyped_target_module_is_one_clear_config_error(tmp_path, demo_root):  # noqa: F811
+def test_a_mistyped_target_module_is_one_clear_config_error(tmp_path, demo_root, capfd):
     from dit4dit_npu.models.testing import small_spec
 
     cfg = load_config(TINY, ["framework.cosmos25.lora.rank=4", "framework.cosmos25.lora.target_modules=[to_q, to_kk]"])
@@ -159,9 +175,9 @@ def test_a_mistyped_target_module_is_one_clear_config_error(tmp_path, demo_root)
 
     with pytest.raises(ConfigError, match=r"framework.cosmos25.lora.target_modules: .*\['to_kk'\] name no linear layer"):
         build_dit4dit(cfg, small_spec(cfg, state_width=14, action_width=14, frame_size=(32, 96)))
-    r = run_train(
+    r = train_here(
         tiny_overrides(tmp_path, demo_root, **LORA, **{"framework.cosmos25.lora.target_modules": "[to_q, to_kk]"}),
-        expect_ok=False,
+        capfd,
     )
     lines = [x for x in r.stderr.splitlines() if "to_kk" in x]
     assert r.returncode != 0 and "Traceback" not in r.stderr
@@ -170,6 +186,7 @@ def test_a_mistyped_target_module_is_one_clear_config_error(tmp_path, demo_root)
         load_config(TINY, ["framework.cosmos25.lora.rank=4", "framework.cosmos25.training=action"])
 
 
+@pytest.mark.slow
 def test_eval_cli_merges_on_request(lora_run, tmp_path, capsys):
     """`dit4dit_npu.eval --merge-lora` scores a LoRA policy merged; on a policy without an
     adapter the flag is one line, not a silent no-op."""

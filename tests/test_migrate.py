@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from train_runs import train_cli_here
 
 from dit4dit_npu.config import ConfigError, load_config
 from dit4dit_npu.config.dit4dit_keys import module_path
@@ -195,9 +196,11 @@ def test_cli_migrate_config_writes_our_schema(libero_yaml, tmp_path):
     assert "framework:" in out.read_text() and "backbone_interface" not in out.read_text()
 
 
-def test_cli_dry_run_fails_on_what_the_model_build_would(libero_yaml):
-    r = _cli("--config_yaml", str(libero_yaml), *LAUNCH_FLAGS, "--trainer.learning_rate.action_modle", "1e-4",
-             "--dry-run")
+def test_cli_dry_run_fails_on_what_the_model_build_would(libero_yaml, capfd):
+    # in this process (a dry run builds the model's module tree: seconds of imports in a new one);
+    # test_cli_migrate_config_writes_our_schema runs the command as a process
+    r = train_cli_here(["--config_yaml", str(libero_yaml), *LAUNCH_FLAGS, "--trainer.learning_rate.action_modle",
+                        "1e-4", "--dry-run"], capfd)
     assert r.returncode == 2
     assert r.stderr.strip().splitlines()[-1] == (
         "config error: trainer.learning_rate.action_modle: 'action_modle' names no module of the model; "
@@ -208,7 +211,7 @@ def test_cli_dry_run_fails_on_what_the_model_build_would(libero_yaml):
     cfg = load_config(libero_yaml, [*LAUNCH_FLAGS, "--framework.cosmos25.extract_layer", "17"], lambda _: None)
     with pytest.raises(ConfigError, match="extract_layer: got 17, expected 0..3"):
         check_model_build(cfg)
-    r = _cli("--config_yaml", str(libero_yaml), *LAUNCH_FLAGS, "--dry-run")
+    r = train_cli_here(["--config_yaml", str(libero_yaml), *LAUNCH_FLAGS, "--dry-run"], capfd)
     assert r.returncode == 0, r.stderr
     assert yaml.safe_load(r.stdout)["trainer"]["learning_rate"]["backbone.transformer"] == 1e-5
 

@@ -137,8 +137,9 @@ def test_round_timesteps_to_the_compute_dtype(cache):
 
 
 def test_policy_predict_action_passes_noise(tmp_path):
+    from policy_fixtures import observation_from_sample, shared_tiny_setup
+
     from dit4dit_npu import DiT4DiTPolicy
-    from tests.policy_fixtures import observation_from_sample, shared_tiny_setup
 
     setup = shared_tiny_setup()
     policy = DiT4DiTPolicy.from_pretrained(setup.policy_dir, device="cpu")

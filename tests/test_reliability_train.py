@@ -3,9 +3,10 @@ file damaged in place is found by its hash, non-finite weights or EMA once loade
 a kill -9 never costs a complete checkpoint, a diverged state is never saved, changed data is
 refused, each fault is one clear line.
 
-Real training processes on the shared demo data (tests/policy_fixtures.py), without DeepSpeed
-(it is not what these tests are about), with an EMA (so checkpoints hold ema.safetensors) and one
-step at a time; damage is done to real files.
+Training runs on the shared demo data (tests/train_runs.py), without DeepSpeed (it is not what
+these tests are about), with an EMA (so checkpoints hold ema.safetensors) and one step at a time;
+damage is done to real files. A run is a real process where the process is what is tested (a
+file-size limit, a kill -9); the others call the trainer's console-script function in this process.
 """
 
 from __future__ import annotations
@@ -25,9 +26,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-from policy_fixtures import shared_tiny_setup
 from safetensors import safe_open
 from safetensors.torch import save_file
+from train_runs import RUN, TINY, train_here
 
 from dit4dit_npu.config import ConfigError, load_config
 from dit4dit_npu.train import checkpoint as ckpt_io
@@ -36,14 +37,12 @@ from dit4dit_npu.train.errors import TrainingError
 from dit4dit_npu.train.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = ROOT / "configs/robotwin/dit4dit_robotwin_tiny.yaml"
-RUN = "dit4dit_robotwin_tiny"
 ENV = {**os.environ, "DIT4DIT_DEVICE": "cpu", "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 
 
 @pytest.fixture(scope="module")
-def data_root() -> Path:
-    return Path(shared_tiny_setup().cfg.datasets.vla_data.data_root_dir)
+def data_root(demo_root) -> Path:
+    return demo_root
 
 
 def overrides(runs: Path, data_root: Path, **extra) -> list[str]:
@@ -58,6 +57,7 @@ def overrides(runs: Path, data_root: Path, **extra) -> list[str]:
 
 
 def train(args: list[str], **popen) -> subprocess.CompletedProcess:
+    """A real training process."""
     return subprocess.run(
         [sys.executable, "-m", "dit4dit_npu.train", "--config", str(TINY), *args],
         env=ENV, capture_output=True, text=True, cwd=ROOT, timeout=300, **popen,
@@ -68,8 +68,7 @@ def train(args: list[str], **popen) -> subprocess.CompletedProcess:
 def base_runs(tmp_path_factory, data_root) -> Path:
     """A 3-step run with a checkpoint at every step; tests damage copies of it."""
     runs = tmp_path_factory.mktemp("base") / "runs"
-    r = train(overrides(runs, data_root))
-    assert r.returncode == 0, r.stderr[-3000:]
+    assert train_here(overrides(runs, data_root)).returncode == 0
     return runs
 
 
@@ -103,7 +102,7 @@ def losses(run_dir: Path) -> dict[int, float]:
 # -- resume from damaged files --------------------------------------------------------------------
 
 
-def test_resume_falls_back_past_damaged_checkpoints_exactly(base_runs, tmp_path, data_root):
+def test_resume_falls_back_past_damaged_checkpoints_exactly(base_runs, tmp_path, data_root, capfd):
     runs, ck = copy_runs(base_runs, tmp_path)
     run = runs / RUN
     state = ck / "step_000003/trainer_state.pt"
@@ -115,7 +114,7 @@ def test_resume_falls_back_past_damaged_checkpoints_exactly(base_runs, tmp_path,
     os.truncate(run / "prompt_cache.safetensors", 100)
     damaged = {name: files(ck / name) for name in ("step_000002", "step_000003")}
 
-    r = train(overrides(runs, data_root, **{"trainer.max_train_steps": 4, "trainer.resume": "auto"}))
+    r = train_here(overrides(runs, data_root, **{"trainer.max_train_steps": 4, "trainer.resume": "auto"}), capfd)
     assert r.returncode == 0, r.stderr[-3000:]
     out = (r.stdout + r.stderr).splitlines()
     for line in (
@@ -210,6 +209,7 @@ def test_no_whole_checkpoint_or_a_damaged_explicit_one_is_one_line(base_runs, tm
 # -- saving: full disk, kill -9 during save / prune / commit ---------------------------------------
 
 
+@pytest.mark.slow
 def test_disk_full_during_save_is_one_line_and_loses_nothing(base_runs, tmp_path, data_root):
     """A real write failure from the real writers: the training process runs under a file-size
     rlimit (RLIMIT_FSIZE, 8 MB) that its 9.5 MB optimizer shard exceeds, so torch.save fails
@@ -244,7 +244,8 @@ def wait_then_kill(p: subprocess.Popen, appeared, timeout: float = 120) -> None:
     assert p.returncode == -signal.SIGKILL, "the process ended before it could be killed at the right moment"
 
 
-def test_kill_during_save_keeps_every_checkpoint_whole(base_runs, tmp_path, data_root):
+@pytest.mark.slow
+def test_kill_during_save_keeps_every_checkpoint_whole(base_runs, tmp_path, data_root, capfd):
     runs, ck = copy_runs(base_runs, tmp_path)
     before = files(ck)
     args = overrides(runs, data_root, **{"trainer.max_train_steps": 5, "trainer.resume": "auto"})
@@ -255,7 +256,7 @@ def test_kill_during_save_keeps_every_checkpoint_whole(base_runs, tmp_path, data
     steps = all_whole(ck)
     assert {k: v for k, v in files(ck).items() if k in before} == before  # the old ones are untouched
     stale = sorted(ck.glob(".tmp-step_*"))
-    r = train(args)  # restart: the partial folder is cleaned, the run continues from the newest whole one
+    r = train_here(args, capfd)  # restart: the partial folder is cleaned, the run continues from the newest whole one
     assert r.returncode == 0, r.stderr[-3000:]
     for s in stale:
         assert f"removed stale partial folder {s}" in r.stderr
@@ -263,6 +264,7 @@ def test_kill_during_save_keeps_every_checkpoint_whole(base_runs, tmp_path, data
     assert all_whole(ck) == list(range(1, 6)) and not list(ck.glob(".*"))
 
 
+@pytest.mark.slow
 def test_kill_during_prune_leaves_no_half_deleted_checkpoint(base_runs, tmp_path):
     runs, ck = copy_runs(base_runs, tmp_path)
     pad = ck / "step_000001/state/pad"  # a checkpoint slow to delete, like a real tens-of-GB one
@@ -301,7 +303,7 @@ def test_a_kill_inside_a_replacing_commit_keeps_one_copy(base_runs, tmp_path):
 # -- changed data, worker errors --------------------------------------------------------------
 
 
-def test_resume_on_changed_data_is_refused(base_runs, tmp_path, data_root):
+def test_resume_on_changed_data_is_refused(base_runs, tmp_path, data_root, capfd):
     runs, ck = copy_runs(base_runs, tmp_path)
     before = files(runs)
     changed = tmp_path / "data" / "robotwin_demo"
@@ -315,7 +317,7 @@ def test_resume_on_changed_data_is_refused(base_runs, tmp_path, data_root):
     col = table.column_names.index("action")
     pq.write_table(table.set_column(col, "action", pa.array(list(actions), pa.list_(pa.float32()))), path)
 
-    r = train(overrides(runs, tmp_path / "data", **{"trainer.max_train_steps": 4, "trainer.resume": "auto"}))
+    r = train_here(overrides(runs, tmp_path / "data", **{"trainer.max_train_steps": 4, "trainer.resume": "auto"}), capfd)
     old = saved["policy_io"]["stats"]["action"]["max"][3]
     assert one_line_error(r) == (
         f"error: the training data changed since checkpoint {ck}/step_000003: action statistics differ (max: dim 3 "
@@ -350,20 +352,20 @@ def test_dataloader_worker_errors_come_back_as_one_line(tmp_path):
     assert re.fullmatch(r"cannot open video .+\.mp4 \(truncated or corrupt mp4\?\): .+", msg) and "\n" not in msg
 
 
-def test_a_start_refused_after_the_folder_check_leaves_no_run_folder(tmp_path, data_root):
+def test_a_start_refused_after_the_folder_check_leaves_no_run_folder(tmp_path, data_root, capfd):
     """A fresh run refused once its folder exists (here: a latent cache that is not one) takes
     the folder it created away again; a folder that was there before stays, with its content."""
     garbage = tmp_path / "not_a_cache"
     garbage.mkdir()
     bad = {"datasets.vla_data.latent_cache": garbage}
-    r = train(overrides(tmp_path / "runs", data_root, **bad))
+    r = train_here(overrides(tmp_path / "runs", data_root, **bad), capfd)
     assert r.returncode != 0 and "not a latent cache" in r.stderr and "Traceback" not in r.stderr
     assert not (tmp_path / "runs" / RUN).exists()
 
     mine = tmp_path / "runs2" / RUN
     mine.mkdir(parents=True)
     (mine / "notes.txt").write_text("mine")
-    r = train(overrides(tmp_path / "runs2", data_root, **bad))
+    r = train_here(overrides(tmp_path / "runs2", data_root, **bad), capfd)
     assert r.returncode != 0
     assert sorted(p.name for p in mine.iterdir()) == ["notes.txt"]
 
@@ -388,7 +390,7 @@ def nan_in_a_head_weight(tensors: dict[str, torch.Tensor]) -> str:
 
 
 @pytest.mark.slow
-def test_non_finite_weights_or_ema_once_loaded_set_the_checkpoint_aside(base_runs, tmp_path, data_root):
+def test_non_finite_weights_or_ema_once_loaded_set_the_checkpoint_aside(base_runs, tmp_path, data_root, capfd):
     """Checkpoints holding NaN whose manifests agree with their bytes (saved so by a version that did
     not check): only loading tells. Step 3's EMA and step 2's trained weights: each is named and set
     aside, and the run continues exactly from step 1."""
@@ -398,7 +400,7 @@ def test_non_finite_weights_or_ema_once_loaded_set_the_checkpoint_aside(base_run
     for step in (2, 3):
         ckpt_io.write_manifest(ck / f"step_{step:06d}")
     assert all_whole(ck) == [1, 2, 3]  # whole on disk
-    r = train(overrides(runs, data_root, **{"trainer.max_train_steps": 4, "trainer.resume": "auto"}))
+    r = train_here(overrides(runs, data_root, **{"trainer.max_train_steps": 4, "trainer.resume": "auto"}), capfd)
     assert r.returncode == 0, r.stderr[-3000:]
     out = (r.stdout + r.stderr).splitlines()
     for line in (
@@ -417,7 +419,7 @@ def test_non_finite_weights_or_ema_once_loaded_set_the_checkpoint_aside(base_run
 
 
 @pytest.mark.slow
-def test_a_file_that_fails_to_load_sets_the_checkpoint_aside(base_runs, tmp_path, data_root):
+def test_a_file_that_fails_to_load_sets_the_checkpoint_aside(base_runs, tmp_path, data_root, capfd):
     """Checkpoints of an older version (no manifest, so no hashes) with a file damaged in place:
     step 3's weights, step 2's RNG state. Only loading tells; before, the first was a traceback and
     the second was skipped by accelerate (one info log line: the run continued inexactly). Each is
@@ -428,7 +430,7 @@ def test_a_file_that_fails_to_load_sets_the_checkpoint_aside(base_runs, tmp_path
         (c / ckpt_io.MANIFEST).unlink()
         (c / rel).write_bytes(bytes(reversed((c / rel).read_bytes())))
     assert resume.checkpoint_problem(ck / "step_000003") is None  # whole as far as an unhashed one can tell
-    r = train(overrides(runs, data_root, **{"trainer.max_train_steps": 4, "trainer.resume": "auto"}))
+    r = train_here(overrides(runs, data_root, **{"trainer.max_train_steps": 4, "trainer.resume": "auto"}), capfd)
     assert r.returncode == 0, r.stderr[-3000:]
     out, c = (r.stdout + r.stderr).splitlines(), re.escape(str(ck))
     for pattern in (
@@ -445,7 +447,7 @@ def test_a_file_that_fails_to_load_sets_the_checkpoint_aside(base_runs, tmp_path
 
 
 @pytest.mark.slow
-def test_a_diverged_state_is_never_saved_nor_pruned_for(base_runs, tmp_path, data_root):
+def test_a_diverged_state_is_never_saved_nor_pruned_for(base_runs, tmp_path, data_root, capfd):
     """Step 3's optimizer state holds NaN (its manifest agreeing): the weights load finite and the
     first step's loss is finite, but that step's update turns a weight, and so its EMA, to NaN. The
     save refuses, naming the checkpoint; before, it saved the diverged state and pruning (keep 1)
@@ -456,8 +458,8 @@ def test_a_diverged_state_is_never_saved_nor_pruned_for(base_runs, tmp_path, dat
     torch.save(optimizer, ck / "step_000003/state/optimizer.bin")
     ckpt_io.write_manifest(ck / "step_000003")
     before = files(ck)
-    r = train(overrides(runs, data_root, **{"trainer.max_train_steps": 4, "trainer.resume": "auto",
-                                            "trainer.keep_last_checkpoints": 1}))
+    r = train_here(overrides(runs, data_root, **{"trainer.max_train_steps": 4, "trainer.resume": "auto",
+                                            "trainer.keep_last_checkpoints": 1}), capfd)
     assert re.fullmatch(
         r"error: checkpoint step 4 not saved: non-finite values in the trained weights \(1 tensor\(s\), e\.g\. '.+'\) "
         r"and in the EMA \(1 tensor\(s\), e\.g\. '.+'\) \(within the first steps after resuming from "
@@ -470,7 +472,7 @@ def test_a_diverged_state_is_never_saved_nor_pruned_for(base_runs, tmp_path, dat
 
 
 @pytest.mark.slow
-def test_a_non_finite_loss_right_after_a_resume_names_the_checkpoint(base_runs, tmp_path, data_root):
+def test_a_non_finite_loss_right_after_a_resume_names_the_checkpoint(base_runs, tmp_path, data_root, capfd):
     """Finite weights that diverge at once (scaled x1e30, manifest agreeing): the stop names the
     checkpoint it resumed from instead of suggesting a lower learning rate; nothing is changed."""
     runs, ck = copy_runs(base_runs, tmp_path)
@@ -484,7 +486,7 @@ def test_a_non_finite_loss_right_after_a_resume_names_the_checkpoint(base_runs, 
     rewrite_tensors(ck / "step_000003/state/model.safetensors", blow_up)
     ckpt_io.write_manifest(ck / "step_000003")
     before = files(ck)
-    r = train(overrides(runs, data_root, **{"trainer.max_train_steps": 4, "trainer.resume": "auto"}))
+    r = train_here(overrides(runs, data_root, **{"trainer.max_train_steps": 4, "trainer.resume": "auto"}), capfd)
     assert one_line_error(r) == (
         f"error: non-finite loss at or before step 4, within the first steps after resuming from {ck}/step_000003: "
         "that checkpoint is the likelier cause (a state that loads but diverges at once); move it aside (e.g. to "

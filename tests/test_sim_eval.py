@@ -70,6 +70,7 @@ def test_expert_end_to_end_with_video(tmp_path: Path, capsys) -> None:
     assert (video["height"], video["width"], video["frames"]) == (32, 3 * 40, ep["steps"] + 1)
 
 
+@pytest.mark.slow
 def test_hold_in_parallel_workers_fails_every_seed(tmp_path: Path, capsys) -> None:
     out = tmp_path / "hold"
     code, lines, _ = run_eval(

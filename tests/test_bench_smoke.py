@@ -1,0 +1,90 @@
+"""Every benchmark in bench/ still runs: each as a real process with ``--smoke`` (tiny sizes, a
+couple of iterations), ending with its headline ratio ``speedup: X.XX`` (the house rule for
+benchmarks). bench/train_step.py, bench/latency.py and bench/memory.py run through
+bench/full_size.sh --smoke, the script that runs them on an accelerator."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.slow, pytest.mark.bench]
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "DIT4DIT_DEVICE": "cpu", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHON": sys.executable}
+HEADLINE = re.compile(r"speedup: (\d+\.\d\d)")
+
+
+def run(cmd: list[str], **env: str) -> list[str]:
+    r = subprocess.run(cmd, cwd=ROOT, env={**ENV, **env}, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return r.stdout.strip().splitlines()
+
+
+def assert_headline(line: str) -> None:
+    m = HEADLINE.fullmatch(line)
+    assert m, f"last line is not 'speedup: X.XX': {line!r}"
+    assert math.isfinite(float(m.group(1))) and float(m.group(1)) > 0, line
+
+
+@pytest.mark.parametrize("bench", ["loader.py", "lora_memory.py", "malloc.py", "serve_load.py", "sim_eval.py"])
+def test_bench_smoke_ends_with_its_speedup(bench: str) -> None:
+    if bench == "sim_eval.py" and importlib.util.find_spec("gym_aloha") is None:
+        pytest.skip("simulation extra not installed (pip install -e '.[sim]')")
+    assert_headline(run([sys.executable, f"bench/{bench}", "--smoke"])[-1])
+
+
+def test_full_size_script_smoke_runs_train_step_latency_and_memory(tmp_path: Path) -> None:
+    log = tmp_path / "bench_full_size.log"
+    lines = run(["bash", "bench/full_size.sh", "--smoke"], LOG=str(log))
+    assert_headline(lines[-1])
+    headlines = [line for line in log.read_text().splitlines() if line.startswith("speedup: ")]
+    assert len(headlines) == 3, headlines  # one per bench, each its last line
+    for line in headlines:
+        assert_headline(line)
+
+
+def test_parity_smoke_without_the_original_says_it_was_skipped() -> None:
+    """The original DiT4DiT is an external checkout with its own virtualenv: without it the smoke
+    run is one line (with it, ``--smoke --original-root DIR --original-python PY`` compares the
+    libero preset)."""
+    lines = run([sys.executable, "bench/parity_dit4dit.py", "--smoke"])
+    assert len(lines) == 1 and "skipped" in lines[0] and "--original-root" in lines[0], lines
+
+
+def test_rtc_sim_smoke_ends_with_its_speedup(tmp_path: Path) -> None:
+    """The scripted expert through every execution mode (sync, async, ensemble, RTC) at 0 and 100
+    ms (no policy: the smoke run checks the sweep, the table and the plot, not RTC's effect)."""
+    if importlib.util.find_spec("gym_aloha") is None:
+        pytest.skip("simulation extra not installed (pip install -e '.[sim]')")
+    lines = run([sys.executable, "bench/rtc_sim.py", "--smoke", "--out", str(tmp_path / "rtc")])
+    assert (tmp_path / "rtc").is_dir() and any((tmp_path / "rtc").iterdir())
+    assert_headline(lines[-1])
+
+
+def test_tiny_vae_stats_smoke_ends_with_its_speedup(demo_root: Path) -> None:
+    lines = run([sys.executable, "bench/tiny_vae_stats.py", "--smoke", "--config",
+                 "configs/robotwin/dit4dit_robotwin_tiny.yaml", f"datasets.vla_data.data_root_dir={demo_root}",
+                 "datasets.vla_data.generate_demo_if_missing=false"])
+    assert any(line.strip().startswith("vae_latents_std: [") for line in lines), lines
+    assert_headline(lines[-1])
+
+
+def test_sim_replay_and_success_curve_smoke_end_with_a_success_line(tmp_path: Path) -> None:
+    """The two closed-loop benches measure a success rate, so their last line is ``success k/n``
+    (documented in each): the replay check's whole path (demos, ground truth, latent cache,
+    training, closed loop on the demo seeds), then the success-vs-steps curve of its run."""
+    if importlib.util.find_spec("gym_aloha") is None:
+        pytest.skip("simulation extra not installed (pip install -e '.[sim]')")
+    success = re.compile(r"success \d+/\d+.*")
+    lines = run([sys.executable, "bench/sim_replay.py", "--smoke", "--out", str(tmp_path / "replay")])
+    assert success.fullmatch(lines[-1]), lines[-5:]
+    lines = run([sys.executable, "bench/sim_success_curve.py", "--smoke", "--run", str(tmp_path / "replay_smoke" / "replay1")])
+    assert success.fullmatch(lines[-1]), lines[-5:]
