@@ -57,7 +57,7 @@ class RecordedChunks:
     def reset(self, scene, seed: int) -> None:
         self.scene = scene
 
-    def act(self, obs) -> np.ndarray:
+    def act(self, obs, request=None) -> np.ndarray:  # request: chunked execution's (unused)
         t = min(self.scene.steps, len(self.actions) - 1)  # past the demo: hold its last target
         return self.actions[t : t + self.chunk]
 

@@ -23,15 +23,20 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from dit4dit_client.errors import ClientError
-
 from dit4dit_npu.errors import DiT4DiTError, unwrap_worker_error
 from dit4dit_npu.files import is_out_of_space
 
 EXIT_USER_ERROR = 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for Ctrl-C
-# The robot-side client package has its own base (it installs without this package).
-USER_ERRORS = (DiT4DiTError, ClientError)
+
+
+def user_errors() -> tuple[type[BaseException], ...]:
+    """DiT4DiTError, and the robot-side client package's own base (it installs without this
+    package) once it is imported: a ClientError cannot exist before. Not imported here, so this
+    module stays importable from the source tree before anything is installed (setup_env.sh runs
+    ``python -m dit4dit_npu.doctor --stack`` then)."""
+    client = sys.modules.get("dit4dit_client.errors")
+    return (DiT4DiTError,) if client is None else (DiT4DiTError, client.ClientError)
 
 
 def error_line(e: BaseException) -> str:
@@ -40,7 +45,7 @@ def error_line(e: BaseException) -> str:
     if isinstance(e, DiT4DiTError):
         e = unwrap_worker_error(e)
     text = " ".join(str(e).split()) or type(e).__name__
-    if isinstance(e, USER_ERRORS):
+    if isinstance(e, user_errors()):
         return f"{getattr(e, 'cli_prefix', 'error')}: {text}"
     return f"error: no space left: {text}"
 
@@ -49,7 +54,7 @@ def run(command: Callable[[], int | None]) -> int:
     """Run ``command`` (a CLI's body) and return its exit code, user errors as one line (code 2)."""
     try:
         code = command()
-    except USER_ERRORS as e:
+    except user_errors() as e:
         print(error_line(e), file=sys.stderr)
         return EXIT_USER_ERROR
     except Exception as e:  # a full disk is the user's to fix, whatever type the writer raised it as

@@ -140,7 +140,7 @@ def typed_manifest(raw: dict[str, Any], chunk_length: int) -> PolicyManifest:
 
 
 def inference_config(model: ModelSection) -> Config:
-    """The run config the model builders (``models/build.py``) take, holding the manifest's model
+    """The run config the model builders (``weights/build.py``) take, holding the manifest's model
     section; every other section keeps its defaults, which no builder reads at inference (the
     one adapter between the manifest and the builders)."""
     cfg = Config(framework=copy.deepcopy(model.framework))

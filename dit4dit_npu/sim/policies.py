@@ -108,7 +108,12 @@ class FolderPolicy:
 
     takes_prefix = True
 
-    def __init__(self, path: str, threads: int | None = None, merge_lora: bool = False) -> None:
+    def __init__(
+        self, path: str, threads: int | None = None, merge_lora: bool = False, allow_out_of_range: bool = False
+    ) -> None:
+        """``allow_out_of_range``: act on states far outside the training range (the policy's
+        ``StateRangeWarning`` instead of a refusal), e.g. a policy trained on another robot's data
+        run in a scene only to exercise the loop."""
         import torch
 
         from dit4dit_npu.policy import DiT4DiTPolicy
@@ -121,6 +126,7 @@ class FolderPolicy:
         except (PolicyLoadError, FileNotFoundError, NotADirectoryError) as e:
             raise SimError(f"--policy {path}: {e}") from None
         self.name, self.metadata = path, self._policy.metadata
+        self._allow = allow_out_of_range
         self._seed = 0
 
     def reset(self, scene: Any, seed: int) -> None:
@@ -133,7 +139,8 @@ class FolderPolicy:
         rtc = request.rtc() if request is not None else None
         try:
             return self._policy.predict_action(
-                _policy_observation(obs, self.metadata["camera_keys"]), seed=self._seed, **(rtc or {})
+                _policy_observation(obs, self.metadata["camera_keys"]), seed=self._seed,
+                allow_out_of_range=self._allow, **(rtc or {})
             )
         except PolicyInputError as e:
             raise SimError(f"policy {self.name} rejected the scene's observation: {e}") from None
