@@ -20,6 +20,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "configs/robotwin/dit4dit_robotwin_tiny.yaml"
 
@@ -47,6 +49,7 @@ def two_nodes(command: list[str], cwd: list[Path], env: list[dict[str, str]] | N
     return out
 
 
+@pytest.mark.slow  # two real node processes
 def test_a_run_folder_the_nodes_do_not_share_stops_every_rank_in_one_line(tmp_path):
     nodes = [tmp_path / "node0", tmp_path / "node1"]
     for n in nodes:
@@ -65,6 +68,7 @@ def test_a_run_folder_the_nodes_do_not_share_stops_every_rank_in_one_line(tmp_pa
         assert not (n / "runs" / "shared").exists()
 
 
+@pytest.mark.slow  # two real node processes
 def test_each_nodes_local_rank_0_writes_its_node_local_tiny_cache(tmp_path):
     script = (
         "import sys, torch.distributed as dist\n"

@@ -85,6 +85,7 @@ def run_dir(demos, tmp_path_factory) -> Path:
     return runs / "dit4dit_aloha_transfer_cube_tiny"
 
 
+@pytest.mark.slow  # a training run that starts the simulator's eval process
 def test_trainer_logs_closed_loop_success_next_to_the_held_out_error(run_dir: Path) -> None:
     rows = [m for m in read_metrics(run_dir / "metrics.jsonl") if "sim/success_rate" in m]
     assert len(rows) == 1 and rows[0]["step"] == 2
@@ -162,6 +163,7 @@ def test_sim_eval_without_the_sim_extra_is_refused_in_one_line(tmp_path, demos, 
     check_sim_eval(SimEvalConfig(task=None))  # off: nothing is needed
 
 
+@pytest.mark.slow  # a training run that starts the simulator's eval process
 def test_an_eval_that_cannot_start_is_one_line(tmp_path, run_dir, monkeypatch) -> None:
     from dit4dit_npu.config import SimEvalConfig
     from dit4dit_npu.sim.training_eval import SimEvalFailed, evaluate
