@@ -82,7 +82,10 @@ def convert(run: Path, base: Path, policy: Path, preset: str, step: int = 1000) 
     cmd = [sys.executable, "-m", "dit4dit_npu.convert", "dit4dit",
            "--checkpoint", str(run / "checkpoints" / f"steps_{step}_pytorch_model.pt"), "--config",
            str(run / "config.yaml"), "--base-model", str(base), "--out", str(policy), "--image-size", "32", "32",
-           "--robot-type", ROBOT_TYPE[preset]]
+           "--robot-type", ROBOT_TYPE[preset],
+           # the original's run is a few synthetic frames: a joint that never moved has min == max
+           # (refused by default), and the comparison must keep the original's formula for it
+           "--allow-constant-dims"]
     done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
     if done.returncode:
         sys.exit(f"the conversion failed: {done.stderr.strip()}")

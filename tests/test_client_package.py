@@ -15,7 +15,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import tomllib
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: tomli, which pytest itself requires there
+    import tomli as tomllib
 from serve_fixtures import RunningServer, dit4dit_example, load_policy, sample_observations
 
 REPO = Path(__file__).resolve().parents[1]

@@ -22,7 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import tomllib
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: tomli, which pytest itself requires there
+    import tomli as tomllib
 
 from dit4dit_npu.config import load_config
 
