@@ -115,12 +115,12 @@ def test_trained_policy_runs_closed_loop_from_its_folder_and_through_the_server(
     try:
         r = sim_eval(capsys, str(policy), tmp_path / "folder")
         assert r["summary"]["size_hw"] == list(SIZE) and r["episodes"][0]["error"] is None
-        assert (r["episodes"][0]["steps"], r["episodes"][0]["policy_calls"]) == (EPISODE_STEPS, 1)
+        assert (r["episodes"][0]["steps"], r["episodes"][0]["policy_calls"]) == (EPISODE_STEPS, 1), r["episodes"][0]
         r = sim_eval(capsys, f"ws://127.0.0.1:{port}", tmp_path / "server", "--connect-timeout", "120")
     finally:
         server.terminate()
         server.wait(30)
-    assert (r["episodes"][0]["steps"], r["episodes"][0]["policy_calls"]) == (EPISODE_STEPS, 1)
+    assert (r["episodes"][0]["steps"], r["episodes"][0]["policy_calls"]) == (EPISODE_STEPS, 1), r["episodes"][0]  # says why an episode ended early
 
 
 @pytest.mark.parametrize(
