@@ -115,12 +115,20 @@ def test_trained_policy_runs_closed_loop_from_its_folder_and_through_the_server(
     try:
         r = sim_eval(capsys, str(policy), tmp_path / "folder")
         assert r["summary"]["size_hw"] == list(SIZE) and r["episodes"][0]["error"] is None
-        assert (r["episodes"][0]["steps"], r["episodes"][0]["policy_calls"]) == (EPISODE_STEPS, 1), r["episodes"][0]
+        ran_whole_chunk(r["episodes"][0])
         r = sim_eval(capsys, f"ws://127.0.0.1:{port}", tmp_path / "server", "--connect-timeout", "120")
     finally:
         server.terminate()
         server.wait(30)
-    assert (r["episodes"][0]["steps"], r["episodes"][0]["policy_calls"]) == (EPISODE_STEPS, 1), r["episodes"][0]  # says why an episode ended early
+    ran_whole_chunk(r["episodes"][0])
+
+
+def ran_whole_chunk(episode: dict) -> None:
+    """One chunk, executed to the episode's end, or to a success: a 2-step policy's wild arm can
+    fling the cube against the left gripper in mid-air, which gym-aloha's contact reward scores 4
+    (seen about 1 in 12 server episodes, whose flow-matching noise is not seeded)."""
+    assert episode["error"] is None and episode["policy_calls"] == 1, episode
+    assert episode["steps"] == EPISODE_STEPS or (episode["success"] and episode["max_reward"] == 4.0), episode
 
 
 @pytest.mark.parametrize(
