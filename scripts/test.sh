@@ -3,11 +3,11 @@
 #   bash scripts/test.sh            the full tier, slow tests included (what CI runs)
 #   bash scripts/test.sh --fast     the fast tier: -m "not slow" (unit + in-process tests, minutes)
 # Tests run on $TEST_WORKERS pytest-xdist workers (default 2; each test file stays on one worker,
-# tests/conftest.py); `-n 0` among the arguments runs them in this process instead.
+# tests/conftest.py's scheduler); `-n 0` among the arguments runs them in this process instead.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
-args=(-n "${TEST_WORKERS:-2}" --dist loadgroup)
+args=(-n "${TEST_WORKERS:-2}")  # which tests share a worker: tests/conftest.py
 for arg in "$@"; do
   if [ "$arg" = "--fast" ]; then
     args+=(-m "not slow")
