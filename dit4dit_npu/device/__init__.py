@@ -48,6 +48,7 @@ if TYPE_CHECKING:  # the names below, for readers and type checkers; resolved by
         set_device,
         supports_fused_adamw,
         synchronize,
+        video_memory_format,
     )
     from dit4dit_npu.device.host import HOST_MALLOC_DEFAULTS, configure_host_allocator  # noqa: F401
     from dit4dit_npu.device.launch import (  # noqa: F401
@@ -65,7 +66,7 @@ _EXPORTS = {
         "autocast_device_type", "autocast_dtype", "deepspeed_accelerator_name", "describe", "device_count",
         "device_type", "dist_backend", "empty_cache", "get_device", "local_rank", "memory_info", "memory_stats",
         "parse_device", "reset_cache", "reset_peak_memory", "seed_everything", "set_device",
-        "supports_fused_adamw", "synchronize",
+        "supports_fused_adamw", "synchronize", "video_memory_format",
     ),
     "host": ("HOST_MALLOC_DEFAULTS", "configure_host_allocator"),
     "launch": ("ASCEND_ENV_DEFAULTS", "apply_env_defaults", "check_local_ranks", "cpu_cores", "launch_env",

@@ -144,6 +144,14 @@ def supports_fused_adamw() -> bool:
     return device_type() in (NPU, CUDA)
 
 
+def video_memory_format(device: torch.device) -> torch.memory_format:
+    """The layout to hand the VAE its (B, C, T, H, W) video in. On CPU channels-last: the Wan VAE's
+    RMS norm reduces over channels (``F.normalize(dim=1)``), ~4x faster with channels innermost, and
+    oneDNN's conv3d keeps that layout; encoding a batch is 1.5-1.8x faster, bit-identical (tiny VAE,
+    batch 4-8). On NPU/CUDA (not measured here) the contiguous layout their kernels are tuned for."""
+    return torch.channels_last_3d if device.type == CPU else torch.contiguous_format
+
+
 def dist_backend() -> str:
     return {NPU: "hccl", CUDA: "nccl", CPU: "gloo"}[device_type()]
 

@@ -363,8 +363,10 @@ def vae_latents(vae: nn.Module, video: torch.Tensor) -> torch.Tensor:
     """(B, 3, T, H, W) in [-1, 1] -> the VAE's posterior mean (B, 16, T_lat, H/8, W/8) in the VAE's
     dtype, un-normalised: ``CosmosBackbone.encode_video`` normalises it, and it is exactly what a
     latent cache stores (deterministic, so caching it is exact). T is padded to 1 + 4k first."""
-    video = pad_to_causal_length(video, vae_temporal_factor(vae))
-    return vae.encode(video.to(next(vae.parameters()).dtype)).latent_dist.mode()
+    weight = next(vae.parameters())
+    video = pad_to_causal_length(video, vae_temporal_factor(vae)).to(weight.dtype)
+    video = video.contiguous(memory_format=dev.video_memory_format(weight.device))
+    return vae.encode(video).latent_dist.mode().contiguous()
 
 
 def pad_to_causal_length(video: torch.Tensor, temporal_factor: int) -> torch.Tensor:
