@@ -216,7 +216,9 @@ class CosmosBackbone(nn.Module):
 
     def _posterior(self, video: torch.Tensor) -> DiagonalGaussianDistribution:
         moments = first_frame_moments(self.vae, video) if video.shape[2] == 1 else None
-        return self.vae.encode(video).latent_dist if moments is None else DiagonalGaussianDistribution(moments)
+        if moments is None:
+            moments = self.vae.encode(vae_layout(self.vae, video)).latent_dist.parameters.contiguous()
+        return DiagonalGaussianDistribution(moments)
 
     @torch.no_grad()
     def encode_video(self, video: torch.Tensor) -> torch.Tensor:
@@ -363,10 +365,15 @@ def vae_latents(vae: nn.Module, video: torch.Tensor) -> torch.Tensor:
     """(B, 3, T, H, W) in [-1, 1] -> the VAE's posterior mean (B, 16, T_lat, H/8, W/8) in the VAE's
     dtype, un-normalised: ``CosmosBackbone.encode_video`` normalises it, and it is exactly what a
     latent cache stores (deterministic, so caching it is exact). T is padded to 1 + 4k first."""
+    video = pad_to_causal_length(video, vae_temporal_factor(vae))
+    return vae.encode(vae_layout(vae, video)).latent_dist.mode().contiguous()
+
+
+def vae_layout(vae: nn.Module, video: torch.Tensor) -> torch.Tensor:
+    """``video`` in the VAE's dtype and the memory layout its kernels are fastest with on its
+    device (``device.video_memory_format``: channels-last on CPU). The values are unchanged."""
     weight = next(vae.parameters())
-    video = pad_to_causal_length(video, vae_temporal_factor(vae)).to(weight.dtype)
-    video = video.contiguous(memory_format=dev.video_memory_format(weight.device))
-    return vae.encode(video).latent_dist.mode().contiguous()
+    return video.to(weight.dtype).contiguous(memory_format=dev.video_memory_format(weight.device))
 
 
 def pad_to_causal_length(video: torch.Tensor, temporal_factor: int) -> torch.Tensor:
