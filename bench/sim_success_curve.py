@@ -4,7 +4,7 @@
         [--workers W] [--out docs/aloha_success_vs_steps.png]
 
 Evaluates every saved checkpoint of the run (``checkpoints/step_*/policy``) with
-``python -m dit4dit_npu.sim.eval`` on seeds S..S+N-1 (results kept in ``RUN/sim_curve/step_N/``:
+``python -m dit4dit_npu.sim.eval`` (in this process) on seeds S..S+N-1 (results kept in ``RUN/sim_curve/step_N/``:
 a rerun evaluates only what is missing), reads ``val/action_mse`` at the same steps from
 ``metrics.jsonl``, and plots both against the step: does the open-loop error predict success?
 Prints one row per checkpoint; the last line is the last checkpoint's ``success k/N = p% (95%
@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -32,16 +31,21 @@ from dit4dit_npu.train.metrics import read_metrics
 
 
 def evaluate(policy: Path, out: Path, a: argparse.Namespace) -> dict:
+    """``python -m dit4dit_npu.sim.eval`` of one checkpoint, run in this process (each start of a
+    new one would spend ~10 s importing torch and diffusers; the episodes are the same)."""
+    from dit4dit_npu.sim.eval import main as sim_eval
+
     if not (out / "results.json").exists():
-        cmd = [
-            sys.executable, "-m", "dit4dit_npu.sim.eval", "--policy", str(policy), "--episodes", str(a.episodes),
-            "--seed", str(a.seed), "--max-steps", str(a.max_steps), "--workers", str(a.workers), "--videos", "0",
-            "--out", str(out),
+        argv = [
+            "--policy", str(policy), "--episodes", str(a.episodes), "--seed", str(a.seed), "--max-steps",
+            str(a.max_steps), "--workers", str(a.workers), "--videos", "0", "--out", str(out),
         ]
         if a.replan is not None:
-            cmd += ["--replan", str(a.replan)]
-        print("+", " ".join(cmd), flush=True)
-        subprocess.run(cmd, check=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+            argv += ["--replan", str(a.replan)]
+        print("+ python -m dit4dit_npu.sim.eval", " ".join(argv), flush=True)
+        code = sim_eval(argv)
+        if code != 0:
+            raise SystemExit(f"error: the eval of {policy} exited with code {code}")
     return json.loads((out / "results.json").read_text())["summary"]
 
 
