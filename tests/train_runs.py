@@ -223,15 +223,16 @@ def two_rank_runs(tmp_path_factory, demo_root) -> TwoRankRuns:
 
 @pytest.fixture(scope="session")
 def demo_run(tmp_path_factory) -> Path:
-    """The embedded default (the tiny config as a user runs it, DeepSpeed ZeRO-2) shortened to 400
+    """The embedded default (the tiny config as a user runs it, DeepSpeed ZeRO-2) shortened to 300
     of its 600 steps, from an empty working folder, so the demo data is generated at its default
-    location (demo_data/robotwin_demo) as for a user; returns the run folder (checkpoints at steps
-    300 and 400). The only run long enough to learn: a test that needs a trained policy reads
-    this one (its file in SHARED_RUNS_GROUP with test_eval.py, tests/conftest.py)."""
+    location (demo_data/robotwin_demo) as for a user; returns the run folder (its checkpoint at step
+    300). The only run long enough to learn: a test that needs a trained policy reads this one
+    (from test_eval.py, or from a file joined to its unit in tests/conftest.py, so that it is
+    trained once)."""
     cwd = tmp_path_factory.mktemp("demo_run")
     r = subprocess.run(
         [sys.executable, "-m", "dit4dit_npu.train", "--config", str(TINY), f"run_root_dir={cwd}/runs",
-         "run_id=t", "trainer.max_train_steps=400"],
+         "run_id=t", "trainer.max_train_steps=300"],
         env={**ENV, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, cwd=cwd, timeout=1800,
     )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
