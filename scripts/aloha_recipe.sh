@@ -8,14 +8,14 @@
 # `success k/50 = p% (95% Wilson CI lo-hi%)`.
 #
 #   bash scripts/aloha_recipe.sh [a.b=c ...]   # extra training overrides (a new RUN_ID for a new run)
-#   STEPS=6000 WORKERS=2 bash scripts/aloha_recipe.sh
+#   STEPS=6000 WORKERS=2 bash scripts/aloha_recipe.sh  # WORKERS: eval processes (one per free core)
 #   SMOKE=1 bash scripts/aloha_recipe.sh       # the same commands, tiny: 1 demo at 32x48, 2 steps,
 #                                              # one 16-step episode per checkpoint (3.8 min at load 11)
 #
-# Runtime on the project's shared 2-core CPU machine, ESTIMATED from the parts measured in
-# docs/sim_recipe_log.md and the README (the whole recipe has not been run end to end): demos ~5 min,
-# cache ~100 min (2.5 clips/s, 320 clips per demo), training ~90 min (0.45 s/step x 12000),
-# evaluation ~40 min (4 checkpoints x 50 episodes at ~5 episodes/min): about 4 hours.
+# Measured on the project's shared 2-core CPU machine (2026-12-01, STEPS=15000, one core each while
+# tests ran on the other): demos 8 min, the tiny VAE's statistics 1 min, cache 15 min (14,400
+# one-frame clips), training 50 min (0.12-0.25 s/step), evaluation ~40 min (4 checkpoints x 50
+# episodes of 400 steps, ~12 s each on one core): about 2 hours. Result: docs/sim_recipe_log.md.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -29,9 +29,14 @@ if [ "${SMOKE:-0}" = 1 ]; then
     EXTRA=(datasets.vla_data.val_fraction=0.0 trainer.eval_samples=0 datasets.vla_data.per_device_batch_size=2
            trainer.num_warmup_steps=0)
 else
-    DEMOS=50 SIZE=96x128 STEPS="${STEPS:-12000}" EPISODES=50 EPISODE_STEPS=400 RUN_ID="${RUN_ID:-aloha_recipe}"
+    DEMOS=50 SIZE=96x128 STEPS="${STEPS:-15000}" EPISODES=50 EPISODE_STEPS=400 RUN_ID="${RUN_ID:-aloha_recipe}"
     EVERY=$((STEPS / 4)) EXTRA=()
 fi
+# Chosen by measurement (docs/sim_recipe_log.md): one-frame clips (the cache is 4x cheaper and a step
+# ~2x: 5-frame clips would spend the whole 2-hour budget on the cache), the action loss reaching the
+# backbone (with one frame there is no video loss to train it), and the tiny VAE's own latent
+# statistics (measured below on the demos; the real VAE's leave ~1% of the image signal).
+RECIPE=(datasets.vla_data.video_delta_indices=[0] framework.cosmos25.backprop_action_to_backbone=true)
 DATA_ROOT=data/aloha
 DATA="$DATA_ROOT/transfer_cube_${SIZE}_recipe"
 CACHE="${DATA}_latents"
@@ -39,7 +44,7 @@ H="${SIZE%x*}" W="${SIZE#*x}"
 OVERRIDES=(
     "datasets.vla_data.data_root_dir=$DATA_ROOT" "datasets.vla_data.data_mix=[{path: $(basename "$DATA"), weight: 1.0}]"
     "datasets.vla_data.image_size=[$H, $W]" "datasets.vla_data.latent_cache=$CACHE" "run_id=$RUN_ID"
-    "${EXTRA[@]}" "$@"
+    "${RECIPE[@]}" "${EXTRA[@]}" "$@"
 )
 
 stage() { echo "== $(date +%H:%M:%S) $*"; }
@@ -48,6 +53,13 @@ if [ ! -d "$DATA" ]; then
     stage "demos: $DEMOS expert episodes, seeds 100000.., $SIZE"
     $PY -m dit4dit_npu.sim.demos --task transfer_cube --episodes "$DEMOS" --size "$SIZE" --out "$DATA"
 fi
+STATS="${DATA}_tiny_vae_stats.txt"
+if [ ! -s "$STATS" ]; then
+    stage "the tiny VAE's latent statistics on the demos"
+    $PY bench/tiny_vae_stats.py --config "$CONFIG" "${OVERRIDES[@]}" | tee "$STATS.tmp"
+    mv "$STATS.tmp" "$STATS"
+fi
+OVERRIDES+=($(sed -n 's/^ *\(vae_latents_[a-z]*\): \[\(.*\)\]$/framework.cosmos25.tiny.\1=[\2]/p' "$STATS" | tr -d ' '))
 t_demos=$SECONDS
 stage "latent cache: every training sample's clip, VAE-encoded once"
 $PY -m dit4dit_npu.data.encode_latents --config "$CONFIG" --out "$CACHE" "${OVERRIDES[@]}"
