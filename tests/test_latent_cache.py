@@ -138,6 +138,8 @@ def _edit_info(root: Path, suffix: str) -> str:
         (["datasets.vla_data.image_size=[16, 16]"], r"is stale \(image_size: the cache has \[32, 32\], this run \[16, 16\]\)"),
         (["datasets.vla_data.action_video_freq_ratio=1"], r"is stale \(clip_offsets: the cache has \[0, 2, 4, 6, 8\]"),
         (["datasets.vla_data.view_layout=height"], r"is stale \(view_layout"),
+        (["datasets.vla_data.camera_crops={observation.images.cam_high: [0.25, 0.25, 0.5, 0.5]}"],
+         r"is stale \(camera_crops: the cache has \{\}, this run \{'observation.images.cam_high': \[0.25, 0.25, 0.5, 0.5\]\}\)"),
         (["framework.cosmos25.tiny.seed=1"], r"is stale \(vae: the cache has 'tiny:vae8:seed0:float32'"),
         (["datasets.vla_data.val_fraction=0.0"], r"lacks 1 of the 6 training episodes of .*robotwin_demo \(e.g. \[\d\]\)"),
         ("edited dataset", r"the files of .*robotwin_demo changed since it was cached"),

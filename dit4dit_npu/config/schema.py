@@ -79,6 +79,17 @@ class VectorPart:
         require(self.size >= 1, f"{key}.size", self.size, ">= 1")
 
 
+def crop_problem(crop: list[float]) -> str | None:
+    """What is wrong with a camera crop [top, left, height, width] (fractions of the frame), else
+    None: the one rule, for configs and for the PolicyIO files that carry crops."""
+    if len(crop) != 4 or not all(isinstance(v, int | float) and math.isfinite(v) for v in crop):
+        return f"expected [top, left, height, width] as 4 fractions of the frame, got {list(crop)}"
+    top, left, height, width = crop
+    if top < 0 or left < 0 or height <= 0 or width <= 0 or top + height > 1 or left + width > 1:
+        return f"expected 0 <= top, left; height, width > 0; top + height <= 1, left + width <= 1; got {list(crop)}"
+    return None
+
+
 def _check_order(order: list[int] | None, key: str) -> None:
     if order is not None:
         require(sorted(order) == list(range(len(order))), key, order, "a permutation of 0..N-1 (model = robot[order])")
@@ -103,6 +114,10 @@ class VLADataConfig:
             "observation.images.cam_right_wrist",
         ]
     )
+    # A region of interest per camera, cut out of each of its frames before the resize: {camera key:
+    # [top, left, height, width]} as fractions of the frame (so one crop fits every resolution),
+    # with image_size's aspect ratio; applied by the policy to live frames too.
+    camera_crops: dict[str, list[float]] = field(default_factory=dict)
     # Per-view size [H, W] after resize (each divisible by 16 once tiled).
     image_size: list[int] = field(default_factory=lambda: [224, 224])
     # How camera views become one frame: side by side ("width"), stacked ("height"),
@@ -168,6 +183,11 @@ class VLADataConfig:
             raise ConfigError(f"{key}.camera_keys: expected at least one camera")
         require(len(set(self.camera_keys)) == len(self.camera_keys), f"{key}.camera_keys", self.camera_keys,
                 "no repeats")
+        for cam, crop in self.camera_crops.items():
+            require(cam in self.camera_keys, f"{key}.camera_crops", cam, f"one of camera_keys {self.camera_keys}")
+            problem = crop_problem(crop)
+            if problem:
+                raise ConfigError(f"{key}.camera_crops.{cam}: {problem}")
         for name in ("state_parts", "action_parts"):
             for i, part in enumerate(getattr(self, name)):
                 part.check(f"{key}.{name}[{i}]")

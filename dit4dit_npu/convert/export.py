@@ -164,6 +164,9 @@ def client_notices(io: PolicyIO, cosmos: Any) -> list[str]:
     grippers = [s for s in pipe.steps if isinstance(s, Binarize) and not s.encode]
     if grippers:
         out.append(f"predicted dims {list(grippers[0].dims)} were binarized here; its clients decide their own grippers")
+    for key, crop in io.camera_crops.items():
+        out.append(f"{key} was cropped to {crop} ([top, left, height, width] of the frame) before the resize; "
+                   "its clients must cut the same region out of that camera's frames")
     if cosmos.condition_latent != "sample" or cosmos.feature_noise_seed is not None:
         out.append("its model samples the conditioning latent and draws unseeded feature noise (this policy: "
                    f"condition_latent {cosmos.condition_latent}, feature_noise_seed {cosmos.feature_noise_seed})")

@@ -70,21 +70,34 @@ class CacheKey:
     view_layout: str
     clip_offsets: tuple[int, ...]
     vae: str  # weights.vae_identity: weights + the dtype the VAE runs in
+    # PolicyIO.camera_crops as sorted (camera, crop) pairs; a manifest without them: no crops
+    camera_crops: tuple[tuple[str, tuple[float, ...]], ...] = ()
 
     @classmethod
     def of(cls, io: Any, vae: str) -> CacheKey:
-        """The key of a PolicyIO's clips (cameras, size, layout, offsets) encoded by ``vae``."""
-        return cls(tuple(io.camera_keys), tuple(io.image_size), io.view_layout, tuple(io.clip_offsets), vae)
+        """The key of a PolicyIO's clips (cameras, crops, size, layout, offsets) encoded by ``vae``."""
+        crops = tuple(sorted((k, tuple(float(v) for v in c)) for k, c in io.camera_crops.items()))
+        return cls(tuple(io.camera_keys), tuple(io.image_size), io.view_layout, tuple(io.clip_offsets), vae, crops)
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}
+        d = {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}
+        d["camera_crops"] = {k: list(c) for k, c in self.camera_crops}
+        if not self.camera_crops:  # manifests of caches without crops stay as they were
+            del d["camera_crops"]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> CacheKey:
+        d = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
+        crops = d.pop("camera_crops", {})
+        return cls(**d, camera_crops=tuple(sorted((str(k), tuple(float(v) for v in c)) for k, c in crops.items())))
 
     def difference(self, other: CacheKey) -> str | None:
         """The first field that differs, as 'field: cache X, this run Y', else None."""
         mine, theirs = self.to_dict(), other.to_dict()
-        for name in mine:
-            if mine[name] != theirs[name]:
-                return f"{name}: the cache has {mine[name]!r}, this run {theirs[name]!r}"
+        for name in [f.name for f in dataclasses.fields(self)]:
+            if mine.get(name, {}) != theirs.get(name, {}):
+                return f"{name}: the cache has {mine.get(name, {})!r}, this run {theirs.get(name, {})!r}"
         return None
 
 
@@ -187,8 +200,8 @@ class LatentCache:
             got = manifest.get("format") if isinstance(manifest, dict) else None
             raise DatasetError(f"{where}: format {got!r}, expected {FORMAT!r}; re-encode with {ENCODE_HINT}")
         try:
-            saved = CacheKey(**{k: tuple(v) if isinstance(v, list) else v for k, v in manifest["key"].items()})
-        except (KeyError, TypeError, AttributeError) as e:  # AttributeError: "key" is not a mapping
+            saved = CacheKey.from_dict(manifest["key"])
+        except (KeyError, TypeError, ValueError, AttributeError) as e:  # AttributeError: "key" is not a mapping
             raise DatasetError(f"{where}: {MANIFEST} has no valid key ({e})") from None
         diff = saved.difference(key)
         if diff is not None:

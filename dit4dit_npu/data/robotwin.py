@@ -105,7 +105,7 @@ class RoboTwinDataset(torch.utils.data.Dataset):
         clip = clip_rows(row, self.clip_offsets, start, end)
         views = None
         if decode_views:
-            views = np.stack([ds.frames_at(clip, key, self.io.image_size) for key in self.io.camera_keys], axis=1)
+            views = self.io.camera_views(lambda key, size: ds.frames_at(clip, key, size))
         steps = row + np.arange(self.io.chunk_length)
         return RawSample(
             views=views,

@@ -4,6 +4,9 @@
   YUV->RGB conversion with it, live images with ``resize_rgb``, so inference sees images resized
   exactly as in training (bilinear; swscale widens the kernel when downscaling, so it does not
   alias).
+- ``crop_rgb`` cuts a fixed region of interest out of a camera frame before that resize (a
+  camera's ``crop``: [top, left, height, width] as fractions of the frame, so one crop fits the
+  frame at any resolution); training frames and live images are cut by the same function.
 - ``tile_views`` puts the camera views side by side ("width"), stacked ("height") or on a
   near-square "grid", by position, whatever the cameras are called. The original placed a view
   beside the primary one only if its key contained "wrist" and appended any other camera on the
@@ -63,6 +66,23 @@ def resize_rgb(image: np.ndarray, size_hw: Sequence[int], method: str = "swscale
         _local.reformatter = VideoReformatter()
     frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(image), format="rgb24")
     return swscale_rgb(frame, size_hw, _local.reformatter)
+
+
+def crop_box(h: int, w: int, crop: Sequence[float]) -> tuple[int, int, int, int]:
+    """The pixel rows/columns [y0, y1) x [x0, x1) a fractional crop covers in an h x w frame
+    (edges rounded to the nearest pixel, at least one pixel each way)."""
+    top, left, height, width = (float(v) for v in crop)
+    y0, x0 = round(top * h), round(left * w)
+    y1, x1 = max(y0 + 1, round((top + height) * h)), max(x0 + 1, round((left + width) * w))
+    return y0, min(y1, h), x0, min(x1, w)
+
+
+def crop_rgb(image: np.ndarray, crop: Sequence[float] | None) -> np.ndarray:
+    """(H, W, 3) -> the region ``crop`` covers (a contiguous copy); None: the image itself."""
+    if crop is None:
+        return image
+    y0, y1, x0, x1 = crop_box(image.shape[0], image.shape[1], crop)
+    return np.ascontiguousarray(image[y0:y1, x0:x1])
 
 
 def torch_bilinear_rgb(image: np.ndarray, size_hw: Sequence[int]) -> np.ndarray:

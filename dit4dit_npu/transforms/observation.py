@@ -12,7 +12,8 @@ last, as openpi's ALOHA clients send them:
 A short name maps to the camera key ``observation.images.<name>`` (LeRobot's naming, which the
 training config's camera keys use). Images of another size are resized (the training resize
 path), but only when their aspect ratio matches the training videos': a distorted view is
-something the model never saw.
+something the model never saw. A camera with a crop (``PolicyIO.camera_crops``) is cut to its
+region of interest first: every image sent is a whole camera frame, at any resolution.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from dit4dit_npu.errors import DiT4DiTError
-from dit4dit_npu.transforms.images import resize_rgb
+from dit4dit_npu.transforms.images import crop_rgb, resize_rgb
 
 STATE, INSTRUCTION = "state", "instruction"
 PROMPT = "prompt"  # openpi's name for the instruction
@@ -83,9 +84,11 @@ def parse_observation(
     state_dim: int,
     source_sizes: dict[str, list[list[int]]] | None = None,
     resize_method: str = "swscale",
+    crops: dict[str, Sequence[float]] | None = None,
 ) -> Observation:
     """``resize_method`` (images.RESIZE_METHODS): how images of another size are resized, the
-    way the policy's training frames were (PolicyIO.resize_method)."""
+    way the policy's training frames were (PolicyIO.resize_method); ``crops``: camera -> the
+    region [top, left, height, width] (fractions) cut out before the resize, as in training."""
     if not isinstance(obs, dict):
         raise PolicyInputError(f"observation must be a dict, got {type(obs).__name__}")
     obs, names = _canonical_keys(obs, cameras)
@@ -94,7 +97,9 @@ def parse_observation(
     batched: bool | None = None
     for key in cameras:
         name = names.get(key, key)  # errors name the key the client sent
-        imgs, is_batch = _images(name, obs[key], image_size, (source_sizes or {}).get(key), resize_method)
+        imgs, is_batch = _images(
+            name, obs[key], image_size, (source_sizes or {}).get(key), resize_method, (crops or {}).get(key)
+        )
         if batched is None:
             batched = is_batch
         elif is_batch != batched or len(imgs) != len(views[0]):
@@ -159,7 +164,12 @@ def _check_keys(obs: dict[str, Any], cameras: Sequence[str]) -> None:
 
 
 def _images(
-    key: str, value: Any, size: tuple[int, int], source_sizes: list[list[int]] | None, method: str
+    key: str,
+    value: Any,
+    size: tuple[int, int],
+    source_sizes: list[list[int]] | None,
+    method: str,
+    crop: Sequence[float] | None = None,
 ) -> tuple[np.ndarray, bool]:
     img = np.asarray(value)
     if img.dtype != np.uint8:
@@ -174,19 +184,28 @@ def _images(
     if len(imgs) == 0 or min(imgs.shape[1:3]) < 2:
         raise PolicyInputError(f"{key}: empty image or batch, shape {img.shape}")
     h, w = imgs.shape[1:3]
-    if (h, w) != tuple(size):
+    if crop is not None:  # a whole frame at any resolution: the aspect is the training videos'
+        _check_aspect(key, h, w, size, source_sizes, cropped=True)
+        imgs = np.stack([resize_rgb(crop_rgb(x, crop), size, method) for x in imgs])
+    elif (h, w) != tuple(size):
         _check_aspect(key, h, w, size, source_sizes)
         imgs = np.stack([resize_rgb(np.ascontiguousarray(x), size, method) for x in imgs])
     return imgs, batched
 
 
-def _check_aspect(key: str, h: int, w: int, size: tuple[int, int], sources: list[list[int]] | None) -> None:
+def _check_aspect(
+    key: str, h: int, w: int, size: tuple[int, int], sources: list[list[int]] | None, cropped: bool = False
+) -> None:
     if not sources or any(abs((w / h) / (sw / sh) - 1.0) <= ASPECT_TOLERANCE for sh, sw in sources):
         return
+    fix = (
+        "send the whole camera frame (the policy crops this camera itself)"
+        if cropped
+        else f"crop to that aspect ratio, or pass images already at the model size {size[0]}x{size[1]}"
+    )
     raise PolicyInputError(
         f"{key}: image size {h}x{w} (HxW) has another aspect ratio than the training videos "
-        f"({' or '.join(f'{sh}x{sw}' for sh, sw in sources)}); crop to that aspect ratio, or pass "
-        f"images already at the model size {size[0]}x{size[1]}"
+        f"({' or '.join(f'{sh}x{sw}' for sh, sw in sources)}); {fix}"
     )
 
 

@@ -5,7 +5,8 @@ checkpoint and policy folder (``policy_io.json``), and called by the dataset (``
 the policy and the server (``parse_observation`` / ``encode_parsed`` / ``decode_actions``) and
 evaluation alike, so training and deployment cannot drift apart. It owns:
 
-- camera_keys: which observation keys, in which order, at which size, tiled how (``images.py``);
+- camera_keys: which observation keys, in which order, cropped to which region, at which size,
+  tiled how (``images.py``);
 - state: raw robot state -> encoded (normalized / sin-cos / raw) and zero-padded (``vector.py``);
 - action: raw chunk -> normalized and zero-padded, the real-dims mask, and the inverse for
   predicted chunks;
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import json
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,14 +29,28 @@ import torch
 
 from dit4dit_npu.batch import Batch, BatchSpec
 from dit4dit_npu.config import Config, ConfigError
+from dit4dit_npu.config.schema import crop_problem
 from dit4dit_npu.errors import DiT4DiTError
 from dit4dit_npu.transforms import encodings
 from dit4dit_npu.transforms.feature_stats import FeatureStats
-from dit4dit_npu.transforms.images import RESIZE_METHODS, VIEW_LAYOUTS, tile_views, tiled_size
-from dit4dit_npu.transforms.observation import Observation, parse_observation
+from dit4dit_npu.transforms.images import (
+    RESIZE_METHODS,
+    VIEW_LAYOUTS,
+    crop_box,
+    crop_rgb,
+    resize_rgb,
+    tile_views,
+    tiled_size,
+)
+from dit4dit_npu.transforms.observation import ASPECT_TOLERANCE, Observation, parse_observation
 from dit4dit_npu.transforms.vector import NORM_MODES, Normalize, TooNarrowError, VectorPipeline, padded
 
 FORMAT = "dit4dit_npu.policy_io/1"
+# 2 adds camera_crops. A PolicyIO without crops is written as 1, byte for byte as before, so it
+# still loads in releases that know only 1; one with crops is 2, which those refuse instead of
+# silently feeding uncropped frames.
+FORMAT_CROPS = "dit4dit_npu.policy_io/2"
+CROPS_KEY = "datasets.vla_data.camera_crops"
 STATE_MODES = (*NORM_MODES, "sincos", "none")
 
 
@@ -62,6 +77,9 @@ class PolicyIO:
     # How live images of another size are resized (images.RESIZE_METHODS): "swscale" is this
     # project's decode-time path; "torch_bilinear" is DiT4DiT's (set by its checkpoint import).
     resize_method: str = "swscale"
+    # camera -> [top, left, height, width], fractions of its frame: the region of interest cut out
+    # of every frame of that camera before the resize (training frames and live images alike)
+    camera_crops: dict[str, list[float]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.image_size = (int(self.image_size[0]), int(self.image_size[1]))
@@ -75,6 +93,13 @@ class PolicyIO:
             raise PolicyIOError(f"clip_offsets {self.clip_offsets}: must start with 0 (the observation frame)")
         if self.chunk_length < 1:
             raise PolicyIOError(f"chunk_length {self.chunk_length}: expected >= 1")
+        self.camera_crops = {str(k): [float(v) for v in c] for k, c in dict(self.camera_crops).items()}
+        for key, crop in self.camera_crops.items():
+            if key not in self.camera_keys:
+                raise PolicyIOError(f"{CROPS_KEY}: {key!r} is not one of the camera_keys {self.camera_keys}")
+            problem = crop_problem(crop)
+            if problem:
+                raise PolicyIOError(f"{CROPS_KEY}.{key}: {problem}")
 
     # ------------------------------------------------------------------ construction
 
@@ -103,6 +128,7 @@ class PolicyIO:
         gripper_threshold: float = 0.5,
         action_clip: str = "none",
         resize_method: str = "swscale",
+        camera_crops: dict[str, Sequence[float]] | None = None,
     ) -> PolicyIO:
         """state = encode (state_norm, or per part) + reorder + pad; action = normalize (per part)
         + grippers + reorder + clip policy + pad (``encodings.py``; the keys are datasets.vla_data's)."""
@@ -135,7 +161,9 @@ class PolicyIO:
             action=action,
             source_sizes=dict(source_sizes or {}),
             resize_method=resize_method,
+            camera_crops={k: list(v) for k, v in (camera_crops or {}).items()},
         )
+        io.check_crop_aspects()
         if warn:
             io.warn_degenerate()
         return io
@@ -174,7 +202,23 @@ class PolicyIO:
             gripper_threshold=d.gripper_threshold,
             action_clip=d.action_clip,
             resize_method=resize_method,
+            camera_crops=d.camera_crops,
         )
+
+    def check_crop_aspects(self) -> None:
+        """A crop of a training video must have the views' aspect ratio: a stretched view would be
+        one the model trains on but no camera shows."""
+        want = self.image_size[1] / self.image_size[0]
+        for key, crop in self.camera_crops.items():
+            for sh, sw in self.source_sizes.get(key, []):
+                y0, y1, x0, x1 = crop_box(sh, sw, crop)
+                if abs(((x1 - x0) / (y1 - y0)) / want - 1.0) > ASPECT_TOLERANCE:
+                    fit = crop[3] * sw / sh / want
+                    raise PolicyIOError(
+                        f"{CROPS_KEY}.{key}: {list(crop)} cuts {y1 - y0}x{x1 - x0} (HxW) out of its "
+                        f"{sh}x{sw} videos, another aspect ratio than image_size {list(self.image_size)}; "
+                        f"with width {crop[3]:g} the height fraction would be {fit:.4f}"
+                    )
 
     def warn_degenerate(self) -> None:
         for name, pipe in (("state", self.state), ("action", self.action)):
@@ -227,6 +271,20 @@ class PolicyIO:
             )
         return torch.from_numpy(np.ascontiguousarray(tile_views(views, self.view_layout)))
 
+    def camera_views(self, frames_of: Callable[[str, tuple[int, int] | None], np.ndarray]) -> np.ndarray:
+        """uint8 (N, V, H, W, 3) views at ``image_size``, cameras in model order, from a decoder:
+        ``frames_of(key, size)`` -> uint8 (N, h, w, 3) frames of camera ``key``, resized to ``size``
+        as they decode (None: the whole frame, then cropped and resized as a live image is)."""
+        views = []
+        for key in self.camera_keys:
+            crop = self.camera_crops.get(key)
+            if crop is None:
+                views.append(frames_of(key, self.image_size))
+            else:
+                frames = frames_of(key, None)
+                views.append(np.stack([resize_rgb(crop_rgb(f, crop), self.image_size, self.resize_method) for f in frames]))
+        return np.stack(views, axis=1)
+
     def encode_state(self, state: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(self.state.forward(state).astype(np.float32))
 
@@ -255,7 +313,8 @@ class PolicyIO:
         images resized to ``image_size`` the policy's way. The one place a wire or robot
         observation is read: the policy and the server both call it, once per observation."""
         return parse_observation(
-            obs, self.camera_keys, self.image_size, self.state_dim, self.source_sizes, self.resize_method
+            obs, self.camera_keys, self.image_size, self.state_dim, self.source_sizes, self.resize_method,
+            self.camera_crops,
         )
 
     def encode_parsed(self, o: Observation) -> Batch:
@@ -282,8 +341,9 @@ class PolicyIO:
     # ------------------------------------------------------------------ serialization
 
     def to_dict(self) -> dict[str, Any]:
+        crops = {"camera_crops": self.camera_crops} if self.camera_crops else {}
         return {
-            "format": FORMAT,
+            "format": FORMAT_CROPS if crops else FORMAT,
             "camera_keys": list(self.camera_keys),
             "image_size": list(self.image_size),
             "view_layout": self.view_layout,
@@ -291,6 +351,7 @@ class PolicyIO:
             "chunk_length": self.chunk_length,
             "source_sizes": self.source_sizes,
             "resize_method": self.resize_method,
+            **crops,
             "stats": {k: s.to_dict() for k, s in self.stats.items()},
             "state": self.state.to_config(),
             "action": self.action.to_config(),
@@ -298,9 +359,11 @@ class PolicyIO:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> PolicyIO:
-        if not isinstance(d, dict) or d.get("format") != FORMAT:
+        if not isinstance(d, dict) or d.get("format") not in (FORMAT, FORMAT_CROPS):
             got = d.get("format") if isinstance(d, dict) else type(d).__name__
-            raise PolicyIOError(f"not a PolicyIO (format {got!r}, expected {FORMAT!r})")
+            raise PolicyIOError(f"not a PolicyIO (format {got!r}, expected {FORMAT!r} or {FORMAT_CROPS!r})")
+        if d["format"] == FORMAT and "camera_crops" in d:
+            raise PolicyIOError(f"malformed PolicyIO: camera_crops in a {FORMAT!r} file (crops are {FORMAT_CROPS!r})")
         try:
             stats = {k: FeatureStats.from_dict(v) for k, v in d["stats"].items()}
             return cls(
@@ -314,7 +377,10 @@ class PolicyIO:
                 action=VectorPipeline.from_config(d["action"], stats["action"]),
                 source_sizes=d.get("source_sizes") or {},
                 resize_method=d.get("resize_method", "swscale"),
+                camera_crops=d.get("camera_crops") or {},
             )
+        except PolicyIOError:
+            raise
         except (KeyError, TypeError, ValueError) as e:
             raise PolicyIOError(f"malformed PolicyIO: {type(e).__name__}: {e}") from None
 
@@ -337,7 +403,7 @@ class PolicyIO:
 
     def __repr__(self) -> str:
         return (
-            f"PolicyIO(camera_keys={self.camera_keys}, image {self.image_size} tiled {self.view_layout} -> "
+            f"PolicyIO(camera_keys={self.camera_keys}, crops {self.camera_crops}, image {self.image_size} tiled {self.view_layout} -> "
             f"{self.frame_size}, clip {self.clip_offsets}, chunk {self.chunk_length}, "
             f"state {self.state}, action {self.action})"
         )

@@ -1,0 +1,126 @@
+"""Camera crops (datasets.vla_data.camera_crops): a region of interest cut out of a camera's frames
+before the resize, the same way for training frames (decoded from the dataset's videos) and for
+live images (whole camera frames at any resolution), saved with the policy (policy_io.json format
+2; a PolicyIO without crops stays format 1), refused in one line when it cannot be right."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dit4dit_npu.config import ConfigError, load_config
+from dit4dit_npu.data import build_training_data
+from dit4dit_npu.data.demo import write_demo_dataset
+from dit4dit_npu.transforms import FeatureStats, PolicyInputError, PolicyIO, PolicyIOError
+from dit4dit_npu.transforms.images import crop_box, crop_rgb, resize_rgb
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ROOT / "configs/robotwin/dit4dit_robotwin_tiny.yaml"
+HIGH = "observation.images.cam_high"
+CROP = [0.25, 0.5, 0.5, 0.5]  # rows 1/4 to 3/4 of the right half
+
+
+def _stats(d: int) -> FeatureStats:
+    x = np.random.default_rng(d).normal(size=(200, d))
+    return FeatureStats.from_data(x)
+
+
+def make_io(crops: dict | None = None, source: tuple[int, int] = (64, 64)) -> PolicyIO:
+    return PolicyIO.build(
+        camera_keys=["cam_a", "cam_b"], image_size=(16, 16), view_layout="width", clip_offsets=[0],
+        chunk_length=2, state_stats=_stats(3), action_stats=_stats(4), state_norm="min_max",
+        action_norm="min_max", source_sizes={"cam_a": [list(source)], "cam_b": [list(source)]},
+        camera_crops=crops,
+    )
+
+
+def marker_frame(h: int, w: int, y: float, x: float) -> np.ndarray:
+    """A grey frame with a white square around fractional position (y, x)."""
+    img = np.full((h, w, 3), 80, np.uint8)
+    cy, cx, r = int(y * h), int(x * w), max(1, h // 16)
+    img[cy - r : cy + r, cx - r : cx + r] = 255
+    return img
+
+
+def test_crop_box_covers_the_fraction_at_any_resolution() -> None:
+    assert crop_box(64, 64, CROP) == (16, 48, 32, 64)
+    assert crop_box(240, 320, [0.4271, 0.4219, 0.3125, 0.3125]) == (103, 178, 135, 235)
+    img = marker_frame(64, 64, 0.5, 0.75)
+    cut = crop_rgb(img, CROP)
+    assert cut.shape == (32, 32, 3) and cut.flags.c_contiguous
+    assert crop_rgb(img, None) is img
+
+
+def test_live_frames_are_cut_like_training_frames_at_any_resolution() -> None:
+    io = make_io({"cam_a": CROP})
+    frames = {"cam_a": marker_frame(64, 64, 0.5, 0.75), "cam_b": marker_frame(64, 64, 0.5, 0.5)}
+    # the training path: a decoder that resizes when asked for a size, else gives whole frames
+    decoded = lambda key, size: (frames[key] if size is None else resize_rgb(frames[key], size))[None]  # noqa: E731
+    views = io.camera_views(decoded)
+    assert views.shape == (1, 2, 16, 16, 3)
+    live = io.parse_observation({**frames, "state": np.zeros(3), "instruction": "go"})
+    np.testing.assert_array_equal(live.views, views)
+    # the crop is the frame's right half, rows 1/4-3/4: the marker at x = 3/4 lands in the middle
+    bright = np.argwhere(views[0, 0, :, :, 0] > 200)
+    assert np.allclose(bright.mean(0), [8, 8], atol=1.5), bright.mean(0)
+    # a whole frame at another resolution (same aspect ratio) gives the same view, nearly
+    big = io.parse_observation({"cam_a": marker_frame(256, 256, 0.5, 0.75), "cam_b": frames["cam_b"],
+                                "state": np.zeros(3), "instruction": "go"})
+    assert np.abs(big.views[0, 0].astype(int) - views[0, 0]).mean() < 12
+    # a frame of another aspect ratio is not a whole frame of this camera
+    with pytest.raises(PolicyInputError, match="cam_a: image size 64x128 .* send the whole camera frame"):
+        io.parse_observation({**frames, "cam_a": np.zeros((64, 128, 3), np.uint8), "state": np.zeros(3),
+                              "instruction": "go"})
+
+
+def test_crops_travel_in_policy_io_format_2_and_a_policy_io_without_stays_format_1(tmp_path: Path) -> None:
+    io = make_io({"cam_a": CROP})
+    io.save(tmp_path / "io.json")
+    saved = json.loads((tmp_path / "io.json").read_text())
+    assert saved["format"] == "dit4dit_npu.policy_io/2" and saved["camera_crops"] == {"cam_a": CROP}
+    back = PolicyIO.load(tmp_path / "io.json")
+    assert back == io and back.camera_crops == {"cam_a": CROP}
+    plain = make_io().to_dict()
+    assert plain["format"] == "dit4dit_npu.policy_io/1" and "camera_crops" not in plain
+    with pytest.raises(PolicyIOError, match="camera_crops in a 'dit4dit_npu.policy_io/1' file"):
+        PolicyIO.from_dict({**plain, "camera_crops": {"cam_a": CROP}})
+    with pytest.raises(PolicyIOError, match=r"camera_crops.cam_a: expected 0 <= top"):
+        PolicyIO.from_dict({**saved, "camera_crops": {"cam_a": [0.5, 0.5, 0.6, 0.5]}})
+
+
+@pytest.mark.parametrize(
+    "crops, message",
+    [
+        ({"cam_c": CROP}, r"camera_crops: 'cam_c' is not one of the camera_keys"),
+        ({"cam_a": [0.1, 0.1, 0.5]}, r"camera_crops.cam_a: expected \[top, left, height, width\] as 4 fractions"),
+        ({"cam_a": [0.6, 0.0, 0.5, 0.5]}, r"camera_crops.cam_a: expected 0 <= top"),
+        ({"cam_a": [0.0, 0.0, 0.5, 0.25]}, r"cuts 32x16 \(HxW\) out of its 64x64 videos, another aspect ratio than "
+                                           r"image_size \[16, 16\]; with width 0.25 the height fraction would be 0.2500"),
+    ],
+)
+def test_bad_crops_are_one_line_naming_the_key(crops: dict, message: str) -> None:
+    with pytest.raises(PolicyIOError, match=message) as e:
+        make_io(crops)
+    assert "\n" not in str(e.value) and "datasets.vla_data.camera_crops" in str(e.value)
+
+
+def test_config_crops_are_checked_at_load_and_cut_the_training_frames(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"datasets.vla_data.camera_crops: got 'cam_x', expected one of camera_keys"):
+        load_config(TINY, ["datasets.vla_data.camera_crops={cam_x: [0, 0, 1, 1]}"])
+    with pytest.raises(ConfigError, match=rf"datasets.vla_data.camera_crops.{HIGH}: expected 0 <= top"):
+        load_config(TINY, [f"datasets.vla_data.camera_crops={{{HIGH}: [0, 0, 1.5, 1]}}"])
+    data = tmp_path / "data"
+    write_demo_dataset(data / "robotwin_demo", num_episodes=2, episode_length=12, image_size=(64, 64))
+    common = [f"datasets.vla_data.data_root_dir={data}", "datasets.vla_data.val_fraction=0.0",
+              "datasets.vla_data.generate_demo_if_missing=false"]
+    plain = build_training_data(load_config(TINY, common))
+    cropped = build_training_data(load_config(TINY, [*common, f"datasets.vla_data.camera_crops={{{HIGH}: {CROP}}}"]))
+    assert cropped.io.camera_crops == {HIGH: CROP} and plain.io.camera_crops == {}
+    raw = plain.train_dataset.datasets[0]
+    whole = raw.frames_at(np.array([3]), HIGH)[0]  # the stored frame, 64x64
+    sample = cropped.train_dataset.raw_sample(3)
+    np.testing.assert_array_equal(sample.views[0, 0], resize_rgb(crop_rgb(whole, CROP), (32, 32)))
+    np.testing.assert_array_equal(sample.views[0, 1:], plain.train_dataset.raw_sample(3).views[0, 1:])
