@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from train_runs import train_here
 
 try:
     import tomllib
@@ -101,8 +102,8 @@ def test_flat_hparams_are_scalars_for_every_config_leaf() -> None:
 
 
 @pytest.mark.slow
-def test_training_prints_run_folder_and_device_and_sends_config_to_trackers(tmp_path: Path) -> None:
-    """A real 2-step run with TensorBoard and wandb (offline): what each one received, read back."""
+def test_training_prints_run_folder_and_device_and_sends_config_to_trackers(tmp_path: Path, monkeypatch, capfd) -> None:
+    """A 2-step run (in this process) with TensorBoard and wandb (offline): what each one received, read back."""
     pytest.importorskip("tensorboard")
     pytest.importorskip("wandb")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -116,10 +117,8 @@ def test_training_prints_run_folder_and_device_and_sends_config_to_trackers(tmp_
         "trackers=[jsonl,tensorboard,wandb]", "trainer.max_train_steps=2", "trainer.save_interval=2",
         "trainer.eval_interval=100", "trainer.logging_frequency=1", "datasets.vla_data.per_device_batch_size=2",
     ]
-    r = subprocess.run(
-        [sys.executable, "-m", "dit4dit_npu.train", "--config", str(TINY), *overrides],
-        capture_output=True, text=True, cwd=ROOT, env={**ENV, "WANDB_MODE": "offline"}, timeout=600,
-    )
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    r = train_here(overrides, capfd)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     run_dir = (tmp_path / "runs/cli").resolve()
     assert f"run folder: {run_dir} | device=cpu count=1 backend=gloo" in r.stdout + r.stderr

@@ -4,9 +4,9 @@ These combinations are where the observation/action transforms used to have seve
 (sin/cos state could not train; max_action_dim > action_dim could not train). Each state
 encoding and each training mode is trained at least once (pairwise, not the 3 x 3 grid: the
 encodings are PolicyIO's and the modes the model's; they meet only in the head's input width,
-which every case pads). One real training
-process per case with the tiny config's default DeepSpeed ZeRO-2, so each mode is also a
-DeepSpeed run; then the exported policy folder is loaded and driven through the public API
+which every case pads). One training run per case (in this process,
+``train_runs.train_here``) with the tiny config's default DeepSpeed ZeRO-2, so each mode is also
+a DeepSpeed run; then the exported policy folder is loaded and driven through the public API
 with robot-unit inputs. The joint case trains with the video loss scaled to 0 (lambda = 0):
 the total is then the action loss alone.
 """

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from train_runs import train_here
 
 from dit4dit_npu.batch import Batch, BatchError
 from dit4dit_npu.config import ConfigError, load_config
@@ -190,9 +191,7 @@ def test_training_reads_the_cache(root):
                       "trainer.save_interval=2", "trainer.eval_interval=2", "trainer.eval_samples=2",
                       "trainer.logging_frequency=1", "datasets.vla_data.per_device_batch_size=2",
                       "datasets.vla_data.num_workers=0")
-    r = subprocess.run([sys.executable, "-m", "dit4dit_npu.train", "--config", str(TINY), *extra],
-                       env=ENV, capture_output=True, text=True, cwd=ROOT, timeout=600)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert train_here(extra).returncode == 0
     run = root / "runs" / "dit4dit_robotwin_tiny"
     from dit4dit_npu.train.metrics import read_metrics
 

@@ -1,8 +1,9 @@
 """The stack in closed loop, small: two expert demos -> a few training steps with
 ``trainer.sim_eval`` on -> one episode through the policy folder and one through the server.
 
-Every piece is the real command line in its own process (demos, trainer, its eval subprocess,
-the websocket server); the full recipe is a benchmark (``scripts/aloha_recipe.sh``), not a test.
+The trainer runs in this process (``train_runs.train_cli_here``); its closed-loop eval and the
+websocket server are real processes of their own, the demos and the scene real MuJoCo; the full
+recipe is a benchmark (``scripts/aloha_recipe.sh``), not a test.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("gym_aloha", reason="simulation extra not installed (pip install -e '.[sim]')")
+
+from train_runs import train_cli_here  # noqa: E402
 
 from dit4dit_npu.sim.demos import write_demos  # noqa: E402
 from dit4dit_npu.train.metrics import read_metrics  # noqa: E402
@@ -80,8 +83,7 @@ def sim_eval(capsys, policy: str, out: Path, *extra: str) -> dict:
 @pytest.fixture(scope="module")
 def run_dir(demos, tmp_path_factory) -> Path:
     runs = tmp_path_factory.mktemp("runs")
-    r = train(overrides(runs, demos))
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert train_cli_here(["--config", str(CONFIG), *overrides(runs, demos)]).returncode == 0
     return runs / "dit4dit_aloha_transfer_cube_tiny"
 
 
@@ -184,10 +186,11 @@ def test_an_eval_that_cannot_start_is_one_line(tmp_path, run_dir, monkeypatch) -
 
 
 @pytest.mark.slow
-def test_a_simulator_that_cannot_start_costs_a_warning_not_the_run(tmp_path, demos) -> None:
-    env = {**ENV, "MUJOCO_GL": "no_such_platform"}
-    r = train(overrides(tmp_path, demos, **{"trainer.max_train_steps": 1, "trainer.save_interval": 1,
-                                            "trainer.sim_eval.interval": 1}), env=env)
+def test_a_simulator_that_cannot_start_costs_a_warning_not_the_run(tmp_path, demos, monkeypatch, capfd) -> None:
+    monkeypatch.setenv("MUJOCO_GL", "no_such_platform")  # the trainer's eval child cannot load OpenGL
+    args = overrides(tmp_path, demos, **{"trainer.max_train_steps": 1, "trainer.save_interval": 1,
+                                         "trainer.sim_eval.interval": 1})
+    r = train_cli_here(["--config", str(CONFIG), *args], capfd)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     warning = [line for line in (r.stdout + r.stderr).splitlines() if "sim eval at step 1 failed" in line]
     assert len(warning) == 1 and "MUJOCO_GL" in warning[0] and "training goes on" in warning[0]

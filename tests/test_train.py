@@ -83,11 +83,11 @@ def crashed_run(tmp_path_factory, demo_root) -> CrashedRun:
     """The default 4-step run (as ``full_run``) killed by an exception in its step-4 save, then
     resumed from its step-2 checkpoint."""
     root = tmp_path_factory.mktemp("crash")
-    r = run_train(tiny_overrides(root, demo_root), expect_ok=False, inject_crash=True)
+    r = run_train(tiny_overrides(root, demo_root), expect_ok=False, inject_crash=True)  # a traceback: a process
     run_dir = root / RUN
     after = [s for s, _ in ckpt_io.list_checkpoints(run_dir)]
     partial = (run_dir / "checkpoints/.tmp-step_000004").exists()
-    run_train(tiny_overrides(root, demo_root, **{"trainer.resume": "auto"}))
+    run_training(tiny_overrides(root, demo_root, **{"trainer.resume": "auto"}))
     return CrashedRun(r, after, partial, run_dir)
 
 
@@ -97,7 +97,7 @@ def test_crash_during_save_keeps_previous_checkpoint(crashed_run):
     # Not a full disk: an unknown failure stays a traceback (a bug), but the partial folder goes.
     assert r.returncode == 1 and "OSError: disk full (injected)" in r.stderr
     assert crashed_run.after_crash == [2] and not crashed_run.partial_left
-    # the resumed run (the fixture's second process) completed the checkpoints
+    # the resumed run (the fixture's second run) completed the checkpoints
     assert [s for s, _ in ckpt_io.list_checkpoints(crashed_run.run_dir)] == [2, 4]
     assert not (crashed_run.run_dir / "checkpoints/.tmp-step_000004").exists()
 
@@ -245,16 +245,15 @@ def test_two_process_resume_continues_to_a_larger_max_train_steps(two_rank_runs,
 
 
 @pytest.mark.slow
-def test_non_finite_loss_stops_without_saving(tmp_path, demo_root):
-    # An absurd learning rate blows the weights up within a couple of Adam steps (a DeepSpeed
-    # engine is built: a process of its own).
-    r = run_train(
+def test_non_finite_loss_stops_without_saving(tmp_path, demo_root, capfd):
+    # An absurd learning rate blows the weights up within a couple of Adam steps.
+    r = train_here(
         tiny_overrides(
             tmp_path, demo_root,
             **{"trainer.learning_rate": "{base: 1.0e+30, backbone.transformer: 1.0e+30, action_model: 1.0e+30}",
                "trainer.num_warmup_steps": 0, "trainer.lr_scheduler_type": "constant"},
         ),
-        expect_ok=False,
+        capfd,
     )
     refused(r, "non-finite loss")
     run_dir = tmp_path / RUN

@@ -4,18 +4,20 @@ point run in this process, and the runs several test modules read (session fixtu
 trained once per test session).
 
 Why some runs are real processes and others are not: a fresh interpreter spends ~10 s importing
-torch, diffusers and DeepSpeed before the first step (a 2-step tiny run itself takes ~1 s), so a
+torch, diffusers and DeepSpeed before the first step (a 4-step tiny run itself takes ~2 s), so a
 run goes through ``python -m dit4dit_npu.train`` only where a process boundary is what is
-tested (an exit code, a kill, a file-size limit, an injected crash, ``accelerate launch``) or
-where it starts a DeepSpeed engine: DeepSpeed keeps process-global state (its process groups),
-so a second engine in one process fails. Everything else calls the console script's function
-here (``train_here``)."""
+tested (an exit code, a kill, a file-size limit, an injected crash's traceback, ``accelerate
+launch``) or where process-wide state would leak (a ZeRO-3 accelerator registers its config with
+transformers). Everything else calls the console script's function here (``train_here``), in a
+world of one that outlives the runs (``world_of_one``), DeepSpeed ZeRO-2 engines included."""
 
 from __future__ import annotations
 
+import atexit
 import importlib
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -94,8 +96,9 @@ def run_train(overrides: list[str], expect_ok: bool = True, inject_crash: bool =
 
 
 def run_training(overrides: list[str]) -> Path:
-    """A training process that must succeed; returns the run folder."""
-    run_train(overrides)
+    """A training run that must succeed, in this process (``train_here``); returns the run folder."""
+    r = train_here(overrides)
+    assert r.returncode == 0, f"training exited with {r.returncode}"
     return load_config(TINY, overrides).run_dir
 
 
@@ -106,15 +109,15 @@ def train_here(overrides: list[str], capfd: pytest.CaptureFixture[str] | None = 
 
 def train_cli_here(argv: list[str], capfd: pytest.CaptureFixture[str] | None = None) -> subprocess.CompletedProcess:
     """``python -m dit4dit_npu.train ARGV`` in this process: the console script's function, its
-    return code (or SystemExit code) and what it printed (with ``capfd``). Only for runs without a
-    DeepSpeed engine (``trainer.deepspeed_config=null``, or refused before training starts).
-    Afterwards the environment the trainer fills for a world of one (RANK, MASTER_PORT, ...) and
+    return code (or SystemExit code) and what it printed (with ``capfd``), in the session's world of
+    one (``world_of_one``: DeepSpeed ZeRO-2 engines too, not ZeRO-3). Afterwards the environment the trainer fills for a world of one (RANK, MASTER_PORT, ...) and
     accelerate's process-wide state are put back, so later runs and subprocesses start clean."""
     from accelerate.state import AcceleratorState
 
     module, func = TRAIN_ENTRY.split(":")
     entry = getattr(importlib.import_module(module), func)
     saved = dict(os.environ)
+    os.environ.update(world_of_one())
     if capfd is not None:
         capfd.readouterr()
     try:
@@ -127,6 +130,28 @@ def train_cli_here(argv: list[str], capfd: pytest.CaptureFixture[str] | None = N
         AcceleratorState._reset_state(True)
     out, err = capfd.readouterr() if capfd is not None else ("", "")
     return subprocess.CompletedProcess(argv, code, out, err)
+
+
+_world: dict[str, str] = {}
+
+
+def world_of_one() -> dict[str, str]:
+    """The environment of a world of one (rank 0 of 1) whose gloo process group this test process
+    creates once and keeps: DeepSpeed holds on to the groups of the first engine it builds, and a
+    run leaves a caller's process group alone (``train.loop.train``), so every in-process run,
+    DeepSpeed or not, trains in the same world, as a process of its own would."""
+    import torch.distributed as dist
+
+    if not _world:
+        with socket.socket() as s:  # a free port for the group's store
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        _world.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        if not dist.is_initialized():
+            dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+            atexit.register(dist.destroy_process_group)  # else gloo complains at interpreter exit
+    return dict(_world)
 
 
 def one_line_error(r: subprocess.CompletedProcess) -> str:
@@ -230,11 +255,12 @@ def demo_run(tmp_path_factory) -> Path:
     (from test_eval.py, or from a file joined to its unit in tests/conftest.py, so that it is
     trained once)."""
     cwd = tmp_path_factory.mktemp("demo_run")
-    r = subprocess.run(
-        [sys.executable, "-m", "dit4dit_npu.train", "--config", str(TINY), f"run_root_dir={cwd}/runs",
-         "run_id=t", "trainer.max_train_steps=300"],
-        env={**ENV, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, cwd=cwd, timeout=1800,
-    )
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    here = os.getcwd()
+    os.chdir(cwd)  # the config's relative data_root_dir (demo_data) is under the working folder
+    try:
+        r = train_here(["run_id=t", f"run_root_dir={cwd}/runs", "trainer.max_train_steps=300"])
+    finally:
+        os.chdir(here)
+    assert r.returncode == 0, f"the demo run exited with {r.returncode}"
     assert (cwd / "demo_data" / "robotwin_demo" / "meta" / "info.json").is_file()
     return cwd / "runs" / "t"

@@ -33,14 +33,20 @@ __all__ = ["TrainingError", "train"]
 
 def train(cfg: Config) -> Path:
     """Run (or resume) training; returns the run folder."""
+    import torch.distributed as dist
+
     device.apply_env_defaults()
     device.configure_host_allocator()  # glibc malloc thresholds, CPU hosts only (bench/malloc.py)
+    # A caller's process group (a program that trains several runs in turn) is left as found:
+    # DeepSpeed keeps handles to its groups, so a run that destroyed it would break the next one.
+    callers_group = dist.is_available() and dist.is_initialized()
     accelerator = build_accelerator(cfg)
     try:
         return _train(cfg, accelerator)
     finally:
         # Also on errors: tear the process group down so gloo threads do not abort at exit.
-        accelerator.end_training()
+        if not callers_group:
+            accelerator.end_training()
 
 
 def _train(cfg: Config, accelerator) -> Path:
