@@ -16,7 +16,8 @@ state/action units, which action of a chunk runs at which step, normalization), 
    trip): proves seeds, frame/action alignment and chunk timing before any training;
 3. latent cache of the demos (``dit4dit_npu.data.encode_latents``), 4. train the tiny ALOHA config
    on all N demos (no held-out split), 5. ``dit4dit_npu.sim.eval`` on exactly the demo seeds.
-Every step is the real command line in a subprocess; a rerun resumes what is done. The last line
+Every step is the real command (its console script's function, in this process); a rerun
+resumes what is done. The last line
 is ``success k/n`` (not the ``speedup: X.XX`` of the other benches: this one measures success), and
 the exit code is 0 whatever k is (1 only for ``--ground-truth-only`` short of n/n). ``--smoke``
 checks that the commands run together, not that anything is learned (its episode is too short
@@ -28,9 +29,9 @@ Measured (docs/sim_recipe_log.md): ground truth 5/5; the tiny config after 3000 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -39,11 +40,24 @@ import numpy as np
 CONFIG = "configs/aloha/dit4dit_aloha_transfer_cube_tiny.yaml"
 
 
+# Each stage's command, by module: its console script's function, called in this process (the
+# command's own code path, without a fresh interpreter's ~10 s of imports per stage).
+STAGES = {
+    "dit4dit_npu.sim.demos": "dit4dit_npu.sim.demos:main",
+    "dit4dit_npu.data.encode_latents": "dit4dit_npu.data.encode_latents:main",
+    "dit4dit_npu.train": "dit4dit_npu.train.cli:main",
+    "dit4dit_npu.sim.eval": "dit4dit_npu.sim.eval:main",
+}
+
+
 def run(*args: str) -> None:
-    """A project command line in a subprocess (its output streams through); a failure stops here."""
-    cmd = [sys.executable, *args]
-    print("+", " ".join(cmd), flush=True)
-    subprocess.run(cmd, check=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    """``python -m MODULE ARGS`` (printed as such, to redo by hand), run in this process; a
+    failure stops here with its exit code."""
+    module, func = STAGES[args[1]].split(":")
+    print("+", sys.executable, " ".join(args), flush=True)
+    code = getattr(importlib.import_module(module), func)(list(args[2:]))
+    if code:
+        raise SystemExit(f"{args[1]} exited with {code}")
 
 
 class RecordedChunks:
