@@ -9,7 +9,6 @@ import copy
 import json
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -37,6 +36,17 @@ DOCUMENTED_HEAD_KEYS = [
     "action_model.action_decoder.layer{1,2}.{weight,bias}",
     "action_model.position_embedding.weight",
 ]
+
+
+def convert_cli(capfd, *argv: str) -> subprocess.CompletedProcess:
+    """``python -m dit4dit_npu.convert ARGV`` in this process: the console script's function (its
+    one-line errors and exit codes), what it printed."""
+    from dit4dit_npu.convert.__main__ import main
+
+    capfd.readouterr()
+    code = main(list(argv))
+    out, err = capfd.readouterr()
+    return subprocess.CompletedProcess(list(argv), code, out, err)
 
 
 def expand(template: str) -> list[str]:
@@ -159,14 +169,11 @@ def test_checkpoint_layout_is_the_documented_one(run):
 
 
 @pytest.mark.slow
-def test_cli_converts_every_tensor_to_its_place(run, tmp_path):
+def test_cli_converts_every_tensor_to_its_place(run, tmp_path, capfd):
     out = tmp_path / "policy"
-    r = subprocess.run(
-        [sys.executable, "-m", "dit4dit_npu.convert", "dit4dit", "--checkpoint",
-         str(run["root"] / "checkpoints" / "steps_7_pytorch_model.pt"), "--config", str(run["root"] / "config.yaml"),
-         "--base-model", str(run["base"]), "--out", str(out), "--image-size", "32", "32"],
-        capture_output=True, text=True, cwd=ROOT,
-    )
+    r = convert_cli(capfd, "dit4dit", "--checkpoint", str(run["root"] / "checkpoints" / "steps_7_pytorch_model.pt"),
+                    "--config", str(run["root"] / "config.yaml"), "--base-model", str(run["base"]), "--out", str(out),
+                    "--image-size", "32", "32")
     assert r.returncode == 0, r.stderr
     assert "framework.action_model.action_dim: 8 -> datasets.vla_data.max_action_dim" in r.stderr
     weights = load_file(str(out / "model.safetensors"))
@@ -249,15 +256,12 @@ def test_base_model_whose_frozen_weights_differ(run, tmp_path):
 
 
 @pytest.mark.slow
-def test_cli_bad_input_is_one_line(run, tmp_path):
+def test_cli_bad_input_is_one_line(run, tmp_path, capfd):
     bad = tmp_path / "stats.json"
     bad.write_text(json.dumps(statistics("gr1", 29, 29)))
-    r = subprocess.run(
-        [sys.executable, "-m", "dit4dit_npu.convert", "dit4dit", "--checkpoint",
-         str(run["root"] / "checkpoints" / "steps_7_pytorch_model.pt"), "--config", str(run["root"] / "config.yaml"),
-         "--stats", str(bad), "--base-model", str(run["base"]), "--out", str(tmp_path / "p")],
-        capture_output=True, text=True, cwd=ROOT,
-    )
+    r = convert_cli(capfd, "dit4dit", "--checkpoint", str(run["root"] / "checkpoints" / "steps_7_pytorch_model.pt"),
+                    "--config", str(run["root"] / "config.yaml"), "--stats", str(bad), "--base-model", str(run["base"]),
+                    "--out", str(tmp_path / "p"))
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
     assert not (tmp_path / "p").exists()
 
@@ -347,7 +351,7 @@ def test_constant_statistics_on_normalized_dims_are_refused_unless_allowed(run, 
     assert not [n for n in notices if "min == max" in n]
 
 
-def test_an_empty_config_or_out_under_a_file_is_one_line(run, tmp_path):
+def test_an_empty_config_or_out_under_a_file_is_one_line(run, tmp_path, capfd):
     ckpt = run["root"] / "checkpoints" / "steps_7_pytorch_model.pt"
     stats = run["root"] / "dataset_statistics.json"
     out = tmp_path / "policy"
@@ -364,12 +368,8 @@ def test_an_empty_config_or_out_under_a_file_is_one_line(run, tmp_path):
         assert not out.exists()
     a_file = tmp_path / "a_file"
     a_file.write_text("mine")
-    r = subprocess.run(
-        [sys.executable, "-m", "dit4dit_npu.convert", "dit4dit", "--checkpoint", str(ckpt), "--config",
-         str(run["root"] / "config.yaml"), "--stats", str(stats), "--base-model", str(run["base"]),
-         "--out", str(a_file / "policy")],
-        capture_output=True, text=True, cwd=ROOT,
-    )
+    r = convert_cli(capfd, "dit4dit", "--checkpoint", str(ckpt), "--config", str(run["root"] / "config.yaml"),
+                    "--stats", str(stats), "--base-model", str(run["base"]), "--out", str(a_file / "policy"))
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert r.stderr.strip().splitlines() == [f"error: --out {a_file}/policy: {a_file} is a file, not a folder"]
     assert a_file.read_text() == "mine"

@@ -146,3 +146,25 @@ def test_head_runs_fp32_under_bf16_autocast(head):
     assert out.dtype == torch.float32 and loss.dtype == torch.float32
     ref = head.sample(feats.bfloat16().float(), state, torch.Generator().manual_seed(0))
     torch.testing.assert_close(out, ref, rtol=0, atol=0)  # bit-identical: autocast had no effect
+
+
+def test_state_noise_is_training_only_and_off_by_default():
+    feats, state, actions = _inputs()
+    noise = torch.randn(B, SMALL.repeated_diffusion_steps, SMALL.chunk_length, ACTION)
+    t = torch.rand(B, SMALL.repeated_diffusion_steps)
+    cfg = dataclasses.replace(SMALL, diffusion_model_cfg=dataclasses.replace(SMALL.diffusion_model_cfg, dropout=0.0))
+    torch.manual_seed(0)
+    plain = FlowMatchingActionHead(cfg, D, STATE, ACTION)
+    torch.manual_seed(0)
+    noisy = FlowMatchingActionHead(dataclasses.replace(cfg, state_noise_std=0.5), D, STATE, ACTION)
+    plain.train(), noisy.train()
+    ref = plain.loss(feats, state, actions, noise=noise, t=t)
+    assert torch.equal(plain.loss(feats, state, actions, noise=noise, t=t), ref)  # no draw when off
+    a, b = (noisy.loss(feats, state, actions, noise=noise, t=t) for _ in range(2))
+    assert not torch.equal(a, ref) and not torch.equal(a, b)  # each call draws its own state noise
+    noisy.eval()  # held-out losses and sampling see the clean state
+    assert torch.equal(noisy.loss(feats, state, actions, noise=noise, t=t), ref)
+    g = lambda: torch.Generator().manual_seed(1)  # noqa: E731
+    assert torch.equal(noisy.sample(feats, state, g()), plain.sample(feats, state, g()))
+    with pytest.raises(ConfigError, match="state_noise_std: got -0.1, expected a number >= 0"):
+        dataclasses.replace(SMALL, state_noise_std=-0.1).check("framework.action_model")

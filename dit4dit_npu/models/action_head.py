@@ -108,6 +108,16 @@ class FlowMatchingActionHead(nn.Module):
             return None
         return self.state_encoder(state.to(self.dtype))[:, None]
 
+    def _training_state_token(self, state: torch.Tensor | None, r: int) -> torch.Tensor | None:
+        """The state token of each of the R noisy samples (row b * R + r), in training with
+        ``state_noise_std`` noise on the state: each repeat sees its own draw."""
+        std = self.cfg.state_noise_std if self.training else 0.0
+        if state is None or self.state_encoder is None or std == 0.0:
+            tok = self._state_token(state)
+            return None if tok is None else tok.repeat_interleave(r, dim=0)
+        noisy = state.float().repeat_interleave(r, dim=0)
+        return self._state_token(noisy + std * torch.randn_like(noisy))
+
     def _velocity(
         self,
         x_t: torch.Tensor,
@@ -175,9 +185,7 @@ class FlowMatchingActionHead(nn.Module):
         noise = checked(noise, "action", (b, r, n, c), actions.device)
         t = checked(t, "action_time", (b, r), actions.device)
         with torch.autocast(dev.device_type(), enabled=False):
-            state_tok = self._state_token(state)
-            if state_tok is not None:
-                state_tok = state_tok.repeat_interleave(r, dim=0)
+            state_tok = self._training_state_token(state, r)
             a = actions.float().repeat_interleave(r, dim=0)  # row b * R + r: repeat r of sample b
             noise = torch.randn_like(a) if noise is None else noise.reshape(b * r, n, c)
             t = self.sample_time(a.shape[0], a.device) if t is None else t.reshape(b * r)

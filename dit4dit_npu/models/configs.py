@@ -242,6 +242,13 @@ class ActionModelConfig:
     # R noise draws per backbone feature in training (they share its cross-attention K/V). One
     # source of truth (the original had two and silently read the trainer's, SPEC A10).
     repeated_diffusion_steps: int = 4
+    # Training only: Gaussian noise of this std added to the encoded state (normalized units) of
+    # each of the R noisy samples before the state encoder. A policy trained on a few
+    # demonstrations with a clean state learns to tell them apart by the state alone (the state a
+    # few steps into a reach says which demo it is) and ignores its cameras, so in closed loop it
+    # replays an average reach; noise blurs that shortcut and leaves the cameras to say where to
+    # go. 0 = off (the original's behaviour, bit for bit); inference always takes the clean state.
+    state_noise_std: float = 0.0
     diffusion_model_cfg: DiffusionModelConfig = field(default_factory=DiffusionModelConfig)
 
     @property
@@ -269,6 +276,8 @@ class ActionModelConfig:
                 self.future_action_window_size, ">= 0 (the chunk is window + 1 steps)")
         require(self.num_inference_timesteps >= 1, f"{key}.num_inference_timesteps", self.num_inference_timesteps,
                 ">= 1")
+        require(math.isfinite(self.state_noise_std) and self.state_noise_std >= 0, f"{key}.state_noise_std",
+                self.state_noise_std, "a number >= 0 (0 = off)")
         if self.add_pos_embed and self.chunk_length > self.max_seq_len:
             raise ConfigError(
                 f"{key}.max_seq_len: {self.max_seq_len} position embeddings, but the chunk has {self.chunk_length} steps"
