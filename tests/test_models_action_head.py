@@ -168,3 +168,24 @@ def test_state_noise_is_training_only_and_off_by_default():
     assert torch.equal(noisy.sample(feats, state, g()), plain.sample(feats, state, g()))
     with pytest.raises(ConfigError, match="state_noise_std: got -0.1, expected a number >= 0"):
         dataclasses.replace(SMALL, state_noise_std=-0.1).check("framework.action_model")
+
+
+def test_state_noise_per_dim_leaves_zero_dims_clean():
+    cfg = dataclasses.replace(SMALL, diffusion_model_cfg=dataclasses.replace(SMALL.diffusion_model_cfg, dropout=0.0))
+    feats, state, actions = _inputs()
+    noise = torch.randn(B, SMALL.repeated_diffusion_steps, SMALL.chunk_length, ACTION)
+    t = torch.rand(B, SMALL.repeated_diffusion_steps)
+    torch.manual_seed(0)
+    zeros = FlowMatchingActionHead(dataclasses.replace(cfg, state_noise_std=[0.0] * STATE), D, STATE, ACTION).train()
+    torch.manual_seed(0)
+    plain = FlowMatchingActionHead(cfg, D, STATE, ACTION).train()
+    assert torch.equal(zeros.loss(feats, state, actions, noise=noise, t=t), plain.loss(feats, state, actions, noise=noise, t=t))
+    torch.manual_seed(0)
+    one = FlowMatchingActionHead(dataclasses.replace(cfg, state_noise_std=[0.0, 0.0, 0.0, 0.0, 1.0]), D, STATE, ACTION).train()
+    seen = []
+    one.state_encoder.register_forward_hook(lambda m, args, out: seen.append(args[0]))
+    one.loss(feats, state, actions, noise=noise, t=t)
+    clean = state.repeat_interleave(SMALL.repeated_diffusion_steps, dim=0)
+    assert torch.equal(seen[0][:, :4], clean[:, :4]) and not torch.equal(seen[0][:, 4], clean[:, 4])
+    with pytest.raises(ConfigError, match=r"state_noise_std: 2 values, but the encoded state has 5 dims"):
+        FlowMatchingActionHead(dataclasses.replace(cfg, state_noise_std=[0.1, 0.1]), D, STATE, ACTION)

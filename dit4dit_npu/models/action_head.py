@@ -71,6 +71,14 @@ class FlowMatchingActionHead(nn.Module):
         self.state_width, self.action_width = state_width, action_width
         body = cfg.diffusion_model_cfg
         self.state_encoder = mlp(state_width, cfg.hidden_size, cfg.dim) if state_width else None
+        noise = cfg.state_noise_std
+        if isinstance(noise, list) and len(noise) != state_width:
+            raise ConfigError(
+                f"framework.action_model.state_noise_std: {len(noise)} values, but the encoded state has "
+                f"{state_width} dims (datasets.vla_data.state_norm / max_state_dim): give one per dim, or one number"
+            )
+        # a plain tensor, not a buffer: no weight of the checkpoint (inference never reads it)
+        self._state_noise = torch.tensor(noise, dtype=torch.float32) if isinstance(noise, list) else float(noise)
         self.action_encoder = ActionEncoder(action_width, cfg.dim)
         self.position_embedding = None
         if cfg.add_pos_embed:
@@ -111,11 +119,14 @@ class FlowMatchingActionHead(nn.Module):
     def _training_state_token(self, state: torch.Tensor | None, r: int) -> torch.Tensor | None:
         """The state token of each of the R noisy samples (row b * R + r), in training with
         ``state_noise_std`` noise on the state: each repeat sees its own draw."""
-        std = self.cfg.state_noise_std if self.training else 0.0
-        if state is None or self.state_encoder is None or std == 0.0:
+        std = self._state_noise
+        off = not self.training or (std == 0.0 if isinstance(std, float) else not bool(std.any()))
+        if state is None or self.state_encoder is None or off:
             tok = self._state_token(state)
             return None if tok is None else tok.repeat_interleave(r, dim=0)
         noisy = state.float().repeat_interleave(r, dim=0)
+        if isinstance(std, torch.Tensor):
+            std = std.to(noisy.device)
         return self._state_token(noisy + std * torch.randn_like(noisy))
 
     def _velocity(

@@ -243,12 +243,13 @@ class ActionModelConfig:
     # source of truth (the original had two and silently read the trainer's, SPEC A10).
     repeated_diffusion_steps: int = 4
     # Training only: Gaussian noise of this std added to the encoded state (normalized units) of
-    # each of the R noisy samples before the state encoder. A policy trained on a few
+    # each of the R noisy samples before the state encoder; one number for every dim, or one per
+    # encoded state dim (0 keeps a dim clean, e.g. grippers). A policy trained on a few
     # demonstrations with a clean state learns to tell them apart by the state alone (the state a
     # few steps into a reach says which demo it is) and ignores its cameras, so in closed loop it
     # replays an average reach; noise blurs that shortcut and leaves the cameras to say where to
     # go. 0 = off (the original's behaviour, bit for bit); inference always takes the clean state.
-    state_noise_std: float = 0.0
+    state_noise_std: float | list[float] = 0.0
     diffusion_model_cfg: DiffusionModelConfig = field(default_factory=DiffusionModelConfig)
 
     @property
@@ -276,8 +277,9 @@ class ActionModelConfig:
                 self.future_action_window_size, ">= 0 (the chunk is window + 1 steps)")
         require(self.num_inference_timesteps >= 1, f"{key}.num_inference_timesteps", self.num_inference_timesteps,
                 ">= 1")
-        require(math.isfinite(self.state_noise_std) and self.state_noise_std >= 0, f"{key}.state_noise_std",
-                self.state_noise_std, "a number >= 0 (0 = off)")
+        stds = self.state_noise_std if isinstance(self.state_noise_std, list) else [self.state_noise_std]
+        require(bool(stds) and all(math.isfinite(v) and v >= 0 for v in stds), f"{key}.state_noise_std",
+                self.state_noise_std, "a number >= 0 (0 = off), or a non-empty list of them (one per encoded state dim)")
         if self.add_pos_embed and self.chunk_length > self.max_seq_len:
             raise ConfigError(
                 f"{key}.max_seq_len: {self.max_seq_len} position embeddings, but the chunk has {self.chunk_length} steps"
