@@ -92,7 +92,7 @@ def _disable_cpu_shm_op() -> None:
 
 def build_accelerator(cfg: Config):
     from accelerate import Accelerator
-    from accelerate.utils import DeepSpeedPlugin, InitProcessGroupKwargs
+    from accelerate.utils import DeepSpeedPlugin, DistributedDataParallelKwargs, InitProcessGroupKwargs
 
     ensure_single_process_env()
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
@@ -112,8 +112,13 @@ def build_accelerator(cfg: Config):
             _disable_cpu_shm_op()
         ds = deepspeed_config(cfg, world_size)
         kwargs["deepspeed_plugin"] = DeepSpeedPlugin(hf_ds_config=ds, zero3_init_flag=False)
-    elif device.device_type() == device.CPU:
-        kwargs["cpu"] = True
+    else:
+        # Without DeepSpeed, several processes (or a caller's process group) mean DDP, which fails
+        # on parameters that get no gradient, and some always do: the blocks after extract_layer
+        # when no video loss is trained (training: action, or one-frame clips).
+        kwargs["kwargs_handlers"].append(DistributedDataParallelKwargs(find_unused_parameters=True))
+        if device.device_type() == device.CPU:
+            kwargs["cpu"] = True
     return Accelerator(**kwargs)
 
 
