@@ -167,6 +167,7 @@ class DiT4DiTPolicy:
             "camera_keys": self.camera_keys,
             "image_size": list(self.image_size),
             "source_image_sizes": self.io.source_sizes,
+            "camera_crops": self.io.camera_crops,  # cut out of whole frames by the policy itself
             "state_dim": self.state_dim,
             "action_dim": self.action_dim,
             "chunk_length": self.chunk_length,

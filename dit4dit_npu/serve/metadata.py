@@ -37,7 +37,9 @@ def server_metadata(
         "observation_layouts": {
             "dit4dit_npu": {
                 "keys": [*cameras, "state", "instruction"],
-                "image": f"uint8 (H, W, 3) RGB; resized to {h}x{w} if its aspect ratio is the training videos'",
+                "image": f"uint8 (H, W, 3) RGB; resized to {h}x{w} if its aspect ratio is the training videos'"
+                + (f"; whole camera frames: {sorted(io.camera_crops)} are cropped first (camera_crops)"
+                   if io.camera_crops else ""),
                 "state": [io.state_dim],
                 "instruction": "str ('prompt' is accepted instead)",
             },
