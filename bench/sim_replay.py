@@ -1,6 +1,6 @@
 """Replay check: a policy trained on a handful of expert demos must redo them in closed loop.
 
-    python bench/sim_replay.py [--episodes 5] [--steps 3000] [--size 96x128] [--out runs/sim_replay]
+    python bench/sim_replay.py [--episodes 5] [--steps 3000] [--size 240x320] [--out runs/sim_replay]
     python bench/sim_replay.py --ground-truth-only      # steps 1-2 only (a minute): data and timing
     python bench/sim_replay.py --smoke                  # the whole path, tiny: 1 demo at 32x48, 2 training
                                                         # steps, one 16-step episode (7.5 min at load 11)
@@ -15,7 +15,8 @@ state/action units, which action of a chunk runs at which step, normalization), 
    observation is compared with the recorded one (state exactly; images after the mp4 round
    trip): proves seeds, frame/action alignment and chunk timing before any training;
 3. latent cache of the demos (``dit4dit_npu.data.encode_latents``), 4. train the tiny ALOHA config
-   on all N demos (no held-out split), 5. ``dit4dit_npu.sim.eval`` on exactly the demo seeds.
+   on all N demos (no held-out split), then its camera reliance (``camera_reliance``: how much the
+   images alone change its chunks), 5. ``dit4dit_npu.sim.eval`` on exactly the demo seeds.
 Every step is the real command (its console script's function, in this process); a rerun
 resumes what is done. The last line
 is ``success k/n`` (not the ``speedup: X.XX`` of the other benches: this one measures success), and
@@ -121,11 +122,39 @@ def ground_truth(data: Path, chunk: int, max_steps: int) -> tuple[int, int]:
     return ok, len(meta["seeds"])
 
 
+def camera_reliance(policy_dir: Path, data: Path, times: tuple[int, ...] = (0, 16, 32, 64)) -> None:
+    """Does the policy look at its cameras? At step t of every demo, predict a chunk from that
+    demo's frames but the FIRST demo's state: the spread of those chunks across demos (mean |x -
+    mean|, robot units) is what the images alone change, next to the spread of the demos' own
+    chunks at t. A policy that tells its demos apart by the state alone shows ~0 (it replays an
+    average reach in closed loop, whatever it sees)."""
+    from dit4dit_npu.data.lerobot import LeRobotDataset
+    from dit4dit_npu.policy import DiT4DiTPolicy
+    from dit4dit_npu.sim.tasks import get_task
+
+    policy, ds = DiT4DiTPolicy.from_pretrained(policy_dir), LeRobotDataset(data)
+    task = get_task(json.loads((data / "meta" / "sim_demos.json").read_text())["task"])
+    bounds = [ds.episode_bounds(e) for e in ds.selected_episodes]
+    spread = lambda x: float(np.abs(x - x.mean(0)).mean())  # noqa: E731
+    for t in times:
+        rows = [start + t for start, end in bounds if start + t + policy.chunk_length <= end]
+        state = ds.column("observation.state")[rows[0]]
+        seen = np.stack([
+            policy.predict_action({**{k: ds.frames_at(np.array([r]), k)[0] for k in policy.camera_keys},
+                                   "state": state, "instruction": task.instruction}, seed=0)
+            for r in rows
+        ])
+        real = np.stack([ds.column("action")[r : r + policy.chunk_length] for r in rows])
+        print(f"camera reliance at step {t}: chunks from each demo's frames with one state differ by "
+              f"{spread(seen):.4f}, the demos' own chunks by {spread(real):.4f} (robot units)", flush=True)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--episodes", type=int, default=5, help="demos to train on and replay")
     p.add_argument("--steps", type=int, default=3000, help="training steps")
-    p.add_argument("--size", default="96x128", help="camera HxW of the demos (the config's image_size follows)")
+    p.add_argument("--size", default="240x320", help="camera HxW of the demos (the config's views are cut and "
+                   "resized from them)")
     p.add_argument("--replan", type=int, default=None, help="actions executed per query (default: whole chunk)")
     p.add_argument("--out", type=Path, default=Path("runs/sim_replay"))
     p.add_argument("--max-steps", type=int, default=400, help="closed-loop episode length (ACT: 400)")
@@ -136,11 +165,11 @@ def main() -> int:
     if a.smoke:  # 32x48: the smallest views the backbone takes for three cameras side by side
         a.episodes, a.steps, a.size, a.max_steps = 1, 2, "32x48", 16
         a.out = a.out.with_name(a.out.name + "_smoke")
-        a.overrides = ["datasets.vla_data.per_device_batch_size=2", "trainer.num_warmup_steps=0", *a.overrides]
+        a.overrides = ["datasets.vla_data.per_device_batch_size=2", "trainer.num_warmup_steps=0",
+                       "datasets.vla_data.image_size=[32, 48]", *a.overrides]
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     out = a.out.resolve()
     data, cache, run_id = out / "data" / f"demos_{a.size}", out / "latents", f"replay{a.episodes}"
-    h, w = (int(x) for x in a.size.split("x"))
 
     if not data.exists():
         run("-m", "dit4dit_npu.sim.demos", "--episodes", str(a.episodes), "--size", a.size, "--out", str(data))
@@ -156,7 +185,6 @@ def main() -> int:
     overrides = [
         f"datasets.vla_data.data_root_dir={data.parent}",
         f"datasets.vla_data.data_mix=[{{path: {data.name}, weight: 1.0}}]",
-        f"datasets.vla_data.image_size=[{h}, {w}]",
         "datasets.vla_data.val_fraction=0.0",  # replay: every demo is a training demo
         f"run_root_dir={out}",
         f"run_id={run_id}",
@@ -171,6 +199,7 @@ def main() -> int:
         "trainer.resume=auto",
     )
     policy = out / run_id / "checkpoints" / f"step_{a.steps:06d}" / "policy"
+    camera_reliance(policy, data, (0,) if a.smoke else (0, 16, 32, 64))
     seeds = json.loads((data / "meta" / "sim_demos.json").read_text())["seeds"]
     if seeds != list(range(seeds[0], seeds[0] + len(seeds))):
         raise SystemExit(f"demo seeds are not consecutive ({seeds}); the eval runs a range of seeds")

@@ -1,21 +1,21 @@
 #!/usr/bin/env bash
-# The CPU recipe for ALOHA transfer cube, from scratch (issue 19): 50 scripted-expert demos at 96x128
-# -> latent cache (the VAE runs once per clip, not every step) -> train the tiny config for STEPS
-# steps, a checkpoint and a held-out error every STEPS/4 -> closed-loop eval of every checkpoint on
-# 50 unseen seeds (0-49) with bench/sim_success_curve.py (plot: docs/aloha_success_vs_steps.png).
-# Each stage is skipped when its output is there (demos, cached episodes, a finished run, an eval's
-# results.json), so a rerun only redoes what is missing. The last line is the last checkpoint's
-# `success k/50 = p% (95% Wilson CI lo-hi%)`.
+# The CPU recipe for ALOHA transfer cube, from scratch (issue 19): 50 scripted-expert demos at 240x320
+# -> the tiny VAE's own latent statistics on the config's views (cam_high cropped to the cube's table
+# area, 96x128) -> latent cache (the VAE runs once per clip, not every step) -> train the tiny config
+# (configs/aloha/dit4dit_aloha_transfer_cube_tiny.yaml: one-frame clips, the action loss into the
+# backbone, state noise) for STEPS steps, a checkpoint and a held-out error every STEPS/3 ->
+# closed-loop eval of every checkpoint on 50 unseen seeds (0-49) with bench/sim_success_curve.py
+# (plot: docs/aloha_success_vs_steps.png). Each stage is skipped when its output is there (demos,
+# statistics, cached episodes, a finished run, an eval's results.json), so a rerun only redoes what
+# is missing. The last line is the last checkpoint's `success k/50 = p% (95% Wilson CI lo-hi%)`.
 #
 #   bash scripts/aloha_recipe.sh [a.b=c ...]   # extra training overrides (a new RUN_ID for a new run)
 #   STEPS=6000 WORKERS=2 bash scripts/aloha_recipe.sh  # WORKERS: eval processes (one per free core)
 #   SMOKE=1 bash scripts/aloha_recipe.sh       # the same commands, tiny: 1 demo at 32x48, 2 steps,
-#                                              # one 16-step episode per checkpoint (3.8 min at load 11)
+#                                              # one 16-step episode per checkpoint
 #
-# Measured on the project's shared 2-core CPU machine (2026-12-01, STEPS=15000, one core each while
-# tests ran on the other): demos 8 min, the tiny VAE's statistics 1 min, cache 15 min (14,400
-# one-frame clips), training 50 min (0.12-0.25 s/step), evaluation ~40 min (4 checkpoints x 50
-# episodes of 400 steps, ~12 s each on one core): about 2 hours. Result: docs/sim_recipe_log.md.
+# Measured on the project's shared 2-core CPU machine: see RUNTIME in README.md (Closed-loop
+# simulation) and docs/sim_recipe_log.md.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -27,24 +27,20 @@ if [ "${SMOKE:-0}" = 1 ]; then
     DEMOS=1 SIZE=32x48 STEPS=2 EVERY=1 EPISODES=1 EPISODE_STEPS=16 RUN_ID="${RUN_ID:-aloha_recipe_smoke}"
     # one demo trains (nothing held out); 32x48 is the smallest size three side-by-side views allow
     EXTRA=(datasets.vla_data.val_fraction=0.0 trainer.eval_samples=0 datasets.vla_data.per_device_batch_size=2
-           trainer.num_warmup_steps=0)
+           trainer.num_warmup_steps=0 "datasets.vla_data.image_size=[32, 48]")
 else
-    DEMOS=50 SIZE=96x128 STEPS="${STEPS:-15000}" EPISODES=50 EPISODE_STEPS=400 RUN_ID="${RUN_ID:-aloha_recipe}"
-    EVERY=$((STEPS / 4)) EXTRA=()
+    DEMOS=50 SIZE=240x320 STEPS="${STEPS:-15000}" EPISODES=50 EPISODE_STEPS=400 RUN_ID="${RUN_ID:-aloha_recipe}"
+    EVERY=$((STEPS / 3)) EXTRA=()
 fi
-# Chosen by measurement (docs/sim_recipe_log.md): one-frame clips (the cache is 4x cheaper and a step
-# ~2x: 5-frame clips would spend the whole 2-hour budget on the cache), the action loss reaching the
-# backbone (with one frame there is no video loss to train it), and the tiny VAE's own latent
-# statistics (measured below on the demos; the real VAE's leave ~1% of the image signal).
-RECIPE=(datasets.vla_data.video_delta_indices=[0] framework.cosmos25.backprop_action_to_backbone=true)
+# The recipe's choices (one-frame clips, the action loss into the backbone, the cam_high crop, state
+# noise) are the config's own, each with its reason there; the measurements are in
+# docs/sim_recipe_log.md.
 DATA_ROOT=data/aloha
 DATA="$DATA_ROOT/transfer_cube_${SIZE}_recipe"
 CACHE="${DATA}_latents"
-H="${SIZE%x*}" W="${SIZE#*x}"
 OVERRIDES=(
     "datasets.vla_data.data_root_dir=$DATA_ROOT" "datasets.vla_data.data_mix=[{path: $(basename "$DATA"), weight: 1.0}]"
-    "datasets.vla_data.image_size=[$H, $W]" "datasets.vla_data.latent_cache=$CACHE" "run_id=$RUN_ID"
-    "${RECIPE[@]}" "${EXTRA[@]}" "$@"
+    "datasets.vla_data.latent_cache=$CACHE" "run_id=$RUN_ID" "${EXTRA[@]}" "$@"
 )
 
 stage() { echo "== $(date +%H:%M:%S) $*"; }
@@ -67,7 +63,7 @@ t_cache=$SECONDS
 stage "train: $STEPS steps, a checkpoint every $EVERY"
 $PY -m dit4dit_npu.train --config "$CONFIG" "${OVERRIDES[@]}" trainer.resume=auto \
     "trainer.max_train_steps=$STEPS" "trainer.save_interval=$EVERY" "trainer.eval_interval=$EVERY" \
-    trainer.keep_last_checkpoints=4  # every checkpoint of the curve
+    trainer.keep_last_checkpoints=3  # every checkpoint of the curve
 t_train=$SECONDS
 RUN_DIR="$($PY -m dit4dit_npu.train --config "$CONFIG" "${OVERRIDES[@]}" --dry-run | $PY -c '
 import sys, yaml; c = yaml.safe_load(sys.stdin); print(c["run_root_dir"] + "/" + c["run_id"])')"

@@ -117,6 +117,16 @@ def test_cli_dry_run_prints_resolved_config(capfd):
     assert "extract_layer: 2" in r.stdout
 
 
+def test_cli_dry_run_takes_a_per_dim_state_noise_and_checks_its_length_where_it_can(capfd):
+    # the raw state width comes from the data; the dry run's placeholder fits the list
+    noise = "framework.action_model.state_noise_std=[0, 0.5, 0.5]"
+    assert train_cli_here(["--config", str(TINY), "--dry-run", noise], capfd).returncode == 0
+    sincos = train_cli_here(["--config", str(TINY), "--dry-run", noise, "datasets.vla_data.state_norm=sincos"], capfd)
+    assert sincos.returncode == 2 and "3 values, but the encoded state has 2 dims" in sincos.stderr  # sin/cos pairs
+    padded = train_cli_here(["--config", str(TINY), "--dry-run", noise, "datasets.vla_data.max_state_dim=8"], capfd)
+    assert padded.returncode == 2 and "3 values, but the encoded state has 8 dims" in padded.stderr
+
+
 @pytest.mark.parametrize(
     "override, message",
     [

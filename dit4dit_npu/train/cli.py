@@ -75,8 +75,13 @@ def check_model_build(cfg: Config) -> None:
     from dit4dit_npu.transforms.policy_io import config_spec
     from dit4dit_npu.weights import build_skeleton
 
-    # the raw widths come from the data: any placeholder builds the same module tree
-    model = build_skeleton(cfg, config_spec(cfg, state_dim=1, action_dim=1))
+    # The raw widths come from the data: any placeholder builds the same module tree, as long as
+    # it fits a per-dim state_noise_std (its length is checked against the data's width in training).
+    noise = cfg.framework.action_model.state_noise_std
+    state_dim = 1
+    if isinstance(noise, list):
+        state_dim = next((n for n in range(1, len(noise) + 1) if config_spec(cfg, n, 1).state_width == len(noise)), 1)
+    model = build_skeleton(cfg, config_spec(cfg, state_dim=state_dim, action_dim=1))
     freeze_modules(model, cfg.trainer.freeze_modules)
     param_groups(model, cfg.trainer.learning_rate)
 
