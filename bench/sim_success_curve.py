@@ -73,7 +73,7 @@ def plot(rows: list[dict], out: Path, title: str) -> None:
         ax2.set_ylabel("held-out action MSE (normalized)", color="tab:red")
         ax2.set_yscale("log")
         lines = ax.get_legend_handles_labels()[0] + ax2.get_legend_handles_labels()[0]
-        ax.legend(lines, [h.get_label() for h in lines], loc="upper left", fontsize=8)
+        ax.legend(lines, [h.get_label() for h in lines], loc="upper right", fontsize=8)
     ax.set_title(title, fontsize=9)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -91,6 +91,7 @@ def main() -> int:
     p.add_argument("--max-steps", type=int, default=400, help="episode length (ACT: 400)")
     p.add_argument("--out", type=Path, default=Path("docs/aloha_success_vs_steps.png"))
     p.add_argument("--smoke", action="store_true", help="one 16-step episode per checkpoint, plot in the run")
+    p.add_argument("--label", default=None, help="the run's name in the plot's title (default: its folder name)")
     a = p.parse_args()
     if a.smoke:
         a.episodes, a.max_steps, a.out = 1, 16, a.run / "sim_curve" / "smoke.png"
@@ -111,7 +112,7 @@ def main() -> int:
         print(f"step {step}: held-out action MSE {val} | closed loop {format_rate(k, n)} | eval {s['wall_s']:.0f} s",
               flush=True)
     atomic_write_json(a.run / "sim_curve" / f"curve_seed{a.seed}x{a.episodes}{suffix}.json", rows)
-    plot(rows, a.out, f"{a.run.name}: ALOHA transfer cube, seeds {a.seed}-{a.seed + a.episodes - 1}")
+    plot(rows, a.out, f"{a.label or a.run.name}: ALOHA transfer cube, seeds {a.seed}-{a.seed + a.episodes - 1}")
     print(f"plot -> {a.out}")
     print(f"success {format_rate(rows[-1]['successes'], rows[-1]['episodes'])}")
     return 0
