@@ -48,6 +48,7 @@ def marker_frame(h: int, w: int, y: float, x: float) -> np.ndarray:
 def test_crop_box_covers_the_fraction_at_any_resolution() -> None:
     assert crop_box(64, 64, CROP) == (16, 48, 32, 64)
     assert crop_box(240, 320, [0.4271, 0.4219, 0.3125, 0.3125]) == (103, 178, 135, 235)
+    assert crop_box(240, 320, [0.999, 0.0, 0.001, 1.0]) == (239, 240, 0, 320)  # a sliver: its last row
     img = marker_frame(64, 64, 0.5, 0.75)
     cut = crop_rgb(img, CROP)
     assert cut.shape == (32, 32, 3) and cut.flags.c_contiguous
@@ -120,7 +121,35 @@ def test_config_crops_are_checked_at_load_and_cut_the_training_frames(tmp_path: 
     cropped = build_training_data(load_config(TINY, [*common, f"datasets.vla_data.camera_crops={{{HIGH}: {CROP}}}"]))
     assert cropped.io.camera_crops == {HIGH: CROP} and plain.io.camera_crops == {}
     raw = plain.train_dataset.datasets[0]
-    whole = raw.frames_at(np.array([3]), HIGH)[0]  # the stored frame, 64x64
+    whole = raw.frames_at(np.array([3]), HIGH, as_stored=True)[0]
+    assert whole.shape == (64, 64, 3)  # the stored frame, not shrunk to image_size before the cut
     sample = cropped.train_dataset.raw_sample(3)
     np.testing.assert_array_equal(sample.views[0, 0], resize_rgb(crop_rgb(whole, CROP), (32, 32)))
+    live = cropped.io.parse_observation({HIGH: whole, **{k: sample.views[0, v] for v, k in enumerate(
+        cropped.io.camera_keys) if v}, "state": sample.state, "instruction": sample.instruction})
+    np.testing.assert_array_equal(live.views[0], sample.views[0])  # what a robot's whole frame becomes
     np.testing.assert_array_equal(sample.views[0, 1:], plain.train_dataset.raw_sample(3).views[0, 1:])
+
+
+def test_offline_eval_of_a_cropping_policy_predicts_from_its_training_views(tmp_path: Path) -> None:
+    """``python -m dit4dit_npu.eval`` feeds the dataset's views (already cut and resized) to the
+    policy: they must not be cut again. Its predictions equal the policy's on the observation a
+    robot would send at those frames (cam_high whole, as stored)."""
+    from policy_fixtures import build_tiny_setup
+
+    from dit4dit_npu.eval import offline
+    from dit4dit_npu.policy import DiT4DiTPolicy
+
+    data = tmp_path / "data"
+    write_demo_dataset(data / "robotwin_demo", num_episodes=4, episode_length=20, image_size=(64, 64))
+    setup = build_tiny_setup(tmp_path, f"datasets.vla_data.camera_crops={{{HIGH}: {CROP}}}", data_root=data)
+    policy = DiT4DiTPolicy.from_pretrained(setup.policy_dir)
+    ds = setup.data.train_dataset
+    indices = np.array([2, 9])
+    pred = offline.run_predictions(policy, ds, indices, batch_size=2, seed=3).pred
+    samples = [ds.raw_sample(int(i)) for i in indices]
+    sent = {k: np.stack([s.views[0, v] for s in samples]) for v, k in enumerate(policy.camera_keys)}
+    sent[HIGH] = np.stack([ds.datasets[k].frames_at([row], HIGH, as_stored=True)[0] for k, row in map(ds.locate, indices)])
+    robot = policy.predict_action({**sent, "state": np.stack([s.state for s in samples]),
+                                   "instruction": [s.instruction for s in samples]}, seed=3)
+    np.testing.assert_allclose(pred, robot, rtol=0, atol=1e-5)

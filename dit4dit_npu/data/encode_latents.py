@@ -59,7 +59,7 @@ class _Windows(torch.utils.data.Dataset):
         clips = self.ds.episode_clips(k, e)[a : a + self.batch_size]  # (b, T) frame rows
         rows, inverse = np.unique(clips, return_inverse=True)
         io, source = self.ds.io, self.ds.datasets[k]
-        views = io.camera_views(lambda key, size: source.frames_at(rows, key, size))
+        views = io.camera_views(source.frame_source(rows))
         return k, e, io.frames(views[inverse.reshape(clips.shape)])
 
 

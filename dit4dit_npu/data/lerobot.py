@@ -20,7 +20,7 @@ parquet file (SPEC B8's per-sample re-read). Videos are decoded frame-sparsely o
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -233,9 +233,11 @@ class LeRobotDataset(torch.utils.data.Dataset):
             raise DatasetError(f"{self.root}: task_index {task_index} not in the tasks metadata") from None
 
     def frames_at(
-        self, rows: Sequence[int] | np.ndarray, key: str, size_hw: Sequence[int] | None = None
+        self, rows: Sequence[int] | np.ndarray, key: str, size_hw: Sequence[int] | None = None, *,
+        as_stored: bool = False,
     ) -> np.ndarray:
-        """uint8 (N, H, W, 3) frames of camera ``key`` at local ``rows`` (all in one episode)."""
+        """uint8 (N, H, W, 3) frames of camera ``key`` at local ``rows`` (all in one episode), at
+        ``size_hw`` (None: the dataset's image_size; ``as_stored``: the size the video holds)."""
         if key not in self.meta.video_keys:
             raise DatasetError(
                 f"{self.root}: camera key {key!r} not found (available: {self.meta.video_keys})"
@@ -244,8 +246,14 @@ class LeRobotDataset(torch.utils.data.Dataset):
         ep = int(self._columns["episode_index"][rows[0]])
         vid = self.meta.episode(ep)["videos"][key]
         ts = self._columns["timestamp"][rows].astype(np.float64) + vid["from_timestamp"]
-        size = size_hw if size_hw is not None else self.image_size
+        size = None if as_stored else size_hw if size_hw is not None else self.image_size
         return self.decoder.decode(self.root / vid["path"], ts.tolist(), self.tolerance_s, size)
+
+    def frame_source(self, rows: Sequence[int] | np.ndarray) -> Callable[[str, tuple[int, int] | None], np.ndarray]:
+        """``frames_of(key, size)`` for ``PolicyIO.camera_views``: camera ``key``'s frames at
+        ``rows``, resized to ``size`` as they decode, or (None) whole as stored, to be cropped as
+        a live camera frame is (the dataset's own image_size must not shrink them first)."""
+        return lambda key, size: self.frames_at(rows, key, size, as_stored=size is None)
 
     # -- lerobot __getitem__ -----------------------------------------------------------------
 

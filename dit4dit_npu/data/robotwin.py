@@ -105,7 +105,7 @@ class RoboTwinDataset(torch.utils.data.Dataset):
         clip = clip_rows(row, self.clip_offsets, start, end)
         views = None
         if decode_views:
-            views = self.io.camera_views(lambda key, size: ds.frames_at(clip, key, size))
+            views = self.io.camera_views(ds.frame_source(clip))
         steps = row + np.arange(self.io.chunk_length)
         return RawSample(
             views=views,

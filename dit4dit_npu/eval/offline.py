@@ -31,6 +31,7 @@ import numpy as np
 from dit4dit_npu.cli import entry_point, former_names, require
 from dit4dit_npu.errors import DiT4DiTError
 from dit4dit_npu.files import atomic_write_json, is_out_of_space
+from dit4dit_npu.transforms.observation import Observation
 
 log = logging.getLogger("dit4dit_npu.eval")
 
@@ -163,12 +164,16 @@ def build_eval_dataset(policy: Any, targets: list[tuple[Path, list[int] | None]]
         raise EvalError(str(e)) from None
 
 
-def observation(camera_keys: list[str], samples: list[Any]) -> dict[str, Any]:
-    """Raw samples -> a batched observation as a robot would send it (uint8 HWC per camera)."""
-    obs: dict[str, Any] = {key: np.stack([s.views[0, v] for s in samples]) for v, key in enumerate(camera_keys)}
-    obs["state"] = np.stack([s.state for s in samples])
-    obs["instruction"] = [s.instruction for s in samples]
-    return obs
+def observation(samples: list[Any]) -> Observation:
+    """Raw samples -> their parsed observation (``predict_parsed``'s input): the views of each
+    sample's observation frame as the training data made them, cameras already cut and resized
+    (sent as camera frames they would be cut again), the state in robot units."""
+    return Observation(
+        views=np.stack([s.views[0] for s in samples]),
+        state=np.stack([np.asarray(s.state, np.float64) for s in samples]),
+        instructions=[s.instruction for s in samples],
+        batched=True,
+    )
 
 
 def run_predictions(policy: Any, ds: Any, indices: np.ndarray, batch_size: int, seed: int) -> Predictions:
@@ -178,7 +183,7 @@ def run_predictions(policy: Any, ds: Any, indices: np.ndarray, batch_size: int, 
     batches = [indices[i : i + batch_size] for i in range(0, len(indices), batch_size)]
     for b, chunk in enumerate(tqdm(batches, desc="eval", unit="batch", dynamic_ncols=True)):
         samples = [ds.raw_sample(int(i)) for i in chunk]
-        pred = policy.predict_action(observation(policy.camera_keys, samples), seed=seed + b)
+        pred = policy.predict_parsed(observation(samples), seed=seed + b)
         for i, s in zip(chunk, samples):
             rows["valid"].append(s.valid)
             rows["target"].append(s.actions)
@@ -202,7 +207,7 @@ def imagination_strips(policy: Any, ds: Any, preds: Predictions, n: int, steps: 
     for p in np.unique(np.linspace(0, len(preds.frame) - 1, n).round().astype(int)):
         s = ds.raw_sample(int(preds.index[p]))
         real = untile(policy.io.frames(s.views).numpy())
-        imagined = policy.predict_video(observation(policy.camera_keys, [s]), steps=steps, seed=seed)[0]
+        imagined = policy.predict_video(observation([s]), steps=steps, seed=seed)[0]
         t = min(len(real), len(imagined))
         name = Path(str(ds.datasets[s.dataset].root)).name
         strips.append((f"{name} ep{s.episode} t={s.frame}", real[:t], imagined[:t]))

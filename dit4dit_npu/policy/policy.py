@@ -347,14 +347,15 @@ class DiT4DiTPolicy:
         )
 
     @torch.inference_mode()
-    def predict_video(self, obs: dict[str, Any], steps: int = 2, seed: int | None = None) -> np.ndarray:
+    def predict_video(self, obs: dict[str, Any] | Observation, steps: int = 2, seed: int | None = None) -> np.ndarray:
         """The backbone's imagined future from the current frames: uint8 (T, H, W_tiled, 3), or
         (B, T, H, W_tiled, 3) for batched input; views tiled as the model sees them, frame 0 is
-        the reconstruction of the observation."""
+        the reconstruction of the observation. ``obs``: a robot observation, or one already parsed."""
         if steps < 1:
             raise PolicyInputError(f"steps: expected >= 1, got {steps}")
         seed = parse_seed(seed)
-        batch, batched = self.io.encode_observation(obs)
+        parsed = obs if isinstance(obs, Observation) else self.io.parse_observation(obs)
+        batch, batched = self.io.encode_parsed(parsed), parsed.batched
         self.add_instructions(batch.instruction)
         with self._lock:
             video = self.model.imagine_video(batch, num_steps=steps, seed=seed)

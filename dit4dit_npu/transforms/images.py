@@ -72,7 +72,7 @@ def crop_box(h: int, w: int, crop: Sequence[float]) -> tuple[int, int, int, int]
     """The pixel rows/columns [y0, y1) x [x0, x1) a fractional crop covers in an h x w frame
     (edges rounded to the nearest pixel, at least one pixel each way)."""
     top, left, height, width = (float(v) for v in crop)
-    y0, x0 = round(top * h), round(left * w)
+    y0, x0 = min(round(top * h), h - 1), min(round(left * w), w - 1)  # a sliver at the edge: its last pixel
     y1, x1 = max(y0 + 1, round((top + height) * h)), max(x0 + 1, round((left + width) * w))
     return y0, min(y1, h), x0, min(x1, w)
 
