@@ -113,6 +113,9 @@ def test_config_crops_are_checked_at_load_and_cut_the_training_frames(tmp_path: 
         load_config(TINY, ["datasets.vla_data.camera_crops={cam_x: [0, 0, 1, 1]}"])
     with pytest.raises(ConfigError, match=rf"datasets.vla_data.camera_crops.{HIGH}: expected 0 <= top"):
         load_config(TINY, [f"datasets.vla_data.camera_crops={{{HIGH}: [0, 0, 1.5, 1]}}"])
+    # a camera key's dots are the key's, not config sections: one camera's crop set by its path
+    one = load_config(TINY, [f"datasets.vla_data.camera_crops.{HIGH}={CROP}"])
+    assert one.datasets.vla_data.camera_crops == {HIGH: CROP}
     data = tmp_path / "data"
     write_demo_dataset(data / "robotwin_demo", num_episodes=2, episode_length=12, image_size=(64, 64))
     common = [f"datasets.vla_data.data_root_dir={data}", "datasets.vla_data.val_fraction=0.0",

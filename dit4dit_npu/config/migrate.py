@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import types
 import typing
 from typing import Any
 
@@ -67,7 +68,8 @@ def _is_section(tp: Any) -> bool:
 
 def _is_mapping(tp: Any) -> bool:
     """A dict-typed leaf (learning_rate, val_episodes): keys are names, not schema."""
-    args = [a for a in typing.get_args(tp) if a is not type(None)] or [tp]
+    union = typing.get_origin(tp) in (typing.Union, types.UnionType)  # dict | None; a bare dict[K, V] is not one
+    args = [a for a in typing.get_args(tp) if a is not type(None)] if union else [tp]
     return any(typing.get_origin(a) is dict for a in args)
 
 
