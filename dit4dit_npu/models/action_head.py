@@ -77,8 +77,13 @@ class FlowMatchingActionHead(nn.Module):
                 f"framework.action_model.state_noise_std: {len(noise)} values, but the encoded state has "
                 f"{state_width} dims (datasets.vla_data.state_norm / max_state_dim): give one per dim, or one number"
             )
-        # a plain tensor, not a buffer: no weight of the checkpoint (inference never reads it)
-        self._state_noise = torch.tensor(noise, dtype=torch.float32) if isinstance(noise, list) else float(noise)
+        # Decided once here, not per step (a device tensor's .any() would sync every step); a list
+        # is a non-persistent buffer: it follows the model's device and is no weight of the checkpoint.
+        self._state_noise_on = any(v > 0 for v in (noise if isinstance(noise, list) else [noise]))
+        if isinstance(noise, list):
+            self.register_buffer("_state_noise", torch.tensor(noise, dtype=torch.float32), persistent=False)
+        else:
+            self._state_noise = float(noise)
         self.action_encoder = ActionEncoder(action_width, cfg.dim)
         self.position_embedding = None
         if cfg.add_pos_embed:
@@ -119,15 +124,11 @@ class FlowMatchingActionHead(nn.Module):
     def _training_state_token(self, state: torch.Tensor | None, r: int) -> torch.Tensor | None:
         """The state token of each of the R noisy samples (row b * R + r), in training with
         ``state_noise_std`` noise on the state: each repeat sees its own draw."""
-        std = self._state_noise
-        off = not self.training or (std == 0.0 if isinstance(std, float) else not bool(std.any()))
-        if state is None or self.state_encoder is None or off:
+        if state is None or self.state_encoder is None or not (self.training and self._state_noise_on):
             tok = self._state_token(state)
             return None if tok is None else tok.repeat_interleave(r, dim=0)
         noisy = state.float().repeat_interleave(r, dim=0)
-        if isinstance(std, torch.Tensor):
-            std = std.to(noisy.device)
-        return self._state_token(noisy + std * torch.randn_like(noisy))
+        return self._state_token(noisy + self._state_noise * torch.randn_like(noisy))
 
     def _velocity(
         self,
