@@ -45,8 +45,8 @@ from reference import ReferenceDiT4DiT
 
 from dit4dit_npu import device as dev
 from dit4dit_npu.batch import Batch, BatchSpec
-from dit4dit_npu.cli import run
 from dit4dit_npu.config import Config, load_config
+from dit4dit_npu.console import run
 from dit4dit_npu.models import DiT4DiT
 from dit4dit_npu.models.rtc import PrefixGuidance, prefix_weights
 from dit4dit_npu.models.testing import make_batch
@@ -302,4 +302,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    raise SystemExit(run(main))  # user errors: one line, exit code 2 (dit4dit_npu.cli)
+    raise SystemExit(run(main))  # user errors: one line, exit code 2 (dit4dit_npu.console)

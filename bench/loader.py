@@ -30,8 +30,8 @@ import torch
 from av.video.reformatter import VideoReformatter
 
 from dit4dit_npu.batch import Batch
-from dit4dit_npu.cli import run
 from dit4dit_npu.config import load_config
+from dit4dit_npu.console import run
 from dit4dit_npu.data import build_training_data
 from dit4dit_npu.data.demo import write_demo_dataset
 from dit4dit_npu.data.video import VideoDecoder
@@ -212,4 +212,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    raise SystemExit(run(main))  # user errors: one line, exit code 2 (dit4dit_npu.cli)
+    raise SystemExit(run(main))  # user errors: one line, exit code 2 (dit4dit_npu.console)

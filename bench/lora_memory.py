@@ -35,8 +35,8 @@ import torch
 from _common import bench_spec, step_peak_mib
 
 from dit4dit_npu import device as dev
-from dit4dit_npu.cli import run
 from dit4dit_npu.config import load_config
+from dit4dit_npu.console import run
 from dit4dit_npu.models.testing import make_batch
 from dit4dit_npu.prompt_cache import PromptCache
 from dit4dit_npu.train.optim import build_optimizer
@@ -124,4 +124,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    raise SystemExit(run(main))  # user errors: one line, exit code 2 (dit4dit_npu.cli)
+    raise SystemExit(run(main))  # user errors: one line, exit code 2 (dit4dit_npu.console)

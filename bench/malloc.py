@@ -157,6 +157,6 @@ def _p90(xs: list[float]) -> float:
 
 
 if __name__ == "__main__":
-    from dit4dit_npu.cli import run  # user errors: one line, exit code 2
+    from dit4dit_npu.console import run  # user errors: one line, exit code 2
 
     raise SystemExit(run(main))

@@ -40,8 +40,8 @@ from pathlib import Path
 import torch
 from _common import FULL_SIZE, QWEN_VOCAB, bench_spec, full_size_text_config
 
-from dit4dit_npu.cli import run
 from dit4dit_npu.config import Config, load_config
+from dit4dit_npu.console import run
 from dit4dit_npu.models.configs import TinyCosmosConfig
 from dit4dit_npu.prompt_cache import PROMPT_CACHE_ON_DEVICE_BYTES
 
@@ -340,4 +340,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    raise SystemExit(run(main))  # user errors: one line, exit code 2 (dit4dit_npu.cli)
+    raise SystemExit(run(main))  # user errors: one line, exit code 2 (dit4dit_npu.console)

@@ -298,6 +298,6 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if worst <= TARGET else 1
 
 if __name__ == "__main__":
-    from dit4dit_npu.cli import run  # user errors: one line, exit code 2
+    from dit4dit_npu.console import run  # user errors: one line, exit code 2
 
     raise SystemExit(run(main))

@@ -39,7 +39,7 @@ from pathlib import Path
 
 from dit4dit_client import MODES, delay_steps
 
-from dit4dit_npu.cli import run
+from dit4dit_npu.console import run
 from dit4dit_npu.errors import DiT4DiTError
 from dit4dit_npu.files import atomic_path, atomic_write_json, atomic_write_text
 
@@ -192,4 +192,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    raise SystemExit(run(main))  # user errors: one line, exit code 2 (dit4dit_npu.cli)
+    raise SystemExit(run(main))  # user errors: one line, exit code 2 (dit4dit_npu.console)

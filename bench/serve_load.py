@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 from dit4dit_client import WebsocketClientPolicy
 
-from dit4dit_npu.cli import run
+from dit4dit_npu.console import run
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = REPO / "configs" / "robotwin" / "dit4dit_robotwin_tiny.yaml"
@@ -255,4 +255,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    raise SystemExit(run(main))  # user errors: one line, exit code 2 (dit4dit_npu.cli)
+    raise SystemExit(run(main))  # user errors: one line, exit code 2 (dit4dit_npu.console)

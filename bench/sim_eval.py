@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dit4dit_npu.cli import run
+from dit4dit_npu.console import run
 from dit4dit_npu.sim.eval import main as eval_main
 from dit4dit_npu.sim.scene import AlohaScene
 from dit4dit_npu.sim.tasks import get_task, parse_size
@@ -139,4 +139,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    raise SystemExit(run(main))  # user errors: one line, exit code 2 (dit4dit_npu.cli)
+    raise SystemExit(run(main))  # user errors: one line, exit code 2 (dit4dit_npu.console)

@@ -51,8 +51,8 @@ from reference import ReferenceDiT4DiT
 
 from dit4dit_npu import device as dev
 from dit4dit_npu.batch import Batch
-from dit4dit_npu.cli import run
 from dit4dit_npu.config import load_config
+from dit4dit_npu.console import run
 from dit4dit_npu.models.cosmos import vae_latents
 from dit4dit_npu.models.testing import make_batch
 from dit4dit_npu.prompt_cache import PromptCache
@@ -237,4 +237,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    raise SystemExit(run(main))  # user errors: one line, exit code 2 (dit4dit_npu.cli)
+    raise SystemExit(run(main))  # user errors: one line, exit code 2 (dit4dit_npu.console)

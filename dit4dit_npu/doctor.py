@@ -24,7 +24,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from dit4dit_npu.cli import entry_point
+from dit4dit_npu.console import entry_point
 from dit4dit_npu.device import doctor as checks
 from dit4dit_npu.device.doctor import FAIL, PASS, SKIP, WARN, Result
 from dit4dit_npu.errors import DiT4DiTError

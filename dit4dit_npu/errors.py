@@ -2,7 +2,7 @@
 config or environment, never a bug.
 
 Every error the project raises for a user to fix subclasses it, so a command-line entry point
-needs to know only this one type (``dit4dit_npu.cli.run`` prints it as one line and exits with
+needs to know only this one type (``dit4dit_npu.console.run`` prints it as one line and exits with
 code 2), while a bug (any other exception) keeps its traceback. Subclasses keep a builtin base too
 (``ValueError`` for bad values, ``RuntimeError`` for states), so callers that catch those still work.
 Its message is one line meant for the user: it names the file, key or flag at fault and what was
@@ -10,7 +10,7 @@ expected.
 
 A leaf module (nothing from the project imported): models/, data/ and config/ can all depend
 on it. The robot-side client package (``client/``) cannot, since it installs alone: its errors
-subclass ``dit4dit_client.errors.ClientError``, which ``dit4dit_npu.cli`` treats the same way.
+subclass ``dit4dit_client.errors.ClientError``, which ``dit4dit_npu.console`` treats the same way.
 ``ConfigError`` lives here because the run config's sections are declared in ``config/schema.py``
 and, for the model's own sections, in ``models/configs.py`` (which the schema imports): both
 validate next to their declarations, without an import cycle.
@@ -24,7 +24,7 @@ from typing import Any
 class DiT4DiTError(Exception):
     """A user-facing problem (input, files, config, environment); the message is one line."""
 
-    cli_prefix = "error"  # what dit4dit_npu.cli prints before the message; a subclass may name its kind
+    cli_prefix = "error"  # what dit4dit_npu.console prints before the message; a subclass may name its kind
 
 
 class ConfigError(DiT4DiTError, ValueError):

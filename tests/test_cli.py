@@ -140,7 +140,7 @@ def test_training_prints_run_folder_and_device_and_sends_config_to_trackers(tmp_
 
 
 # --------------------------------------------------------------------------------------------
-# One wrapper (dit4dit_npu.cli): a user error is one line on stderr and exit code 2
+# One wrapper (dit4dit_npu.console): a user error is one line on stderr and exit code 2
 # --------------------------------------------------------------------------------------------
 
 # Two bad inputs per command: what to pass ({tmp}: a fresh empty folder) and the whole stderr line.
@@ -238,8 +238,8 @@ def test_the_wrapper_folds_user_errors_into_one_line_and_lets_bugs_through(capsy
 
     from dit4dit_client import ServerError
 
-    from dit4dit_npu.cli import run
     from dit4dit_npu.config import ConfigError
+    from dit4dit_npu.console import run
     from dit4dit_npu.data import DatasetError
 
     def fail(e: BaseException):

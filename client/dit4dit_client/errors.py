@@ -2,7 +2,7 @@
 
 ``ClientError`` is a problem a user fixes (a malformed message, a request the server refused),
 never a bug; its message is one line. It cannot subclass ``dit4dit_npu.errors.DiT4DiTError``: this
-package must install and import without dit4dit-npu (and its torch). ``dit4dit_npu.cli`` treats
+package must install and import without dit4dit-npu (and its torch). ``dit4dit_npu.console`` treats
 both bases as user errors (one line, exit code 2).
 """
 

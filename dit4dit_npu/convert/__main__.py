@@ -12,7 +12,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from dit4dit_npu.cli import entry_point, former_names
+from dit4dit_npu.console import entry_point, former_names
 
 
 def _conventions(args: argparse.Namespace) -> dict:

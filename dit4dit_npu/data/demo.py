@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
-from dit4dit_npu.cli import entry_point, size_hw
+from dit4dit_npu.console import entry_point, size_hw
 from dit4dit_npu.data.errors import DatasetError
 from dit4dit_npu.data.writer import DatasetSpec, Episode, LeRobotWriter, aloha_modality
 from dit4dit_npu.files import atomic_folder, is_out_of_space

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
-from dit4dit_npu.cli import entry_point
+from dit4dit_npu.console import entry_point
 from dit4dit_npu.data.errors import DatasetError
 from dit4dit_npu.data.lerobot import STANDARD_COLUMNS, _column_to_numpy
 from dit4dit_npu.data.meta import LeRobotDatasetMetadata, read_parquet

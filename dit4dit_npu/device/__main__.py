@@ -7,7 +7,7 @@ from __future__ import annotations
 import shlex
 import sys
 
-from dit4dit_npu.cli import entry_point
+from dit4dit_npu.console import entry_point
 from dit4dit_npu.device.api import DeviceError, describe
 from dit4dit_npu.device.launch import check_local_ranks, launch_env
 

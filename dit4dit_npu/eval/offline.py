@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from dit4dit_npu.cli import entry_point, former_names, require
+from dit4dit_npu.console import entry_point, former_names, require
 from dit4dit_npu.errors import DiT4DiTError
 from dit4dit_npu.files import atomic_write_json, is_out_of_space
 from dit4dit_npu.transforms.observation import Observation

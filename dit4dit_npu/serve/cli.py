@@ -12,7 +12,7 @@ import logging
 import time
 import warnings
 
-from dit4dit_npu.cli import entry_point, former_names, require
+from dit4dit_npu.console import entry_point, former_names, require
 from dit4dit_npu.serve.server import (
     DEFAULT_BATCH_WINDOW_MS,
     DEFAULT_MAX_BATCH,

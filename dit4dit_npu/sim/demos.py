@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dit4dit_npu.cli import entry_point
+from dit4dit_npu.console import entry_point
 from dit4dit_npu.files import atomic_folder
 from dit4dit_npu.sim.errors import SimError
 from dit4dit_npu.sim.tasks import CAMERAS, FPS, MOTORS, TRAIN_SEED0, get_task, parse_size

@@ -28,7 +28,7 @@ from typing import Any
 
 from dit4dit_client import MODES
 
-from dit4dit_npu.cli import entry_point, former_names, require
+from dit4dit_npu.console import entry_point, former_names, require
 from dit4dit_npu.files import atomic_write_json
 from dit4dit_npu.sim.errors import SimError
 from dit4dit_npu.sim.execution import Execution

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dit4dit_npu.cli import size_hw
+from dit4dit_npu.console import size_hw
 from dit4dit_npu.sim.errors import SimError
 
 FPS = 50  # gym-aloha's control rate (DT = 0.02 s)

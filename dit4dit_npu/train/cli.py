@@ -13,8 +13,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from dit4dit_npu.cli import entry_point
 from dit4dit_npu.config import Config, dump_yaml, load_config
+from dit4dit_npu.console import entry_point
 from dit4dit_npu.errors import DiT4DiTError
 from dit4dit_npu.files import atomic_write_text, is_out_of_space
 from dit4dit_npu.sim.training_eval import check_sim_eval

@@ -1,4 +1,4 @@
-"""The training error a user gets as one line (exit code 2, ``dit4dit_npu.cli``) rather than a traceback."""
+"""The training error a user gets as one line (exit code 2, ``dit4dit_npu.console``) rather than a traceback."""
 
 from __future__ import annotations
 

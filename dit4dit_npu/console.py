@@ -1,4 +1,4 @@
-"""The one wrapper every command-line entry point's ``main`` goes through.
+"""One-line errors and the shared flags: the bottom-row helpers every command-line entry point uses.
 
     @entry_point
     def main(argv: list[str] | None = None) -> int: ...
