@@ -50,7 +50,7 @@ from dit4dit_npu.console import run
 from dit4dit_npu.models import DiT4DiT
 from dit4dit_npu.models.rtc import PrefixGuidance, prefix_weights
 from dit4dit_npu.models.testing import make_batch
-from dit4dit_npu.prompt_cache import PromptCache
+from dit4dit_npu.models.prompt_cache import PromptCache
 from dit4dit_npu.weights import build_dit4dit, build_prompt_encoder
 
 REPO = Path(__file__).resolve().parents[1]

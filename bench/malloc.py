@@ -52,7 +52,7 @@ def child(args: argparse.Namespace) -> None:
 
     from dit4dit_npu.config import load_config
     from dit4dit_npu.models.testing import make_batch
-    from dit4dit_npu.prompt_cache import PromptCache
+    from dit4dit_npu.models.prompt_cache import PromptCache
     from dit4dit_npu.weights import build_dit4dit, build_prompt_encoder
 
     torch.set_num_threads(1)

@@ -16,7 +16,7 @@ The plan, per card, in GiB (card sizes are given in GB = 1e9 bytes, as vendors q
   ``--zero 0`` is one card without DeepSpeed (whole gradients and moments), the shape of a
   single-card allocator check;
 - the prompt cache: one 512 x 100352 bf16 embedding per instruction, on the card when the
-  whole cache is <= 2 GiB (``dit4dit_npu/prompt_cache.py``), else in host memory;
+  whole cache is <= 2 GiB (``dit4dit_npu/weights/prompt_cache.py``), else in host memory;
 - the step's working memory, measured on this CPU with the real classes and extrapolated
   (``_activations.py``): the VAE encode (skipped with a latent cache), the no-grad feature pass,
   and the video + action passes' forward end and backward peak, with and without gradient
@@ -43,7 +43,7 @@ from _common import FULL_SIZE, QWEN_VOCAB, bench_spec, full_size_text_config
 from dit4dit_npu.config import Config, load_config
 from dit4dit_npu.console import run
 from dit4dit_npu.models.configs import TinyCosmosConfig
-from dit4dit_npu.prompt_cache import PROMPT_CACHE_ON_DEVICE_BYTES
+from dit4dit_npu.weights.prompt_cache import PROMPT_CACHE_ON_DEVICE_BYTES
 
 os.environ.setdefault("KINETO_LOG_LEVEL", "5")  # quiet profiler sessions (set before torch loads kineto)
 
@@ -192,7 +192,7 @@ def check(cfg: Config, fits: dict, head_fits: dict, batch: int, gc: bool,
     from dit4dit_npu import device as dev
     from dit4dit_npu.models import DiT4DiT
     from dit4dit_npu.models.testing import make_batch
-    from dit4dit_npu.prompt_cache import PromptCache
+    from dit4dit_npu.models.prompt_cache import PromptCache
     from dit4dit_npu.weights import build_action_head
 
     full = dev.device_type() != dev.CPU

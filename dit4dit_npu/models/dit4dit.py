@@ -35,7 +35,7 @@ from dit4dit_npu.models.lora import has_lora
 from dit4dit_npu.models.noise import InferenceNoise, TrainingNoise, noise_from
 from dit4dit_npu.models.pixels import to_vae_range
 from dit4dit_npu.models.rtc import PrefixGuidance
-from dit4dit_npu.prompt_cache import PromptCache, PromptCacheError
+from dit4dit_npu.models.prompt_cache import PromptCache, PromptCacheError
 
 log = logging.getLogger(__name__)
 

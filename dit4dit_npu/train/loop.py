@@ -14,7 +14,7 @@ from pathlib import Path
 
 from dit4dit_npu import device
 from dit4dit_npu.config import Config
-from dit4dit_npu.prompt_cache import prepare_prompt_cache
+from dit4dit_npu.weights.prompt_cache import prepare_prompt_cache
 from dit4dit_npu.sim.training_eval import check_sim_eval
 from dit4dit_npu.train.distributed import (
     build_accelerator,
