@@ -48,9 +48,9 @@ from dit4dit_npu.batch import Batch, BatchSpec
 from dit4dit_npu.config import Config, load_config
 from dit4dit_npu.console import run
 from dit4dit_npu.models import DiT4DiT
+from dit4dit_npu.models.prompt_cache import PromptCache
 from dit4dit_npu.models.rtc import PrefixGuidance, prefix_weights
 from dit4dit_npu.models.testing import make_batch
-from dit4dit_npu.models.prompt_cache import PromptCache
 from dit4dit_npu.weights import build_dit4dit, build_prompt_encoder
 
 REPO = Path(__file__).resolve().parents[1]

@@ -191,8 +191,8 @@ def check(cfg: Config, fits: dict, head_fits: dict, batch: int, gc: bool,
 
     from dit4dit_npu import device as dev
     from dit4dit_npu.models import DiT4DiT
-    from dit4dit_npu.models.testing import make_batch
     from dit4dit_npu.models.prompt_cache import PromptCache
+    from dit4dit_npu.models.testing import make_batch
     from dit4dit_npu.weights import build_action_head
 
     full = dev.device_type() != dev.CPU

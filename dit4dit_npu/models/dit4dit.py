@@ -34,8 +34,8 @@ from dit4dit_npu.models.imagine import imagine
 from dit4dit_npu.models.lora import has_lora
 from dit4dit_npu.models.noise import InferenceNoise, TrainingNoise, noise_from
 from dit4dit_npu.models.pixels import to_vae_range
-from dit4dit_npu.models.rtc import PrefixGuidance
 from dit4dit_npu.models.prompt_cache import PromptCache, PromptCacheError
+from dit4dit_npu.models.rtc import PrefixGuidance
 
 log = logging.getLogger(__name__)
 
