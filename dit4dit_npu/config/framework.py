@@ -1,7 +1,7 @@
 """The run config's ``framework`` section: the model's hyperparameters, each declared once.
 
 Keys, defaults and checks live here; the modules take model-local records
-(``dit4dit_npu/models/configs.py``) that ``dit4dit_npu/weights/build.py`` derives from these
+(``dit4dit_npu/models/configs.py``) that ``dit4dit_npu/weights/model_config.py`` derives from these
 sections (torchtitan style), so the config layer imports no model code:
 
 ==============================  ====================================  ===========================

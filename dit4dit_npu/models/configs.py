@@ -1,9 +1,9 @@
 """What each module takes: model-local configs, plain records with no defaults and no checks.
 
 The run config's ``framework`` sections (``dit4dit_npu/config/framework.py``) own the keys, their
-defaults and their checks; ``dit4dit_npu/weights/build.py`` derives these records from them (as
+defaults and their checks; ``dit4dit_npu/weights/model_config.py`` derives these records from them (as
 torchtitan's builders do), so this package never sees a run config. A field keeps the name of the
-run-config key it comes from (``build.py`` copies by name), except where the builder resolves a
+run-config key it comes from (``model_config.py`` copies by name), except where the builder resolves a
 value (the DiT sizes from ``action_model_type``, the chunk length, LoRA's alpha) or takes it from
 another section (``state_noise_std``: ``trainer``).
 
