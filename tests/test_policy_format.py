@@ -128,7 +128,7 @@ def test_unknown_versions_are_refused_with_one_line(version, tmp_path: Path) -> 
 
 def test_training_only_settings_are_not_in_the_manifest_and_old_manifests_with_them_load(tmp_path: Path) -> None:
     """trainer.state_noise_std is not written; a version 3 folder written while it was
-    framework.action_model.state_noise_std (main up to 15f0797) carries it there and still loads."""
+    framework.action_model.state_noise_std (main up to 8712bd4) carries it there and still loads."""
     setup = shared_tiny_setup()
     manifest = json.loads((setup.policy_dir / "policy.json").read_text())
     assert "state_noise_std" not in json.dumps(manifest)

@@ -48,7 +48,7 @@ OWNED_ELSEWHERE = {
     ("cosmos25", "prompt_cache"): "the policy's prompts are its prompt_cache.safetensors",
 }
 # Training-only keys that folders written before they moved to the trainer section carry in their
-# framework section (format 3 up to main 15f0797; older formats' config.yaml too); inference never
+# framework section (format 3 as written by main up to 8712bd4; a version 2 config.yaml could too); inference never
 # read them, so they are dropped on reading, not refused.
 TRAINING_ONLY = {("action_model", "state_noise_std")}
 

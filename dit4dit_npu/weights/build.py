@@ -4,7 +4,8 @@
 
 The modules take model-local records (``models/configs.py``) derived from the run config's
 ``framework`` sections by ``model_config.py``; what comes from elsewhere is passed explicitly: the
-widths from ``spec``, gradient checkpointing, autocast and the state noise from ``trainer``. Weights load from the base-model folder (``base_model.py``).
+widths from ``spec``, gradient checkpointing, autocast and the state noise from ``trainer``.
+Weights load from the base-model folder (``base_model.py``).
 """
 
 from __future__ import annotations
