@@ -35,9 +35,10 @@ import torch
 from torch.distributed._tools.mem_tracker import MemTracker, _ModState
 
 from dit4dit_npu import device as dev
+from dit4dit_npu.config import Cosmos25Config, TinyCosmosConfig
 from dit4dit_npu.models import tiny as tiny_parts
-from dit4dit_npu.models.configs import Cosmos25Config, TinyCosmosConfig
 from dit4dit_npu.models.cosmos import CosmosBackbone, vae_latents
+from dit4dit_npu.weights.model_config import backbone_config, tiny_sizes
 
 PARAM_KEYS = ("Parameter", "Buffer")
 POINTS = ((1, 4, 12), (1, 8, 12), (2, 4, 12), (2, 8, 12))  # (batch, latent h, latent w); T_lat = 3
@@ -112,9 +113,11 @@ def real_width_backbone(layers: int, extract_layer: int, widths: TinyCosmosConfi
     from _common import FULL_SIZE
 
     sizes = dataclasses.replace(widths or FULL_SIZE, num_layers=layers, vae_base_dim=8)
-    transformer = tiny_parts.build_transformer(sizes)
-    vae = tiny_parts.build_vae(sizes)
-    backbone = CosmosBackbone(transformer, vae, tiny_parts.build_scheduler(), Cosmos25Config(extract_layer=extract_layer))
+    transformer = tiny_parts.build_transformer(tiny_sizes(sizes))
+    vae = tiny_parts.build_vae(tiny_sizes(sizes))
+    backbone = CosmosBackbone(
+        transformer, vae, tiny_parts.build_scheduler(), backbone_config(Cosmos25Config(extract_layer=extract_layer))
+    )
     free_grads_on_accumulation(backbone.transformer)
     return backbone
 

@@ -12,9 +12,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from dit4dit_npu import device as dev
 from dit4dit_npu.batch import Batch, BatchSpec
-from dit4dit_npu.config import Config
+from dit4dit_npu.config import Config, TinyCosmosConfig
 from dit4dit_npu.models import DiT4DiT, PromptEncoder
-from dit4dit_npu.models.configs import TinyCosmosConfig
 from dit4dit_npu.transforms.policy_io import config_spec
 
 # Cosmos-Predict2.5-2B's transformer, Wan2.1's VAE and Qwen2.5-VL-7B's text model

@@ -91,7 +91,7 @@ class NoiseTape:
 
 
 def write_tiny_base(path: Path) -> None:
-    from dit4dit_npu.models.configs import TinyCosmosConfig
+    from dit4dit_npu.config import TinyCosmosConfig
     from dit4dit_npu.weights.tiny_cache import write_tiny_base_model
 
     write_tiny_base_model(TinyCosmosConfig(), path)

@@ -48,9 +48,9 @@ from dit4dit_npu.batch import Batch, BatchSpec
 from dit4dit_npu.config import Config, load_config
 from dit4dit_npu.console import run
 from dit4dit_npu.models import DiT4DiT
+from dit4dit_npu.models.prompt_cache import PromptCache
 from dit4dit_npu.models.rtc import PrefixGuidance, prefix_weights
 from dit4dit_npu.models.testing import make_batch
-from dit4dit_npu.prompt_cache import PromptCache
 from dit4dit_npu.weights import build_dit4dit, build_prompt_encoder
 
 REPO = Path(__file__).resolve().parents[1]
@@ -211,24 +211,25 @@ def build_full_size(
     from dit4dit_npu.models import CosmosBackbone, PromptEncoder
     from dit4dit_npu.models import tiny as tiny_parts
     from dit4dit_npu.weights import build_action_head
+    from dit4dit_npu.weights.model_config import backbone_config, dit4dit_config, tiny_sizes
 
     real = dataclasses.replace(FULL_SIZE, num_layers=layers, text_num_layers=layers)
     c = cfg.framework.cosmos25
     bb_cfg = dataclasses.replace(c, extract_layer=min(c.extract_layer, layers - 1))
     with torch.device(device):
-        transformer = CosmosTransformer3DModel(**tiny_parts.transformer_kwargs(real)).to(dtype)
+        transformer = CosmosTransformer3DModel(**tiny_parts.transformer_kwargs(tiny_sizes(real))).to(dtype)
         vae = AutoencoderKLWan().to(dtype)  # the class defaults are Wan2.1's
         tok = tiny_parts.build_tokenizer()
         text = Qwen2_5_VLTextModel(
             Qwen2_5_VLTextConfig(**full_size_text_config(len(tok), layers, tok.pad_token_id, tok.eos_token_id))
         ).to(dtype)
     backbone = CosmosBackbone(
-        transformer, vae, tiny_parts.build_scheduler(), bb_cfg, cfg.trainer.enable_gradient_checkpointing
+        transformer, vae, tiny_parts.build_scheduler(), backbone_config(bb_cfg), cfg.trainer.enable_gradient_checkpointing
     )
     head = build_action_head(cfg, spec, backbone.hidden_size).to(device)
     encoder = PromptEncoder(tok, text, cfg.framework.cosmos25.max_sequence_length, identity="full-size-random")
     framework = dataclasses.replace(cfg.framework, cosmos25=bb_cfg)
-    model = DiT4DiT(backbone, head, framework, spec, autocast=True)
+    model = DiT4DiT(backbone, head, dit4dit_config(framework), spec, autocast=True)
     return model, encoder
 
 

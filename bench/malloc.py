@@ -51,8 +51,8 @@ def child(args: argparse.Namespace) -> None:
     from _common import bench_spec
 
     from dit4dit_npu.config import load_config
+    from dit4dit_npu.models.prompt_cache import PromptCache
     from dit4dit_npu.models.testing import make_batch
-    from dit4dit_npu.prompt_cache import PromptCache
     from dit4dit_npu.weights import build_dit4dit, build_prompt_encoder
 
     torch.set_num_threads(1)

@@ -16,7 +16,7 @@ The plan, per card, in GiB (card sizes are given in GB = 1e9 bytes, as vendors q
   ``--zero 0`` is one card without DeepSpeed (whole gradients and moments), the shape of a
   single-card allocator check;
 - the prompt cache: one 512 x 100352 bf16 embedding per instruction, on the card when the
-  whole cache is <= 2 GiB (``dit4dit_npu/prompt_cache.py``), else in host memory;
+  whole cache is <= 2 GiB (``dit4dit_npu/weights/prompt_cache.py``), else in host memory;
 - the step's working memory, measured on this CPU with the real classes and extrapolated
   (``_activations.py``): the VAE encode (skipped with a latent cache), the no-grad feature pass,
   and the video + action passes' forward end and backward peak, with and without gradient
@@ -40,10 +40,10 @@ from pathlib import Path
 import torch
 from _common import FULL_SIZE, QWEN_VOCAB, bench_spec, full_size_text_config
 
-from dit4dit_npu.config import Config, load_config
+from dit4dit_npu.config import Config, TinyCosmosConfig, load_config
 from dit4dit_npu.console import run
-from dit4dit_npu.models.configs import TinyCosmosConfig
-from dit4dit_npu.prompt_cache import PROMPT_CACHE_ON_DEVICE_BYTES
+from dit4dit_npu.weights.model_config import tiny_sizes
+from dit4dit_npu.weights.prompt_cache import PROMPT_CACHE_ON_DEVICE_BYTES
 
 os.environ.setdefault("KINETO_LOG_LEVEL", "5")  # quiet profiler sessions (set before torch loads kineto)
 
@@ -61,7 +61,7 @@ def meta_parts(cfg: Config) -> dict[str, torch.nn.Module]:
     from dit4dit_npu.weights import build_action_head
 
     with torch.device("meta"):
-        transformer = CosmosTransformer3DModel(**tiny_parts.transformer_kwargs(FULL_SIZE))
+        transformer = CosmosTransformer3DModel(**tiny_parts.transformer_kwargs(tiny_sizes(FULL_SIZE)))
         parts = {
             "transformer": transformer,
             "vae": AutoencoderKLWan(),  # the class defaults are Wan2.1's
@@ -191,9 +191,10 @@ def check(cfg: Config, fits: dict, head_fits: dict, batch: int, gc: bool,
 
     from dit4dit_npu import device as dev
     from dit4dit_npu.models import DiT4DiT
+    from dit4dit_npu.models.prompt_cache import PromptCache
     from dit4dit_npu.models.testing import make_batch
-    from dit4dit_npu.prompt_cache import PromptCache
     from dit4dit_npu.weights import build_action_head
+    from dit4dit_npu.weights.model_config import dit4dit_config
 
     full = dev.device_type() != dev.CPU
     spec = bench_spec(cfg)
@@ -206,7 +207,7 @@ def check(cfg: Config, fits: dict, head_fits: dict, batch: int, gc: bool,
     head = build_action_head(cfg, spec, hidden_width(widths))
     free_grads_on_accumulation(head)
     device = dev.get_device()
-    model = DiT4DiT(backbone, head, cfg.framework, spec, autocast=True).to(device).train()
+    model = DiT4DiT(backbone, head, dit4dit_config(cfg.framework), spec, autocast=True).to(device).train()
     model.backbone.vae.to(torch.bfloat16)
     text = cfg.framework.cosmos25.max_sequence_length
     cache = PromptCache()
@@ -278,7 +279,7 @@ def main() -> None:
 
     from dit4dit_npu.models import tiny as tiny_parts
 
-    vae_module = tiny_parts.build_vae(widths) if args.smoke else AutoencoderKLWan()  # the class defaults are Wan2.1's
+    vae_module = tiny_parts.build_vae(tiny_sizes(widths)) if args.smoke else AutoencoderKLWan()  # the class defaults are Wan2.1's
     vae = measure_vae(vae_module.to(torch.bfloat16).eval(), 9, print)
     residual = max([f.residual for f in fits.values()] + [f.residual for f in head.values()] + [vae.residual])
     print(f"measured in {time.perf_counter() - t0:.0f} s; largest relative fit residual {100 * residual:.1f}%")

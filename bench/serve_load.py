@@ -72,8 +72,8 @@ def build_tiny_policy(root: Path) -> Path:
     from dit4dit_npu.config import load_config
     from dit4dit_npu.data import build_training_data
     from dit4dit_npu.data.demo import write_demo_dataset
+    from dit4dit_npu.models.prompt_cache import PromptCache
     from dit4dit_npu.policy import export_policy
-    from dit4dit_npu.prompt_cache import PromptCache
     from dit4dit_npu.weights import build_dit4dit, build_prompt_encoder
 
     write_demo_dataset(root / "data" / "robotwin_demo")

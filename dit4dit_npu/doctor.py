@@ -121,7 +121,7 @@ def check_model(cfg, path: str) -> Result:
 
 
 def check_base_model(cfg) -> Result:
-    from dit4dit_npu.models.configs import TINY
+    from dit4dit_npu.config.framework import TINY
     from dit4dit_npu.weights.layout import COMPONENTS, check_base_model
     from dit4dit_npu.weights.tiny_cache import tiny_cache_root
 

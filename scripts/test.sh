@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Set up .venv (idempotent), run the linter and the test suite. Extra arguments go to pytest.
+# Set up .venv (idempotent), run the linters (ruff, the import-layer contracts) and the test suite.
+# Extra arguments go to pytest.
 #   bash scripts/test.sh            the full tier, slow tests included (what CI runs)
 #   bash scripts/test.sh --fast     the fast tier: -m "not slow" (unit + in-process tests, minutes)
 # Tests run on $TEST_WORKERS pytest-xdist workers (default 2; each test file stays on one worker,
@@ -18,4 +19,5 @@ done
 bash scripts/setup_env.sh
 export OMP_NUM_THREADS=1 PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 DS_ACCELERATOR=cpu
 .venv/bin/ruff check .
+.venv/bin/lint-imports  # the package's layers: [tool.importlinter] in pyproject.toml
 .venv/bin/python -m pytest ${args[@]+"${args[@]}"}

@@ -49,8 +49,8 @@ def dataset_instructions(data: Any) -> list[str]:
 def build_tiny_setup(root: Path, *overrides: str, step: int = 0, data_root: Path | None = None) -> TinySetup:
     """Demo data + a freshly built (untrained) tiny model, exported to ``root/policy``."""
     from dit4dit_npu.data import build_training_data
+    from dit4dit_npu.models.prompt_cache import PromptCache
     from dit4dit_npu.policy import export_policy
-    from dit4dit_npu.prompt_cache import PromptCache
     from dit4dit_npu.weights import build_dit4dit, build_prompt_encoder
 
     cfg = tiny_config(root, *overrides, data_root=data_root)

@@ -119,12 +119,27 @@ def test_cli_dry_run_prints_resolved_config(capfd):
 
 def test_cli_dry_run_takes_a_per_dim_state_noise_and_checks_its_length_where_it_can(capfd):
     # the raw state width comes from the data; the dry run's placeholder fits the list
-    noise = "framework.action_model.state_noise_std=[0, 0.5, 0.5]"
+    noise = "trainer.state_noise_std=[0, 0.5, 0.5]"
     assert train_cli_here(["--config", str(TINY), "--dry-run", noise], capfd).returncode == 0
     sincos = train_cli_here(["--config", str(TINY), "--dry-run", noise, "datasets.vla_data.state_norm=sincos"], capfd)
     assert sincos.returncode == 2 and "3 values, but the encoded state has 2 dims" in sincos.stderr  # sin/cos pairs
     padded = train_cli_here(["--config", str(TINY), "--dry-run", noise, "datasets.vla_data.max_state_dim=8"], capfd)
     assert padded.returncode == 2 and "3 values, but the encoded state has 8 dims" in padded.stderr
+
+
+def test_state_noise_is_a_training_setting_and_its_old_spelling_still_reads_with_one_notice():
+    notices: list = []
+    cfg = load_config(TINY, ["framework.action_model.state_noise_std=[0, 0.5]"], on_notices=notices.extend)
+    assert cfg.trainer.state_noise_std == [0, 0.5]
+    assert not hasattr(cfg.framework.action_model, "state_noise_std")  # not the model's (nor the manifest's)
+    assert notices == ["framework.action_model.state_noise_std: moved to trainer.state_noise_std "
+                       "(a training-only setting; read as trainer.state_noise_std: [0, 0.5])"]
+    same = load_config(TINY, ["trainer.state_noise_std=0.5", "framework.action_model.state_noise_std=0.5"],
+                       on_notices=lambda _: None)
+    assert same.trainer.state_noise_std == 0.5
+    with pytest.raises(ConfigError, match="framework.action_model.state_noise_std .* and trainer.state_noise_std .* "
+                                          "differ: give only trainer.state_noise_std"):
+        load_config(TINY, ["trainer.state_noise_std=0.5", "framework.action_model.state_noise_std=0.1"])
 
 
 @pytest.mark.parametrize(

@@ -218,8 +218,8 @@ def test_eval_cli_merges_on_request(lora_run, tmp_path, capsys):
 def test_adapters_get_gradients_base_does_not(checkpointing):
     """One real forward + backward: every adapter (in every block, also under diffusers'
     gradient checkpointing) gets a gradient, no base transformer weight does."""
+    from dit4dit_npu.models.prompt_cache import PromptCache
     from dit4dit_npu.models.testing import make_batch, small_spec
-    from dit4dit_npu.prompt_cache import PromptCache
     from dit4dit_npu.weights import build_dit4dit, build_prompt_encoder
 
     cfg = load_config(TINY, [f"trainer.enable_gradient_checkpointing={str(checkpointing).lower()}",

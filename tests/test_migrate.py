@@ -188,7 +188,7 @@ def test_cli_migrate_config_writes_our_schema(libero_yaml, tmp_path):
     out = tmp_path / "ours.yaml"
     r = _cli("--config_yaml", str(libero_yaml), *LAUNCH_FLAGS, "--migrate-config", str(out))
     assert r.returncode == 0, r.stderr
-    assert r.stderr.startswith("DiT4DiT config migrated (")
+    assert r.stderr.startswith("config migrated (")
     notices: list = []
     again = load_config(out, on_notices=notices.append)
     assert notices == []  # already ours: nothing to migrate

@@ -5,16 +5,19 @@ import dataclasses
 import pytest
 import torch
 
-from dit4dit_npu.config import ActionModelConfig, ConfigError, DiffusionModelConfig
+from dit4dit_npu.config import ActionModelConfig, ConfigError, DiffusionModelConfig, TrainerConfig
 from dit4dit_npu.models import FlowMatchingActionHead
+from dit4dit_npu.weights.model_config import head_config
 
 B, S, D = 3, 8, 32  # batch, feature tokens, backbone hidden
 STATE, ACTION = 5, 6  # the batch's widths
 
-SMALL = ActionModelConfig(
+# the run-config section (its checks) and the head's record derived from it (weights/model_config.py)
+SMALL_SECTION = ActionModelConfig(
     input_embedding_dim=64, hidden_size=32, future_action_window_size=3, repeated_diffusion_steps=2,
     diffusion_model_cfg=DiffusionModelConfig(num_layers=2, output_dim=32, num_attention_heads=4, attention_head_dim=16),
 )
+SMALL = head_config(SMALL_SECTION)
 
 
 @pytest.fixture()
@@ -33,7 +36,7 @@ def _inputs(state_width: int = STATE, seed: int = 0):
 
 def test_dit_b_matches_the_spec_sizes():
     with torch.device("meta"):
-        head = FlowMatchingActionHead(ActionModelConfig(), 2048, state_width=16, action_width=8)
+        head = FlowMatchingActionHead(head_config(ActionModelConfig()), 2048, state_width=16, action_width=8)
     n = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
     assert round(n(head.model) / 1e6, 1) == 151.9  # SPEC 2.2: DiT ~151.9M, head ~163M
     assert round(n(head) / 1e6) == 163
@@ -110,9 +113,9 @@ def test_loss_ignores_masked_dims(head):
 def test_bad_configs_are_clear_errors():
     key = "framework.action_model"
     with pytest.raises(ConfigError, match=rf"^{key}\.max_seq_len: 2 position embeddings, but the chunk has 4"):
-        dataclasses.replace(SMALL, max_seq_len=2).check(key)
+        dataclasses.replace(SMALL_SECTION, max_seq_len=2).check(key)
     with pytest.raises(ConfigError, match=rf"^{key}\.repeated_diffusion_steps: got 0, expected >= 1"):
-        dataclasses.replace(SMALL, repeated_diffusion_steps=0).check(key)
+        dataclasses.replace(SMALL_SECTION, repeated_diffusion_steps=0).check(key)
     with pytest.raises(ConfigError, match=r"^datasets\.vla_data\.max_action_dim: got 0"):  # the batch's width
         FlowMatchingActionHead(SMALL, D, STATE, action_width=0)
 
@@ -167,7 +170,7 @@ def test_state_noise_is_training_only_and_off_by_default():
     g = lambda: torch.Generator().manual_seed(1)  # noqa: E731
     assert torch.equal(noisy.sample(feats, state, g()), plain.sample(feats, state, g()))
     with pytest.raises(ConfigError, match="state_noise_std: got -0.1, expected a number >= 0"):
-        dataclasses.replace(SMALL, state_noise_std=-0.1).check("framework.action_model")
+        TrainerConfig(state_noise_std=-0.1).check("trainer")
 
 
 def test_state_noise_per_dim_leaves_zero_dims_clean():

@@ -1,5 +1,6 @@
 """weights/: the model a run config describes, the tiny folder, loading a diffusers folder."""
 
+import dataclasses
 import json
 import logging
 import re
@@ -24,6 +25,13 @@ from dit4dit_npu.weights import (
     text_identity,
     tiny_base_model,
     tiny_cache_root,
+)
+from dit4dit_npu.weights.model_config import (
+    backbone_config,
+    dit4dit_config,
+    lora_adapter_config,
+    run_head_config,
+    tiny_sizes,
 )
 
 
@@ -222,3 +230,19 @@ def test_tiny_vae_latent_statistics_follow_config():
     ):
         with pytest.raises(ConfigError, match=re.escape(expected)):
             small_config(f"framework.cosmos25.tiny.vae_latents_std={bad}")
+
+
+def test_the_modules_records_are_derived_from_the_run_config():
+    """models/ never sees the run config: weights/model_config.py copies each record's fields from
+    the same-named keys and resolves the rest (preset sizes, chunk length, alpha, trainer noise)."""
+    cfg = small_config("trainer.state_noise_std=0.3", "framework.cosmos25.lora.rank=2",
+                       "framework.cosmos25.feature_noise_seed=7", "framework.cosmos25.training=video")
+    c, a = cfg.framework.cosmos25, cfg.framework.action_model
+    head = run_head_config(cfg)
+    assert (head.dim, head.num_heads, head.head_dim, head.chunk_length) == (a.dim, a.num_heads, a.head_dim, a.chunk_length)
+    assert head.state_noise_std == 0.3 and head.diffusion_model_cfg.num_layers == a.diffusion_model_cfg.num_layers
+    bb = backbone_config(c)
+    assert (bb.extract_layer, bb.feature_noise_seed, bb.flow_matching.time_distribution) == (1, 7, "uniform")
+    assert dit4dit_config(cfg.framework).training == "video"
+    assert lora_adapter_config(c.lora).alpha == 2.0  # null alpha = rank (scale 1)
+    assert dataclasses.asdict(tiny_sizes(c.tiny)) == dataclasses.asdict(c.tiny)  # the tiny cache's key is unchanged

@@ -5,12 +5,12 @@ import dataclasses
 import pytest
 import torch
 
-from dit4dit_npu.config import ConfigError
+from dit4dit_npu.config import ConfigError, Cosmos25Config, FlowMatchingConfig
 from dit4dit_npu.models import CosmosBackbone
-from dit4dit_npu.models.configs import Cosmos25Config, FlowMatchingConfig
 from dit4dit_npu.models.cosmos import run_blocks, sample_video_time
 from dit4dit_npu.models.testing import small_config
 from dit4dit_npu.weights import build_backbone
+from dit4dit_npu.weights.model_config import backbone_config, video_time
 
 H = W = 32  # -> latents 4x4, 2x2 tokens per latent frame
 
@@ -131,7 +131,7 @@ def test_feature_noise_seeded_and_batch_independent(backbone):
 
 def test_extract_layer_out_of_range(backbone):
     with pytest.raises(ConfigError, match=r"extract_layer: got 3, expected 0\.\.2"):
-        CosmosBackbone(backbone.transformer, backbone.vae, backbone.scheduler, Cosmos25Config(extract_layer=3))
+        CosmosBackbone(backbone.transformer, backbone.vae, backbone.scheduler, backbone_config(Cosmos25Config(extract_layer=3)))
 
 
 def test_video_loss_trains_future_frames_only(backbone):
@@ -169,13 +169,13 @@ def test_single_latent_frame_gives_zero_video_loss_without_a_pass(backbone):
 
 def test_video_time_distributions():
     torch.manual_seed(0)
-    cfg = FlowMatchingConfig(time_distribution="logit_normal", high_sigma_ratio=0.5, high_sigma_min=0.98)
+    cfg = video_time(FlowMatchingConfig(time_distribution="logit_normal", high_sigma_ratio=0.5, high_sigma_min=0.98))
     t = sample_video_time(cfg, 20000, torch.device("cpu"))
     assert 0 < t.min() and t.max() < 1
     assert 0.4 < (t >= 0.98).float().mean() < 0.6  # ~half replaced by U[0.98, 1)
-    t = sample_video_time(FlowMatchingConfig(time_distribution="logit_normal"), 20000, torch.device("cpu"))
+    t = sample_video_time(video_time(FlowMatchingConfig(time_distribution="logit_normal")), 20000, torch.device("cpu"))
     assert abs(t.mean().item() - 0.5) < 0.02 and (t >= 0.98).float().mean() < 0.01
-    t = sample_video_time(FlowMatchingConfig(), 20000, torch.device("cpu"))
+    t = sample_video_time(video_time(FlowMatchingConfig()), 20000, torch.device("cpu"))
     assert abs(t.mean().item() - 0.5) < 0.02 and abs((t < 0.25).float().mean().item() - 0.25) < 0.02
 
 

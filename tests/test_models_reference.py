@@ -10,8 +10,8 @@ from bench.reference import (
     full_depth_features,
     separate_condition_encode,
 )
+from dit4dit_npu.models.prompt_cache import PromptCache
 from dit4dit_npu.models.testing import INSTRUCTIONS, make_batch, small_config, small_spec
-from dit4dit_npu.prompt_cache import PromptCache
 from dit4dit_npu.weights import build_dit4dit, build_prompt_encoder
 
 

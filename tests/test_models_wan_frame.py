@@ -9,11 +9,12 @@ import pytest
 import torch
 from diffusers import AutoencoderKLWan
 
-from dit4dit_npu.models.configs import TinyCosmosConfig
+from dit4dit_npu.config import TinyCosmosConfig
 from dit4dit_npu.models.testing import small_config
 from dit4dit_npu.models.tiny import vae_kwargs
 from dit4dit_npu.models.wan_frame import first_frame_moments
 from dit4dit_npu.weights import build_backbone
+from dit4dit_npu.weights.model_config import tiny_sizes
 
 
 def _frames(b: int = 2, h: int = 32, w: int = 48, seed: int = 0) -> torch.Tensor:
@@ -23,7 +24,7 @@ def _frames(b: int = 2, h: int = 32, w: int = 48, seed: int = 0) -> torch.Tensor
 @pytest.mark.parametrize(
     "kwargs",
     [
-        vae_kwargs(TinyCosmosConfig()),
+        vae_kwargs(tiny_sizes(TinyCosmosConfig())),
         # Wan 2.1's layout (the class defaults) at a small width
         dict(base_dim=8, z_dim=16, dim_mult=[1, 2, 4, 4], num_res_blocks=2, attn_scales=[],
              temperal_downsample=[False, True, True]),
@@ -45,7 +46,7 @@ def test_layouts_it_does_not_mirror_fall_back():
     wan22 = AutoencoderKLWan(base_dim=8, z_dim=16, dim_mult=[1, 2, 2, 2], num_res_blocks=1,
                              temperal_downsample=[False, True, True], is_residual=True, patch_size=2).eval()
     assert first_frame_moments(wan22, _frames()) is None
-    assert first_frame_moments(AutoencoderKLWan(**vae_kwargs(TinyCosmosConfig())), torch.zeros(1, 3, 5, 32, 48)) is None
+    assert first_frame_moments(AutoencoderKLWan(**vae_kwargs(tiny_sizes(TinyCosmosConfig()))), torch.zeros(1, 3, 5, 32, 48)) is None
 
 
 def test_the_backbone_encodes_an_observation_through_it():

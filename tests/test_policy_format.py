@@ -124,3 +124,18 @@ def test_unknown_versions_are_refused_with_one_line(version, tmp_path: Path) -> 
     assert str(e.value) == (
         f"{folder}: policy format_version {version!r} is not supported by this dit4dit_npu (it reads versions [2, 3]){newer}"
     )
+
+
+def test_training_only_settings_are_not_in_the_manifest_and_old_manifests_with_them_load(tmp_path: Path) -> None:
+    """trainer.state_noise_std is not written; a version 3 folder written while it was
+    framework.action_model.state_noise_std (main up to 8712bd4) carries it there and still loads."""
+    setup = shared_tiny_setup()
+    manifest = json.loads((setup.policy_dir / "policy.json").read_text())
+    assert "state_noise_std" not in json.dumps(manifest)
+    folder = tmp_path / "policy"
+    shutil.copytree(setup.policy_dir, folder)
+    manifest["model"]["framework"]["action_model"]["state_noise_std"] = [0.0, 0.5]
+    (folder / "policy.json").write_text(json.dumps(manifest))
+    old = DiT4DiTPolicy.from_pretrained(folder)
+    assert old.manifest == DiT4DiTPolicy.from_pretrained(setup.policy_dir).manifest
+    assert "state_noise_std" not in json.dumps(old.manifest.to_json())

@@ -135,7 +135,7 @@ def test_resume_falls_back_past_damaged_checkpoints_exactly(base_runs, tmp_path,
     assert all_whole(ck) == [1, 2, 3, 4]
     resumed, original = losses(run), losses(base_runs / RUN)
     assert sorted(resumed) == [1, 2, 3, 4] and all(resumed[s] == original[s] for s in (1, 2, 3))  # exact
-    from dit4dit_npu.prompt_cache import load_prompt_cache
+    from dit4dit_npu.weights.prompt_cache import load_prompt_cache
 
     assert len(load_prompt_cache(run / "prompt_cache.safetensors")) > 0  # rebuilt
 

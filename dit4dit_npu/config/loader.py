@@ -105,7 +105,7 @@ def migrated(
         raise ConfigError(str(e)) from None
     if notices:
         if on_notices is None:
-            log.warning("DiT4DiT config migrated:\n  %s", "\n  ".join(notices))
+            log.warning("config migrated:\n  %s", "\n  ".join(notices))
         else:
             on_notices(notices)
     return raw

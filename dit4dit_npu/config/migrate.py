@@ -10,6 +10,9 @@ typing it. Every key of the raw config is looked up in ``dit4dit_keys.TABLE``:
 - ``Ignored``: a key DiT4DiT itself never read: dropped with "ignored (unused in DiT4DiT too)";
 - ``Removed``: a key of an earlier version of this project: an error saying where it went.
 
+A key this project itself renamed (``RENAMED``) is read under its new name with one notice, so
+configs written before keep working; giving both spellings with different values is an error.
+
 Every other key that is not in the schema is an error, all of them in one message, with a
 "did you mean" only when one valid key is really close. The learning-rate table takes dotted
 module paths as keys in YAML and on the command line alike (``--trainer.learning_rate.backbone.
@@ -41,7 +44,14 @@ from dit4dit_npu.config.dit4dit_keys import (
 from dit4dit_npu.config.original_data import NAMED_MIXTURES, ROBOT_TYPES
 from dit4dit_npu.config.schema import Config
 
-__all__ = ["TABLE", "MigrationError", "Removed", "apply_overrides", "migrate", "module_path"]
+__all__ = ["RENAMED", "TABLE", "MigrationError", "Removed", "apply_overrides", "migrate", "module_path"]
+
+# Keys of this project that moved: old spelling -> new. Not DiT4DiT's (``dit4dit_keys.TABLE``), so
+# an old spelling does not make a config look like a DiT4DiT one.
+RENAMED = {
+    # training-only augmentation: the trainer's, not the model's (nor the policy folder's)
+    "framework.action_model.state_noise_std": "trainer.state_noise_std",
+}
 
 
 # --------------------------------------------------------------------------------------------
@@ -168,8 +178,11 @@ def migrate(raw: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     ours: dict[str, Any] = {}
     moved: list[tuple[str, str, Any]] = []  # (from, to, value)
     fixed: dict[str, Any] = {}
+    renamed = {RENAMED[p]: (p, v) for p, v in flat if p in RENAMED}
     for path, value in flat:
         rule = TABLE.get(path)
+        if path in RENAMED:
+            continue  # below, once the new spelling's own value is known
         if original and path in IGNORED_IN_ORIGINAL:
             notices.append(f"{path}: ignored ({UNUSED}: {IGNORED_IN_ORIGINAL[path]})")
         elif isinstance(rule, Removed):
@@ -194,6 +207,11 @@ def migrate(raw: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
             ours[path] = value
         else:
             unknown.append(path)
+    for dst, (src, value) in renamed.items():
+        if dst in ours and ours[dst] != value:
+            raise MigrationError(f"{src} ({_fmt(value)}) and {dst} ({_fmt(ours[dst])}) differ: give only {dst}")
+        ours[dst] = value
+        notices.append(f"{src}: moved to {dst} (a training-only setting; read as {dst}: {_fmt(value)})")
     if unknown:
         listed = ", ".join(f"{p!r}{_hint(p, valid)}" for p in unknown)
         raise MigrationError(

@@ -14,10 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-# The model's sections are declared with the model (they are its modules' configs); re-exported
-# here so that the whole schema reads from one place.
-from dit4dit_npu.errors import ConfigError, require
-from dit4dit_npu.models.configs import (
+# The model's sections have their own file (framework.py); re-exported here so that the whole
+# schema reads from one place.
+from dit4dit_npu.config.framework import (
     ActionModelConfig,
     Cosmos25Config,
     DiffusionModelConfig,
@@ -26,6 +25,7 @@ from dit4dit_npu.models.configs import (
     LoraAdapterConfig,
     TinyCosmosConfig,
 )
+from dit4dit_npu.errors import ConfigError, require
 
 __all__ = [
     "ActionModelConfig",
@@ -333,6 +333,16 @@ class TrainerConfig:
     eval_samples: int = 32
     ema: EMAConfig = field(default_factory=EMAConfig)
     sim_eval: SimEvalConfig = field(default_factory=SimEvalConfig)
+    # Augmentation (training only; the policy folder never carries it). Gaussian noise of this std
+    # added to the encoded state (normalized units) of each of the R noisy samples before the
+    # action head's state encoder; one number for every dim, or one per encoded state dim (0 keeps
+    # a dim clean, e.g. grippers). A policy trained on a few demonstrations with a clean state
+    # learns to tell them apart by the state alone (the state a few steps into a reach says which
+    # demo it is) and ignores its cameras, so in closed loop it replays an average reach; noise
+    # blurs that shortcut and leaves the cameras to say where to go. 0 = off (the original's
+    # behaviour, bit for bit); inference always takes the clean state. (Was
+    # framework.action_model.state_noise_std: still read, with a notice, config/migrate.py.)
+    state_noise_std: float | list[float] = 0.0
 
     @property
     def autocast(self) -> bool:
@@ -358,6 +368,9 @@ class TrainerConfig:
         self.optimizer.check(f"{key}.optimizer")
         self.ema.check(f"{key}.ema")
         self.sim_eval.check(f"{key}.sim_eval")
+        stds = self.state_noise_std if isinstance(self.state_noise_std, list) else [self.state_noise_std]
+        require(bool(stds) and all(math.isfinite(v) and v >= 0 for v in stds), f"{key}.state_noise_std",
+                self.state_noise_std, "a number >= 0 (0 = off), or a non-empty list of them (one per encoded state dim)")
 
 
 @dataclass

@@ -219,8 +219,8 @@ def convert_dit4dit(
     ConversionError (nothing written). ``allow_constant_dims``: convert statistics with min == max
     on dims the policy normalizes (a joint it would always command to one value), with a notice
     instead of the refusal."""
+    from dit4dit_npu.models.prompt_cache import PromptCache
     from dit4dit_npu.policy.folder import POLICY_JSON, export_policy
-    from dit4dit_npu.prompt_cache import PromptCache
     from dit4dit_npu.weights import base_model_folder, build_dit4dit, build_prompt_encoder, text_identity
 
     checkpoint, config, out = Path(checkpoint), Path(config), Path(out)

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from dit4dit_npu.config.dit4dit_keys import module_path, original_path
+from dit4dit_npu.config.framework import PRESETS
 from dit4dit_npu.convert.checkpoint import (
     HEAD,
     TEXT_ENCODER,
@@ -37,7 +38,6 @@ from dit4dit_npu.convert.checkpoint import (
 )
 from dit4dit_npu.convert.dit4dit import ORIGINAL_PRESETS
 from dit4dit_npu.files import atomic_folder
-from dit4dit_npu.models.configs import PRESETS
 from dit4dit_npu.transforms.feature_stats import STAT_FIELDS, FeatureStats
 from dit4dit_npu.transforms.policy_io import PolicyIO
 from dit4dit_npu.transforms.vector import Binarize, Clip, Normalize, Reorder

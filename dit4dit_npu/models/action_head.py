@@ -6,8 +6,8 @@ H_a tokens. Training: t = Beta(1.5, 1) / 0.999, x_t = (1 - t) a + t eps, target 
 t_int = floor(1000 t), MSE over real action dims; R repeated noise draws per feature share one K/V
 (``dit.py``). Inference: Euler from t = 1 in ``num_inference_timesteps`` steps.
 
-Config: ``framework.action_model`` (``ActionModelConfig``, ``configs.py``; the DiT sizes resolved
-from its ``action_model_type`` preset). Widths are the batch's (``state_width``/``action_width``
+Config: ``HeadConfig`` (``configs.py``; derived from ``framework.action_model`` with the DiT sizes
+resolved from its ``action_model_type`` preset, and the training-only ``trainer.state_noise_std``). Widths are the batch's (``state_width``/``action_width``
 from the BatchSpec, constructor arguments): the head never pads or trims; PolicyIO did, and the
 batch is validated at the model boundary.
 
@@ -27,7 +27,7 @@ from torch import nn
 
 from dit4dit_npu import device as dev
 from dit4dit_npu.errors import ConfigError
-from dit4dit_npu.models.configs import ActionModelConfig
+from dit4dit_npu.models.configs import HeadConfig
 from dit4dit_npu.models.dit import KV, CrossAttentionDiT
 from dit4dit_npu.models.noise import checked
 from dit4dit_npu.models.rtc import PrefixGuidance, guided_velocity
@@ -61,7 +61,7 @@ def mlp(d_in: int, hidden: int, d_out: int) -> nn.Sequential:
 
 
 class FlowMatchingActionHead(nn.Module):
-    def __init__(self, cfg: ActionModelConfig, cross_attention_dim: int, state_width: int, action_width: int) -> None:
+    def __init__(self, cfg: HeadConfig, cross_attention_dim: int, state_width: int, action_width: int) -> None:
         """``state_width``: encoded, padded state dims (0 = no state token); ``action_width``:
         padded action dims; both the BatchSpec's. The chunk is ``cfg.chunk_length`` steps."""
         super().__init__()
@@ -74,7 +74,7 @@ class FlowMatchingActionHead(nn.Module):
         noise = cfg.state_noise_std
         if isinstance(noise, list) and len(noise) != state_width:
             raise ConfigError(
-                f"framework.action_model.state_noise_std: {len(noise)} values, but the encoded state has "
+                f"trainer.state_noise_std: {len(noise)} values, but the encoded state has "
                 f"{state_width} dims (datasets.vla_data.state_norm / max_state_dim): give one per dim, or one number"
             )
         # Decided once here, not per step (a device tensor's .any() would sync every step); a list

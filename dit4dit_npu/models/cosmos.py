@@ -21,7 +21,7 @@ from torch import nn
 
 from dit4dit_npu import device as dev
 from dit4dit_npu.errors import ConfigError
-from dit4dit_npu.models.configs import Cosmos25Config, FlowMatchingConfig
+from dit4dit_npu.models.configs import BackboneConfig, VideoTimeConfig
 from dit4dit_npu.models.noise import NoiseError, checked
 from dit4dit_npu.models.wan_frame import first_frame_moments
 
@@ -97,7 +97,7 @@ def run_blocks(
 class CosmosBackbone(nn.Module):
     """Transformer (trainable) + VAE (always frozen, eval) + the scheduler's sigma convention.
 
-    Config: ``framework.cosmos25`` (``Cosmos25Config``); ``gradient_checkpointing`` is the
+    Config: ``BackboneConfig`` (from ``framework.cosmos25``); ``gradient_checkpointing`` is the
     trainer's (``trainer.enable_gradient_checkpointing``)."""
 
     def __init__(
@@ -105,7 +105,7 @@ class CosmosBackbone(nn.Module):
         transformer: nn.Module,
         vae: nn.Module,
         scheduler: Any,
-        cfg: Cosmos25Config,
+        cfg: BackboneConfig,
         gradient_checkpointing: bool = False,
     ) -> None:
         super().__init__()
@@ -348,7 +348,7 @@ class CosmosBackbone(nn.Module):
         return torch.mean((v[:, :, 1:].float() - (z - x0)[:, :, 1:]) ** 2)
 
 
-def sample_video_time(cfg: FlowMatchingConfig, n: int, device: torch.device) -> torch.Tensor:
+def sample_video_time(cfg: VideoTimeConfig, n: int, device: torch.device) -> torch.Tensor:
     """n flow-matching times in [0, 1) from ``cfg.time_distribution`` (SPEC 1.6)."""
     if cfg.time_distribution == "uniform":
         return torch.rand(n, device=device)

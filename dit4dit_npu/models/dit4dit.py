@@ -1,8 +1,8 @@
 """DiT4DiT: video-diffusion features -> flow-matching action head, trained jointly (SPEC §1-2).
 
 Input: a ``Batch`` (``dit4dit_npu/batch.py``) that fits the ``BatchSpec`` the model was built for,
-checked once here at the boundary. Config: the ``framework`` section (``FrameworkConfig``: the
-backbone's ``cosmos25`` and the head's ``action_model``); ``autocast`` is the trainer's
+checked once here at the boundary. Config: ``DiT4DiTConfig`` (from ``framework.cosmos25``: the
+training mode and whether the action loss reaches the backbone); ``autocast`` is the trainer's
 (``trainer.mixed_precision``). Training modes (``framework.cosmos25.training``):
 
 - ``joint``: action and video losses. By default (as the original, SPEC A1) the features are
@@ -28,14 +28,14 @@ from dit4dit_npu import device as dev
 from dit4dit_npu.batch import Batch, BatchError, BatchSpec
 from dit4dit_npu.errors import ConfigError
 from dit4dit_npu.models.action_head import FlowMatchingActionHead
-from dit4dit_npu.models.configs import FrameworkConfig
+from dit4dit_npu.models.configs import DiT4DiTConfig
 from dit4dit_npu.models.cosmos import CosmosBackbone
 from dit4dit_npu.models.imagine import imagine
 from dit4dit_npu.models.lora import has_lora
 from dit4dit_npu.models.noise import InferenceNoise, TrainingNoise, noise_from
 from dit4dit_npu.models.pixels import to_vae_range
+from dit4dit_npu.models.prompt_cache import PromptCache, PromptCacheError
 from dit4dit_npu.models.rtc import PrefixGuidance
-from dit4dit_npu.prompt_cache import PromptCache, PromptCacheError
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ class DiT4DiT(nn.Module):
         self,
         backbone: CosmosBackbone,
         action_model: FlowMatchingActionHead | None,
-        cfg: FrameworkConfig,
+        cfg: DiT4DiTConfig,
         spec: BatchSpec,
         *,
         autocast: bool,
@@ -53,7 +53,7 @@ class DiT4DiT(nn.Module):
         """``autocast``: bf16 autocast on the device type (device.py) around the backbone; the
         head stays fp32."""
         super().__init__()
-        mode = cfg.cosmos25.training
+        mode = cfg.training
         if (action_model is None) != (mode == "video"):
             need = "has no action head" if mode == "video" else "needs an action head"
             raise ConfigError(f"framework.cosmos25.training: {mode!r} {need}")
@@ -90,7 +90,7 @@ class DiT4DiT(nn.Module):
     @property
     def training_mode(self) -> str:
         """joint | action | video (``framework.cosmos25.training``; not nn.Module's ``training``)."""
-        return self.cfg.cosmos25.training
+        return self.cfg.training
 
     @property
     def feature_latent_frames(self) -> int:
@@ -176,7 +176,7 @@ class DiT4DiT(nn.Module):
         action_loss = video_loss = latents.new_zeros(())
         with dev.autocast(enabled=self.autocast):
             if self.action_model is not None:
-                grad = self.cfg.cosmos25.backprop_action_to_backbone and self.training_mode == "joint" and torch.is_grad_enabled()
+                grad = self.cfg.backprop_action_to_backbone and self.training_mode == "joint" and torch.is_grad_enabled()
                 feats = self.backbone.features(cond, prompts, self.feature_latent_frames, grad=grad, noise=n.feature)
                 action_loss = self.action_model.loss(
                     feats, batch.state, batch.action, batch.action_mask, n.action, n.action_time

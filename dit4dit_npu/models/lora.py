@@ -1,6 +1,6 @@
 """LoRA adapters on a transformer through peft: add, read/write the adapter weights, merge.
 
-    add_lora(transformer, cfg.framework.cosmos25.lora)      # a LoraAdapterConfig with rank > 0
+    add_lora(transformer, cfg)      # a LoraConfig (models/configs.py) with rank > 0
 
 peft replaces each targeted ``nn.Linear`` in place by a ``peft.tuners.lora.Linear`` (the original
 layer as ``base_layer`` plus ``lora_A`` / ``lora_B``) and freezes every other parameter of the
@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from dit4dit_npu.errors import ConfigError
-from dit4dit_npu.models.configs import LoraAdapterConfig
+from dit4dit_npu.models.configs import LoraConfig
 
 ADAPTER_MARK = ".lora_"  # every adapter parameter's name holds it (lora_A / lora_B / lora_embedding_*)
 ADAPTER_NAME = "default"  # peft's name of the one adapter
@@ -29,12 +29,12 @@ ADAPTER_NAME = "default"  # peft's name of the one adapter
 PEFT_PREFIX = "base_model.model."
 
 
-def peft_config(cfg: LoraAdapterConfig) -> Any:
+def peft_config(cfg: LoraConfig) -> Any:
     """peft's ``LoraConfig`` of ``framework.cosmos25.lora``."""
     from peft import LoraConfig
 
     return LoraConfig(
-        r=cfg.rank, lora_alpha=cfg.scale_alpha, lora_dropout=cfg.dropout, target_modules=list(cfg.target_modules)
+        r=cfg.rank, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, target_modules=list(cfg.target_modules)
     )
 
 
@@ -55,7 +55,7 @@ def _matches(name: str, target: str) -> bool:
     return name == target or name.endswith("." + target)
 
 
-def add_lora(transformer: nn.Module, cfg: LoraAdapterConfig) -> nn.Module:
+def add_lora(transformer: nn.Module, cfg: LoraConfig) -> nn.Module:
     """Inject the adapters in place (peft freezes the rest of ``transformer``); returns it.
 
     Every target must name at least one linear layer: a typo would otherwise silently train

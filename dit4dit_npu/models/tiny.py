@@ -1,7 +1,7 @@
 """Tiny random instances of the real Cosmos-Predict2.5 classes (no weights, no network).
 
 Same diffusers/transformers classes as nvidia/Cosmos-Predict2.5-2B, only smaller. Everything here
-is a pure function of ``TinyCosmosConfig`` (``framework.cosmos25.tiny``, validated where it is
+is a pure function of ``TinySizes`` (from ``framework.cosmos25.tiny``, validated where it is
 declared; weights from ``seed`` under a forked RNG, the tokenizer trained deterministically on a
 fixed corpus), so an exported policy that says ``base_model: tiny`` is reproducible from its
 config alone. ``weights/tiny_cache.py`` saves these modules as a diffusers folder laid out like
@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 import torch
 from torch import nn
 
-from dit4dit_npu.models.configs import TinyCosmosConfig
+from dit4dit_npu.models.configs import TinySizes
 from dit4dit_npu.models.text import SYSTEM_PROMPT
 
 T = TypeVar("T")
@@ -75,7 +75,7 @@ def seeded(seed: int, build: Callable[[], T]) -> T:
         return build()
 
 
-def transformer_kwargs(t: TinyCosmosConfig) -> dict[str, Any]:
+def transformer_kwargs(t: TinySizes) -> dict[str, Any]:
     return dict(
         in_channels=16 + 1,  # 16 latent channels + the condition-mask channel
         out_channels=16,
@@ -97,7 +97,7 @@ def transformer_kwargs(t: TinyCosmosConfig) -> dict[str, Any]:
     )
 
 
-def vae_kwargs(t: TinyCosmosConfig) -> dict[str, Any]:
+def vae_kwargs(t: TinySizes) -> dict[str, Any]:
     # z_dim must stay 16 (the default 16-entry latents_mean/std); 4 dim_mult entries and 3
     # temporal flags keep the real x8 spatial / x4 causal temporal factors.
     stats = {"latents_mean": t.vae_latents_mean, "latents_std": t.vae_latents_std}
@@ -112,14 +112,14 @@ def vae_kwargs(t: TinyCosmosConfig) -> dict[str, Any]:
     )
 
 
-def build_transformer(t: TinyCosmosConfig) -> nn.Module:
+def build_transformer(t: TinySizes) -> nn.Module:
     from diffusers import CosmosTransformer3DModel
 
     kwargs = transformer_kwargs(t)
     return seeded(t.seed, lambda: CosmosTransformer3DModel(**kwargs))
 
 
-def build_vae(t: TinyCosmosConfig) -> nn.Module:
+def build_vae(t: TinySizes) -> nn.Module:
     from diffusers import AutoencoderKLWan
 
     kwargs = vae_kwargs(t)
@@ -167,7 +167,7 @@ def mrope_section(head_dim: int) -> list[int]:
     return [half - 2 * hw, hw, hw]
 
 
-def build_text_encoder(t: TinyCosmosConfig, tokenizer: Any) -> nn.Module:
+def build_text_encoder(t: TinySizes, tokenizer: Any) -> nn.Module:
     """A full Qwen2_5_VLForConditionalGeneration, like the real folder holds (the caller keeps
     only its language model)."""
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration

@@ -80,7 +80,7 @@ def export_policy(
     from safetensors.torch import save_file
 
     from dit4dit_npu.models.lora import has_lora
-    from dit4dit_npu.prompt_cache import save_prompt_cache
+    from dit4dit_npu.weights.prompt_cache import save_prompt_cache
 
     paths = [str(Path(p).resolve()) for p in dataset_paths]
     d = cfg.datasets.vla_data
@@ -188,8 +188,8 @@ def load_policy_folder(policy_dir: str | Path, base_model: str | None = None, me
     weights (plain linears again: no adapter cost per step, the same function up to rounding)."""
     from dit4dit_npu.models.lora import load_adapter_state_dict
     from dit4dit_npu.models.lora import merge_lora as merge
-    from dit4dit_npu.prompt_cache import load_prompt_cache
     from dit4dit_npu.weights import build_dit4dit, text_identity
+    from dit4dit_npu.weights.prompt_cache import load_prompt_cache
 
     path = find_policy_dir(policy_dir)
     raw = read_policy_json(path)  # version and files first: a newer format is refused before its parts are read

@@ -47,6 +47,10 @@ OWNED_ELSEWHERE = {
     ("action_model", "future_action_window_size"): "the chunk length is policy_io.json's chunk_length",
     ("cosmos25", "prompt_cache"): "the policy's prompts are its prompt_cache.safetensors",
 }
+# Training-only keys that folders written before they moved to the trainer section carry in their
+# framework section (format 3 as written by main up to 8712bd4; a version 2 config.yaml could too); inference never
+# read them, so they are dropped on reading, not refused.
+TRAINING_ONLY = {("action_model", "state_noise_std")}
 
 
 class ManifestError(DiT4DiTError, ValueError):
@@ -126,6 +130,11 @@ def parse_manifest(raw: Any, chunk_length: int) -> PolicyManifest:
 def typed_manifest(raw: dict[str, Any], chunk_length: int) -> PolicyManifest:
     """Typed parse (unknown keys and wrong types refused, naming the key) of a manifest-shaped
     mapping without its format_version, with the chunk length set from the PolicyIO."""
+    raw = copy.deepcopy(raw)  # the caller's parsed JSON stays as read
+    framework = raw["model"].get("framework") if isinstance(raw.get("model"), dict) else None
+    for section, key in TRAINING_ONLY:
+        if isinstance(framework, dict) and isinstance(framework.get(section), dict):
+            framework[section].pop(key, None)
     try:
         manifest = from_dict(PolicyManifest, raw)
     except ConfigError as e:

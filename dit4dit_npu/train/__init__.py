@@ -12,5 +12,5 @@
     metrics.py      metrics.jsonl / tensorboard / wandb, throughput window, loss.png
     cli.py          `python -m dit4dit_npu.train`; errors.py: TrainingError
 
-The run's prompt-embedding cache (encoded once before the first step) is dit4dit_npu/prompt_cache.py.
+The run's prompt-embedding cache (encoded once before the first step) is dit4dit_npu/weights/prompt_cache.py.
 """

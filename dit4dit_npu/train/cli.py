@@ -63,7 +63,7 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
 
 
 def print_notices(notices: list[str]) -> None:
-    print(f"DiT4DiT config migrated ({len(notices)} change(s)):", file=sys.stderr)
+    print(f"config migrated ({len(notices)} change(s)):", file=sys.stderr)
     for line in notices:
         print(f"  {line}", file=sys.stderr)
 
@@ -77,7 +77,7 @@ def check_model_build(cfg: Config) -> None:
 
     # The raw widths come from the data: any placeholder builds the same module tree, as long as
     # it fits a per-dim state_noise_std (its length is checked against the data's width in training).
-    noise = cfg.framework.action_model.state_noise_std
+    noise = cfg.trainer.state_noise_std
     state_dim = 1
     if isinstance(noise, list):
         state_dim = next((n for n in range(1, len(noise) + 1) if config_spec(cfg, n, 1).state_width == len(noise)), 1)

@@ -2,9 +2,10 @@
 
     model = build_dit4dit(cfg, spec)      # spec: the BatchSpec PolicyIO promises (widths, lengths)
 
-The modules take their ``framework`` sections as they are (``models/configs.py``); what comes from
-elsewhere is passed explicitly: the widths from ``spec``, gradient checkpointing and autocast
-from ``trainer``. Weights load from the base-model folder (``base_model.py``).
+The modules take model-local records (``models/configs.py``) derived from the run config's
+``framework`` sections by ``model_config.py``; what comes from elsewhere is passed explicitly: the
+widths from ``spec``, gradient checkpointing, autocast and the state noise from ``trainer``.
+Weights load from the base-model folder (``base_model.py``).
 """
 
 from __future__ import annotations
@@ -28,6 +29,13 @@ from dit4dit_npu.weights.base_model import (
     text_identity,
 )
 from dit4dit_npu.weights.layout import BACKBONE_PARTS, TEXT_PARTS, check_base_model
+from dit4dit_npu.weights.model_config import (
+    backbone_config,
+    dit4dit_config,
+    lora_adapter_config,
+    run_head_config,
+    tiny_sizes,
+)
 
 
 def build_backbone(cfg: Config) -> CosmosBackbone:
@@ -43,8 +51,8 @@ def build_backbone(cfg: Config) -> CosmosBackbone:
     vae = build_vae(cfg)
     scheduler = load(UniPCMultistepScheduler, p, "scheduler")
     if c.lora.enabled:
-        add_lora(transformer, c.lora)
-    return CosmosBackbone(transformer, vae, scheduler, c, cfg.trainer.enable_gradient_checkpointing)
+        add_lora(transformer, lora_adapter_config(c.lora))
+    return CosmosBackbone(transformer, vae, scheduler, backbone_config(c), cfg.trainer.enable_gradient_checkpointing)
 
 
 def build_vae(cfg: Config) -> torch.nn.Module:
@@ -57,7 +65,7 @@ def build_vae(cfg: Config) -> torch.nn.Module:
 
 
 def build_action_head(cfg: Config, spec: BatchSpec, cross_attention_dim: int) -> FlowMatchingActionHead:
-    a = cfg.framework.action_model
+    a = run_head_config(cfg)
     # seeded from the run seed, without touching the caller's RNG: same config -> same init
     return tiny.seeded(
         cfg.seed + 3, lambda: FlowMatchingActionHead(a, cross_attention_dim, spec.state_width, spec.action_width)
@@ -70,7 +78,7 @@ def build_dit4dit(cfg: Config, spec: BatchSpec) -> DiT4DiT:
     head = None
     if cfg.framework.cosmos25.training != "video":
         head = build_action_head(cfg, spec, backbone.hidden_size)
-    return DiT4DiT(backbone, head, cfg.framework, spec, autocast=cfg.trainer.autocast)
+    return DiT4DiT(backbone, head, dit4dit_config(cfg.framework), spec, autocast=cfg.trainer.autocast)
 
 
 def build_skeleton(cfg: Config, spec: BatchSpec) -> DiT4DiT:
@@ -83,7 +91,7 @@ def build_skeleton(cfg: Config, spec: BatchSpec) -> DiT4DiT:
     c = cfg.framework.cosmos25
     if c.is_tiny:
         with torch.device("meta"):
-            transformer, vae = tiny.build_transformer(c.tiny), tiny.build_vae(c.tiny)
+            transformer, vae = tiny.build_transformer(tiny_sizes(c.tiny)), tiny.build_vae(tiny_sizes(c.tiny))
         scheduler = tiny.build_scheduler()
     else:
         p = check_base_model(c.base_model, BACKBONE_PARTS)
@@ -93,15 +101,14 @@ def build_skeleton(cfg: Config, spec: BatchSpec) -> DiT4DiT:
         scheduler = load(UniPCMultistepScheduler, p, "scheduler")
     if c.lora.enabled:
         with torch.device("meta"):
-            add_lora(transformer, c.lora)
+            add_lora(transformer, lora_adapter_config(c.lora))
     # not on meta: the backbone reads the scheduler's sigma
-    backbone = CosmosBackbone(transformer, vae, scheduler, c, cfg.trainer.enable_gradient_checkpointing)
+    backbone = CosmosBackbone(transformer, vae, scheduler, backbone_config(c), cfg.trainer.enable_gradient_checkpointing)
     head = None
     if c.training != "video":
         with torch.device("meta"):
-            head = FlowMatchingActionHead(cfg.framework.action_model, backbone.hidden_size, spec.state_width,
-                                          spec.action_width)
-    return DiT4DiT(backbone, head, cfg.framework, spec, autocast=cfg.trainer.autocast)
+            head = FlowMatchingActionHead(run_head_config(cfg), backbone.hidden_size, spec.state_width, spec.action_width)
+    return DiT4DiT(backbone, head, dit4dit_config(cfg.framework), spec, autocast=cfg.trainer.autocast)
 
 
 def build_prompt_encoder(cfg: Config) -> PromptEncoder:

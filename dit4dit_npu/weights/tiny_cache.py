@@ -24,11 +24,11 @@ from typing import Any
 import torch
 
 from dit4dit_npu import device as dev
-from dit4dit_npu.config import Config, ConfigError
+from dit4dit_npu.config import Config, ConfigError, TinyCosmosConfig
 from dit4dit_npu.files import atomic_folder
 from dit4dit_npu.models import tiny
-from dit4dit_npu.models.configs import TinyCosmosConfig
 from dit4dit_npu.weights.layout import check_base_model
+from dit4dit_npu.weights.model_config import tiny_sizes
 
 TINY_CACHE_ENV = "DIT4DIT_TINY_CACHE"
 RANK_WAIT_S = 600.0
@@ -126,12 +126,13 @@ def write_tiny_base_model(sizes: TinyCosmosConfig, path: Path) -> Path:
     """``Cosmos2_5_PredictBasePipeline(tiny modules).save_pretrained(path)``."""
     from diffusers import Cosmos2_5_PredictBasePipeline
 
+    t = tiny_sizes(sizes)
     tok = tiny.build_tokenizer()
     pipe = Cosmos2_5_PredictBasePipeline(
-        text_encoder=tiny.build_text_encoder(sizes, tok),
+        text_encoder=tiny.build_text_encoder(t, tok),
         tokenizer=tok,
-        transformer=tiny.build_transformer(sizes),
-        vae=tiny.build_vae(sizes),
+        transformer=tiny.build_transformer(t),
+        vae=tiny.build_vae(t),
         scheduler=tiny.build_scheduler(),
         safety_checker=_NoSafetyChecker(),
     )
