@@ -215,8 +215,8 @@ def migrate(raw: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     if unknown:
         listed = ", ".join(f"{p!r}{_hint(p, valid)}" for p in unknown)
         raise MigrationError(
-            f"unknown config key{'s' if len(unknown) > 1 else ''} {listed}; the README section "
-            "'Coming from DiT4DiT' maps DiT4DiT's keys"
+            f"unknown config key{'s' if len(unknown) > 1 else ''} {listed}; docs/from_dit4dit.md "
+            "maps DiT4DiT's keys"
         )
     for src, dst, value in moved:
         if ours.get(dst) is not None and src != dst and ours[dst] != value:
