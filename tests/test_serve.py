@@ -6,6 +6,7 @@ limits) are in test_serve_protocols.py; both share the helpers in serve_fixtures
 
 from __future__ import annotations
 
+import re
 import socket
 import time
 import urllib.request
@@ -15,7 +16,7 @@ import msgpack
 import numpy as np
 import pytest
 import websockets.sync.client
-from dit4dit_client import ServerError, msgpack_numpy
+from dit4dit_client import RequestError, ServerError, msgpack_numpy
 from serve_fixtures import TIMEOUT, RunningServer, SlowPolicy, concurrently, load_policy, sample_observations
 
 from dit4dit_npu.policy import DiT4DiTPolicy
@@ -125,8 +126,15 @@ def _bad_inputs(policy: DiT4DiTPolicy, obs: dict[str, Any]) -> list[tuple[dict[s
 
 
 def test_each_bad_input_gets_one_clear_error(server: RunningServer, policy: DiT4DiTPolicy, observations) -> None:
-    with server.client() as client:
+    with server.client() as client, server.raw() as ws:
         for obs, match in _bad_inputs(policy, observations[0]):
+            if "seed" in obs:  # refused by the client before sending, in the server's words; and by the server
+                with pytest.raises(RequestError, match=re.escape(match)):
+                    client.infer(obs)
+                ws.send(msgpack_numpy.packb(obs))
+                reply = ws.recv(timeout=TIMEOUT)
+                assert isinstance(reply, str) and match in reply and "\n" not in reply
+                continue
             with pytest.raises(ServerError) as info:
                 client.infer(obs)
             assert match in str(info.value) and "\n" not in str(info.value)

@@ -4,6 +4,9 @@
                     the server imports it from here)
     clients         ``WebsocketClientPolicy`` (ours and openpi's observation layouts, real-time
                     chunking sessions), ``Dit4DitClient`` (DiT4DiT's own model-space protocol)
+    checks          ``checks``: replies refused before they reach a robot (no actions, the wrong
+                    shape, NaN/inf), requests refused before they are sent (seed range, values
+                    msgpack cannot carry); every call has a deadline (``DEFAULT_REQUEST_TIMEOUT_S``)
     execution       ``ChunkExecutor`` (sync / async / temporal ensembling / RTC merging of chunks
                     on a control-step clock) and ``AsyncChunkRunner`` (the real-time loop)
 
@@ -11,20 +14,36 @@ Depends on numpy, msgpack and websockets only.
 """
 
 from dit4dit_client.chunking import MODES, ChunkExecutor, ChunkRequest, delay_steps
-from dit4dit_client.errors import ClientError
+from dit4dit_client.errors import (
+    BadReplyError,
+    ClientError,
+    ConnectionLostError,
+    RequestError,
+    ServerTimeoutError,
+)
 from dit4dit_client.msgpack_numpy import WireFormatError
 from dit4dit_client.runtime import AsyncChunkRunner, RunStats, websocket_infer
-from dit4dit_client.websocket_client import Dit4DitClient, ServerError, WebsocketClientPolicy
+from dit4dit_client.websocket_client import (
+    DEFAULT_REQUEST_TIMEOUT_S,
+    Dit4DitClient,
+    ServerError,
+    WebsocketClientPolicy,
+)
 
 __all__ = [
+    "DEFAULT_REQUEST_TIMEOUT_S",
     "MODES",
     "AsyncChunkRunner",
+    "BadReplyError",
     "ChunkExecutor",
     "ClientError",
+    "ConnectionLostError",
     "ChunkRequest",
     "Dit4DitClient",
+    "RequestError",
     "RunStats",
     "ServerError",
+    "ServerTimeoutError",
     "WebsocketClientPolicy",
     "WireFormatError",
     "delay_steps",

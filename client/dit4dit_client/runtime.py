@@ -15,11 +15,19 @@ a background thread), and sends the executor's action, or repeats the last one w
 none (before the first chunk, while a ``sync`` request runs, or if a chunk ran out). The delay of
 each request, in ticks from its observation to its chunk, is measured here and fed back through
 the executor into the next request (RTC's ``inference_delay``).
+
+Every run ends: each request runs on a daemon thread (a server that never answers cannot keep the
+process alive at exit), and a request older than ``request_timeout_s`` stops the loop
+(``ServerTimeoutError``), so ``run(steps)`` returns or raises within ``steps / control_hz`` plus the
+request timeout. When the robot has to hold its last action because a chunk ran out before the
+next arrived (async, ensemble, rtc: the delay exceeded what the chunk and ``execution_horizon``
+leave), the run logs one warning with the numbers; ``RunStats.held`` counts the ticks.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
+import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,8 +36,14 @@ from typing import Any
 import numpy as np
 
 from dit4dit_client.chunking import ChunkExecutor, ChunkRequest
+from dit4dit_client.errors import ServerTimeoutError
+from dit4dit_client.websocket_client import DEFAULT_REQUEST_TIMEOUT_S
 
 Infer = Callable[[dict[str, Any], ChunkRequest], np.ndarray]
+logger = logging.getLogger(__name__)
+# The runner's own bound on a request waits this long past its timeout, so the client's error
+# (which names the server) is the one raised when both would fire.
+_GRACE_S = 1.0
 
 
 def websocket_infer(client: Any, session: bool = True) -> Infer:
@@ -40,7 +54,49 @@ def websocket_infer(client: Any, session: bool = True) -> Infer:
     def infer(obs: dict[str, Any], req: ChunkRequest) -> np.ndarray:
         return np.asarray(client.infer(obs, rtc=req.rtc(session))["actions"])
 
+    infer.request_timeout_s = client.request_timeout_s  # type: ignore[attr-defined]  # the runner's default
     return infer
+
+
+class _InFlight:
+    """One request computed on its own daemon thread (a pool's worker is joined at interpreter
+    exit: a silent server would keep the process alive)."""
+
+    def __init__(self, infer: Infer, obs: dict[str, Any], req: ChunkRequest, timeout_s: float) -> None:
+        self.req, self.deadline = req, time.monotonic() + timeout_s + _GRACE_S
+        self._done = threading.Event()
+        self._result: Any = None
+        self._error: BaseException | None = None
+        threading.Thread(target=self._run, args=(infer, obs, req), name="inference", daemon=True).start()
+
+    def _run(self, infer: Infer, obs: dict[str, Any], req: ChunkRequest) -> None:
+        try:
+            self._result = infer(obs, req)
+        except BaseException as e:  # handed to the control thread, which raises it
+            self._error = e
+        finally:
+            self._done.set()
+
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def wait(self) -> bool:
+        """Wait until it is done or its deadline passes; True if done."""
+        return self._done.wait(max(0.0, self.deadline - time.monotonic()))
+
+    def result(self) -> np.ndarray:
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+    def overdue(self) -> bool:
+        return not self.done() and time.monotonic() >= self.deadline
+
+    def timeout(self, timeout_s: float) -> ServerTimeoutError:
+        return ServerTimeoutError(
+            f"AsyncChunkRunner: the request of control step {self.req.step} got no chunk within "
+            f"request_timeout_s = {timeout_s:g} s"
+        )
 
 
 @dataclass
@@ -64,45 +120,79 @@ class AsyncChunkRunner:
         *,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
+        request_timeout_s: float | None = None,
     ) -> None:
+        """``request_timeout_s``: how long one request may take before ``run`` raises (wall clock);
+        default: the infer's own (``websocket_infer``: the client's, plus a second), else
+        ``DEFAULT_REQUEST_TIMEOUT_S``."""
         if not control_hz > 0:
             raise ValueError(f"control_hz: expected > 0, got {control_hz}")
+        if request_timeout_s is None:
+            request_timeout_s = getattr(infer, "request_timeout_s", DEFAULT_REQUEST_TIMEOUT_S)
+        if not request_timeout_s > 0:
+            raise ValueError(f"request_timeout_s: expected > 0, got {request_timeout_s}")
         self.infer, self.executor, self.period = infer, executor, 1.0 / control_hz
+        self.control_hz, self.request_timeout_s = control_hz, float(request_timeout_s)
         self.get_observation, self.send_action = get_observation, send_action
         self.clock, self.sleep = clock, sleep
 
     def run(self, steps: int) -> RunStats:
+        """Run ``steps`` control ticks. An inference error (a refused request, a lost server, a
+        bad reply) stops the loop and is raised here; so is a request past ``request_timeout_s``.
+        A request still computing after the last tick is waited for (within its timeout), so the
+        client is free again when ``run`` returns."""
         stats = RunStats()
         last: np.ndarray | None = None
-        pending: tuple[concurrent.futures.Future, ChunkRequest] | None = None
-        with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="inference") as pool:
-            t0 = self.clock()
-            for k in range(steps):
-                if pending is not None and pending[0].done():
-                    chunk = pending[0].result()  # an inference error stops the robot loop here
-                    self.executor.receive(chunk, k)
-                    stats.delays.append(k - pending[1].step)
-                    stats.boundaries.append(k)
-                    pending = None
-                if self.executor.wants_request(k):
-                    obs = self.get_observation()
-                    req = self.executor.request(k)
-                    pending = (pool.submit(self.infer, obs, req), req)
-                action = self.executor.action(k)
-                if action is None and last is None:
-                    stats.idle += 1
-                else:
-                    if action is None:
-                        stats.held += 1
-                        action = last
-                    self.send_action(action)
-                    last = action
-                stats.steps += 1
-                due = t0 + (k + 1) * self.period
-                now = self.clock()
-                if now > due + self.period:
-                    stats.late_ticks += 1
-                self.sleep(max(0.0, due - now))
-            if pending is not None:
-                pending[0].cancel()
+        pending: _InFlight | None = None
+        chunk_len = 0  # of the newest chunk (for the hold warning)
+        warned = False
+        t0 = self.clock()
+        for k in range(steps):
+            if pending is not None and pending.done():
+                chunk = pending.result()  # an inference error stops the robot loop here
+                self.executor.receive(chunk, k)
+                stats.delays.append(k - pending.req.step)
+                stats.boundaries.append(k)
+                chunk_len, pending = len(chunk), None
+            if pending is not None and pending.overdue():
+                raise pending.timeout(self.request_timeout_s)
+            if self.executor.wants_request(k):
+                obs = self.get_observation()
+                req = self.executor.request(k)
+                pending = _InFlight(self.infer, obs, req, self.request_timeout_s)
+            action = self.executor.action(k)
+            if action is None and last is None:
+                stats.idle += 1
+            else:
+                if action is None:
+                    stats.held += 1
+                    action = last
+                    if not warned and self.executor.mode != "sync":  # sync holds by design
+                        warned = True
+                        self._warn_hold(k, pending, chunk_len, stats)
+                self.send_action(action)
+                last = action
+            stats.steps += 1
+            due = t0 + (k + 1) * self.period
+            now = self.clock()
+            if now > due + self.period:
+                stats.late_ticks += 1
+            self.sleep(max(0.0, due - now))
+        if pending is not None:  # not needed any more, but the client must be free when we return
+            if not pending.wait():
+                raise pending.timeout(self.request_timeout_s)
+            pending.result()  # its error (a lost server) is still news
         return stats
+
+    def _warn_hold(self, k: int, pending: _InFlight | None, chunk_len: int, stats: RunStats) -> None:
+        s = self.executor.execution_horizon
+        left = chunk_len - min(chunk_len, s or chunk_len)
+        since = f"since step {pending.req.step}" if pending is not None else "none"
+        delay = max(stats.delays, default=0)
+        logger.warning(
+            "AsyncChunkRunner: holding the last action from control step %d: a chunk of %d actions ran out "
+            "before the next arrived (request in flight: %s; measured delays up to %d ticks = %.0f ms at %g Hz, "
+            "while execution_horizon %s leaves %d ticks); RunStats.held counts the held ticks. Request earlier "
+            "(a smaller execution_horizon), lower control_hz or speed up the server",
+            k, chunk_len, since, delay, delay * self.period * 1e3, self.control_hz, s, left,
+        )
