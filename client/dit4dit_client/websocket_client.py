@@ -199,7 +199,7 @@ class WebsocketClientPolicy(_Connection):
         """Send one observation, wait for its action chunk (at most ``timeout_s``, default the
         client's ``request_timeout_s``). ``rtc``: real-time chunking fields (``{"executed": s,
         "inference_delay": d}`` on this connection's session, or ``{"prev_chunk": rest,
-        "inference_delay": d}``; README "Serve a policy"). The reply's ``actions`` are checked
+        "inference_delay": d}``; docs/serving.md). The reply's ``actions`` are checked
         (present, the metadata's ``action_shape``, finite: ``BadReplyError``); an openpi control
         message (``{"__ctrl__": ...}``) gets its acknowledgement instead."""
         if not isinstance(obs, dict):
