@@ -54,6 +54,27 @@ def test_version_2_folders_act_as_version_2_did(name: str, tmp_path: Path) -> No
     np.testing.assert_array_equal(DiT4DiTPolicy.from_pretrained(v3).predict_action(obs, seed=seed), policy.predict_action(obs, seed=seed))
 
 
+V3 = Path(__file__).parent / "fixtures" / "policy_v3"
+
+
+@pytest.mark.parametrize("name", ["plain", "lora", "cropped"])
+def test_version_3_folders_act_as_version_3_did(name: str) -> None:
+    """Folders main wrote at 8712bd4 (tests/fixtures/policy_v3): every later format change must
+    keep them loading and acting the same."""
+    src = V3 / name
+    assert json.loads((src / "policy.json").read_text())["format_version"] == 3
+    obs, seed, actions, normalized = recorded(src)
+    policy = DiT4DiTPolicy.from_pretrained(src)
+    np.testing.assert_allclose(policy.predict_action(obs, seed=seed), actions, rtol=0, atol=1e-6)
+    batch, _ = policy.io.encode_observation(obs)
+    np.testing.assert_allclose(policy.model.predict_action(batch, seed=seed)[0].numpy(), normalized, rtol=0, atol=1e-6)
+    m = policy.manifest
+    assert m.step == 3 and m.base_model == "tiny" and m.framework.cosmos25.lora.rank == (2 if name == "lora" else 0)
+    assert policy.chunk_length == actions.shape[0]
+    crops = {"observation.images.cam_high": [0.25, 0.5, 0.5, 0.5]} if name == "cropped" else {}
+    assert policy.io.camera_crops == crops
+
+
 def test_version_2_reads_only_what_inference_needs(tmp_path: Path) -> None:
     """Its config.yaml is read for the framework section, the precision and the dataset keys; a
     trainer or dataset key renamed since (or any other change there) does not matter."""
