@@ -182,7 +182,7 @@ def test_cli_converts_every_tensor_to_its_place(run, tmp_path, capfd):
         assert torch.equal(weights[name], tensor), name
     info = json.loads((out / "policy.json").read_text())
     c = info["model"]["framework"]["cosmos25"]
-    assert info["format_version"] == 3 and info["step"] == 7 and c["base_model"] == str(run["base"].resolve())
+    assert info["format_version"] == 4 and info["step"] == 7 and c["base_model"] == str(run["base"].resolve())
     io = json.loads((out / "policy_io.json").read_text())
     assert io["resize_method"] == "torch_bilinear"
     assert io["state"] == [{"kind": "sincos", "groups": [1] * 8}]

@@ -52,7 +52,7 @@ def export_dit4dit(
     """-> (the run folder, notices). Raises ConversionError with nothing written."""
     from safetensors.torch import load_file
 
-    from dit4dit_npu.policy.folder import find_policy_dir, read_manifest, read_policy_json
+    from dit4dit_npu.policy.folder import find_policy_dir, read_io, read_manifest, read_policy_json
     from dit4dit_npu.policy.manifest import inference_config
     from dit4dit_npu.weights import base_model_folder
 
@@ -60,8 +60,8 @@ def export_dit4dit(
     if out.exists():
         raise ConversionError(f"--out {out} exists: choose a new folder for the run")
     path = find_policy_dir(policy)
-    raw = read_policy_json(path)
-    io = PolicyIO.load(path / "policy_io.json")
+    raw = read_policy_json(path, full_check=True)  # every file against its whole content hash
+    io = read_io(path)  # finite statistics, as from_pretrained reads them
     manifest = read_manifest(path, raw, io)
     f = manifest.framework
     notices: list[str] = []
