@@ -32,6 +32,7 @@ from safetensors.torch import save_file
 from train_runs import RUN, TINY, train_here
 
 from dit4dit_npu.config import ConfigError, load_config
+from dit4dit_npu.files import hash_files
 from dit4dit_npu.train import checkpoint as ckpt_io
 from dit4dit_npu.train import resume
 from dit4dit_npu.train.errors import TrainingError
@@ -220,8 +221,14 @@ def test_a_checkpoint_without_content_hashes_resumes_with_one_notice(base_runs, 
 
 def test_a_whole_checkpoint_resumes_without_a_notice(base_runs, tmp_path):
     ck, c = two_steps(base_runs, tmp_path)
-    assert list(json.loads((c / ckpt_io.MANIFEST).read_text()))[-1] == "manifest_sha256"
+    manifest = json.loads((c / ckpt_io.MANIFEST).read_text())
+    assert list(manifest)[-1] == "manifest_sha256"
     assert resume.choose(tmp_path / RUN) == resume.ResumePoint(c, [], None)
+    # the policy's files: the hashes its export recorded, taken over, are the files' own
+    policy = json.loads((c / "policy/policy.json").read_text())["content"]["files"]
+    real = hash_files([c / "policy" / rel for rel in policy])
+    assert {rel: manifest["files"][f"policy/{rel}"]["sha256"] for rel in policy} == {
+        rel: real[c / "policy" / rel] for rel in policy}
 
 
 def test_damage_to_the_manifest_is_named_as_such_and_its_step_is_kept(base_runs, tmp_path):

@@ -134,11 +134,26 @@ def write_manifest(folder: Path) -> None:
     missing file is found at resume from its size alone, one damaged in place from its hash; the
     manifest's own hash tells damage of the manifest from damage of the files it lists."""
     paths = [p for p in sorted(folder.rglob("*")) if p.is_file() and p.name != MANIFEST]
-    digests = hash_files(paths)
+    known = _policy_hashes(folder / "policy")
+    digests = {**known, **hash_files([p for p in paths if p not in known])}
     files = {
         p.relative_to(folder).as_posix(): {"size": p.stat().st_size, "sha256": digests[p]} for p in paths
     }
     (folder / MANIFEST).write_text(json.dumps(seal({"hash": HASH_SCHEME, "files": files}), indent=1))
+
+
+def _policy_hashes(policy: Path) -> dict[Path, str]:
+    """The content hashes the policy export just recorded in its policy.json (same scheme, from the
+    same bytes, moments ago), for the files still of their recorded size: a full-size policy's
+    8 GiB of weights is hashed once per save, not twice. Nothing when it records none."""
+    try:
+        content = json.loads((policy / "policy.json").read_text()).get("content") or {}
+        if content.get("hash") != HASH_SCHEME:
+            return {}
+        return {policy / rel: str(v["sha256"]) for rel, v in content["files"].items()
+                if (policy / rel).is_file() and (policy / rel).stat().st_size == v["size"]}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return {}
 
 
 class ManifestHashError(ValueError):
