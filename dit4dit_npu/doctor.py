@@ -10,7 +10,8 @@ on each card, fused attention, a real all-reduce); the checks of a run config ar
 and its model builds, its data and base-model folders are readable, its run folder is writable
 and shared by the nodes, and the cards' free memory holds its memory plan (``bench/memory.py``).
 ``--stack`` runs only the stack checks, without importing torch in this process
-(``scripts/setup_env.sh`` uses it before installing anything else).
+(``scripts/setup_env.sh`` uses it before installing anything else). ``--policy DIR`` runs only the
+check of a policy folder: every file against its full content hash (``check_policy``).
 """
 
 from __future__ import annotations
@@ -48,6 +49,8 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--timeout", type=float, default=120.0, metavar="S", help="seconds the all-reduce may take")
     p.add_argument("--stack", action="store_true", help="only the software stack (Python, torch, torch_npu, CANN, "
                                                         "libraries); imports no torch in this process")
+    p.add_argument("--policy", metavar="DIR", help="only check this policy folder: every file against its full "
+                                                   "content hash, its manifest and PolicyIO (no model is built)")
     args, overrides = p.parse_known_args(argv)
     for name in ("num_processes", "num_machines"):
         value = getattr(args, name)
@@ -69,6 +72,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(args: argparse.Namespace, overrides: list[str]) -> Iterator[Result]:
+    if args.policy is not None:
+        yield check_policy(args.policy)
+        return
     found = checks.Stack()
     yield from checks.stack_checks(found, package_requirements=not args.stack)
     if args.stack:
@@ -104,6 +110,23 @@ def config_checks(args: argparse.Namespace, overrides: list[str]) -> Iterator[Re
     yield check_data(cfg)
     yield check_run_folder(cfg, args.num_machines)
     yield check_memory(cfg, args)
+
+
+def check_policy(policy_dir: str) -> Result:
+    """A policy folder, checked fully: its manifest's own hash and every file's whole content hash
+    (loading checks large files by size and edges only), the manifest and PolicyIO parse. A
+    folder of a format without hashes is a WARN: nothing could be verified."""
+    import warnings
+
+    from dit4dit_npu.policy.folder import UnverifiedPolicyWarning, verify_policy
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UnverifiedPolicyWarning)  # the WARN line says it
+            verified, detail = verify_policy(policy_dir)
+    except DiT4DiTError as e:
+        return Result(FAIL, "policy", str(e))
+    return Result(PASS if verified else WARN, "policy", detail)
 
 
 def check_model(cfg, path: str) -> Result:

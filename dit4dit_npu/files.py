@@ -13,8 +13,9 @@ Temp names start with a dot and end in ``.tmp`` (files) or hold ``.tmp-`` (folde
 the real names (``episode_*.safetensors``, ``step_*``) never match them.
 
 Also here: ``is_out_of_space``, the one test for "the disk (or a quota) ran out" that the command
-line wrapper and the checkpoint writer share, and the content hashes that checkpoints and the latent
-cache record to find files damaged in place (``hash_files``, ``edges_hash``).
+line wrapper and the checkpoint writer share, and the content hashes that checkpoints, policy
+folders and the latent cache record to find files damaged in place (``hash_files``, ``edges_hash``;
+``seal`` / ``seal_state`` for a JSON manifest that carries its own hash).
 """
 
 from __future__ import annotations
@@ -233,3 +234,28 @@ def edges_hash(path: str | Path) -> str:
         elif size > _EDGE:
             h.update(f.read())
     return h.hexdigest()
+
+
+# A JSON manifest that lists other files' hashes carries its own under this key: the sha256 of
+# its other keys in canonical form (sorted keys, no spaces). A flipped byte that leaves valid JSON
+# (a digit of a size, a letter of a hash) is then named as the manifest's damage, not its files'.
+SELF_HASH = "manifest_sha256"
+
+
+def _canonical_digest(obj: dict[str, Any]) -> str:
+    body = {k: v for k, v in obj.items() if k != SELF_HASH}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def seal(obj: dict[str, Any]) -> dict[str, Any]:
+    """``obj`` with its own content hash under ``SELF_HASH`` (last, so a reader sees the rest first)."""
+    body = {k: v for k, v in obj.items() if k != SELF_HASH}
+    return {**body, SELF_HASH: _canonical_digest(body)}
+
+
+def seal_state(obj: dict[str, Any]) -> str:
+    """"ok" (its own hash matches), "broken" (it does not: the manifest was changed after it was
+    written) or "none" (it records none: written by an older version)."""
+    if SELF_HASH not in obj:
+        return "none"
+    return "ok" if obj[SELF_HASH] == _canonical_digest(obj) else "broken"

@@ -4,7 +4,8 @@
 # and torchvision 0.22.1 (Atlas 800T A3). This builds that stack in a side virtualenv with
 # scripts/setup_env.sh itself (the users' path: pip upgraded first, then torch, then the rest), under
 # .compat/ (git-ignored), and runs there:
-#   the fast test tier (pytest -m "not slow"), a short training of the tiny config (accelerate +
+#   the whole fast test tier (pytest -m "not slow" on $TEST_WORKERS pytest-xdist workers, default 2,
+#   as scripts/test.sh --fast runs it), a short training of the tiny config (accelerate +
 #   DeepSpeed ZeRO-2 on CPU, the demo data generated, a policy exported), and the doctor.
 # One PASS/FAIL line each, with its duration; exit 1 on any FAIL. The minimums in pyproject.toml
 # (Python, torch, torchvision) are what this check passed with.
@@ -12,6 +13,7 @@
 #   COMPAT_TESTS="tests/test_a.py tests/test_b.py"  only those files of the fast tier (a short check on
 #   a busy host; the PASS line names the files, so a subset is never mistaken for the whole tier)
 #   COMPAT_STEPS=20                                 training steps
+#   TEST_WORKERS=2                                  pytest-xdist workers of the fast tier (0: in-process)
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -69,9 +71,10 @@ PY="$VENV/bin/python"
 # --- the fast test tier --------------------------------------------------------------------------
 t=$SECONDS
 read -ra TESTS <<<"${COMPAT_TESTS:-}"
-scope="the whole fast tier"
-[ "${#TESTS[@]}" -gt 0 ] && scope="fast tier of ${TESTS[*]}"
-if "$PY" -m pytest -m "not slow" -q -p no:cacheprovider "${TESTS[@]}" >"$LOGS/tests.log" 2>&1; then
+WORKERS="${TEST_WORKERS:-2}"  # which tests share a worker: tests/conftest.py (as scripts/test.sh)
+scope="the whole fast tier on $WORKERS workers"
+[ "${#TESTS[@]}" -gt 0 ] && scope="fast tier of ${TESTS[*]} on $WORKERS workers"
+if "$PY" -m pytest -m "not slow" -n "$WORKERS" -q -p no:cacheprovider ${TESTS[@]+"${TESTS[@]}"} >"$LOGS/tests.log" 2>&1; then
   say "PASS fast tests: $(last "$LOGS/tests.log" | tr -d '=' | xargs), $scope ($((SECONDS - t)) s)"
 else
   say "FAIL fast tests: $(last "$LOGS/tests.log" | tr -d '=' | xargs), $scope (log: $LOGS/tests.log)"

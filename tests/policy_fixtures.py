@@ -103,3 +103,17 @@ def shared_tiny_setup() -> TinySetup:
     if "setup" not in _SHARED:
         _SHARED["setup"] = build_tiny_setup(_process_temp_dir("dit4dit_policy_"), data_root=shared_demo_root())
     return _SHARED["setup"]
+
+
+def reseal(folder: Path) -> None:
+    """Record the files of a policy folder a test edited in its policy.json again, as the export
+    does, so the test reaches the check behind the content hashes (what a folder of a format
+    without hashes meets, or files a consistent but wrong writer produced)."""
+    import json
+
+    from dit4dit_npu.files import SELF_HASH
+    from dit4dit_npu.policy.folder import write_policy_json
+    from dit4dit_npu.policy.manifest import CONTENT
+
+    raw = json.loads((folder / "policy.json").read_text())
+    write_policy_json(folder, {k: v for k, v in raw.items() if k not in (CONTENT, SELF_HASH)})

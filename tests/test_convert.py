@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import json
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -15,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
+from policy_fixtures import reseal
 from safetensors.torch import load_file
 
 from dit4dit_npu.config import load_config
@@ -182,7 +184,7 @@ def test_cli_converts_every_tensor_to_its_place(run, tmp_path, capfd):
         assert torch.equal(weights[name], tensor), name
     info = json.loads((out / "policy.json").read_text())
     c = info["model"]["framework"]["cosmos25"]
-    assert info["format_version"] == 3 and info["step"] == 7 and c["base_model"] == str(run["base"].resolve())
+    assert info["format_version"] == 4 and info["step"] == 7 and c["base_model"] == str(run["base"].resolve())
     io = json.loads((out / "policy_io.json").read_text())
     assert io["resize_method"] == "torch_bilinear"
     assert io["state"] == [{"kind": "sincos", "groups": [1] * 8}]
@@ -471,7 +473,87 @@ def test_round_trip_original_ours_original(run, tmp_path):
     assert json.loads((again / "policy.json").read_text())["model"] == json.loads((first / "policy.json").read_text())["model"]
     a, b = load_file(str(first / "model.safetensors")), load_file(str(again / "model.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    with pytest.raises(ConversionError, match="exists: choose a new folder"):
+    with pytest.raises(ConversionError, match="exists and is not empty: choose a new"):
         from dit4dit_npu.convert.export import export_dit4dit
 
         export_dit4dit(first, back)
+
+
+# ---------------------------------------------------------------------------------------------
+# The export checks as much as the import (issue 30 item 5)
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def imported(run, tmp_path_factory) -> Path:
+    """The original run imported once: a policy folder to export back."""
+    out = tmp_path_factory.mktemp("imported") / "policy"
+    convert_dit4dit(run["root"] / "checkpoints" / "steps_7_pytorch_model.pt", run["root"] / "config.yaml", run["base"],
+                    out, conventions={"image_size": [32, 32]})
+    return out
+
+
+def test_export_refuses_non_finite_statistics_in_one_line(imported, tmp_path, capfd):
+    """from_pretrained refuses them; the export wrote them into DiT4DiT's dataset_statistics.json."""
+    policy = tmp_path / "policy"
+    shutil.copytree(imported, policy)
+    io = json.loads((policy / "policy_io.json").read_text())
+    io["stats"]["action"]["q99"][2] = float("nan")
+    (policy / "policy_io.json").write_text(json.dumps(io))
+    r = convert_cli(capfd, "to-dit4dit", str(policy), "--out", str(tmp_path / "run"))
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    [line] = r.stderr.strip().splitlines()  # the content check first: the file changed after export
+    assert line.startswith(f"error: {policy}/policy_io.json has ") and line.endswith("(truncated or replaced after export)")
+    reseal(policy)  # a folder written so (or of a format without hashes): the statistics themselves
+    r = convert_cli(capfd, "to-dit4dit", str(policy), "--out", str(tmp_path / "run"))
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        f"error: {policy}/policy_io.json: action statistic 'q99' is NaN/inf in dims [2]; refusing a policy whose "
+        "actions would be non-finite"]
+    assert not (tmp_path / "run").exists()
+
+
+def test_export_out_path_problems_are_one_line(imported, tmp_path, capfd):
+    a_file = tmp_path / "a_file"
+    a_file.write_text("mine")
+    full = tmp_path / "full"
+    full.mkdir()
+    (full / "notes.txt").write_text("mine")
+    for out, message in (
+        (a_file / "run", f"--out {a_file}/run: {a_file} is a file, not a folder"),
+        (a_file, f"--out {a_file} is a file: choose a new (or an empty) folder for the run"),
+        (full, f"--out {full} exists and is not empty: choose a new (or an empty) folder for the run"),
+    ):
+        r = convert_cli(capfd, "to-dit4dit", str(imported), "--out", str(out))
+        assert r.returncode == 2 and "Traceback" not in r.stderr
+        assert r.stderr.strip().splitlines() == [f"error: {message}"]
+    assert a_file.read_text() == "mine" and [p.name for p in full.iterdir()] == ["notes.txt"]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert convert_cli(capfd, "to-dit4dit", str(imported), "--out", str(empty)).returncode == 0
+    assert (empty / "dataset_statistics.json").is_file()
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--state-parts", "8:foo"], "--state-parts '8:foo': encoding 'foo' is none of sincos, min_max, mean_std, q99, "
+                                 "binary, none"),
+    (["--action-parts", "6:sincos,1:none"], "--action-parts '6:sincos,1:none': encoding 'sincos' is none of min_max, "
+                                            "mean_std, q99, binary, none"),
+    (["--state-parts", "eight"], "--state-parts 'eight': expected SIZE:ENCODING[,SIZE:ENCODING...] with SIZE >= 1 and "
+                                 "ENCODING one of sincos, min_max, mean_std, q99, binary, none, e.g. 6:min_max,1:binary"),
+    (["--gripper-dims", "6,x"], "--gripper-dims '6,x': expected comma-separated dims (integers >= 0), e.g. 0,1,2, or '' "
+                                "for none"),
+    (["--state-parts", "8:sincos", "--state-order", "1,0,2,3,4,5,6,7"],
+     "--state-order 1,0,2,3,4,5,6,7: datasets.vla_data.state_order: got [1, 0, 2, 3, 4, 5, 6, 7], expected null with "
+     "sincos state parts (reordering is for same-width encodings)"),
+])
+def test_a_convention_flag_error_names_the_flag_and_the_valid_values(run, tmp_path, capfd, flags, message):
+    stats = tmp_path / "stats.json"
+    stats.write_text(json.dumps(statistics("new_embodiment", 7, 8)))
+    r = convert_cli(capfd, "dit4dit", "--checkpoint", str(run["root"] / "checkpoints" / "steps_7_pytorch_model.pt"),
+                    "--config", str(run["root"] / "config.yaml"), "--stats", str(stats), "--base-model", str(run["base"]),
+                    "--out", str(tmp_path / "p"), "--robot-type", "custom", "--camera-keys", "cam_a", "cam_b",
+                    "--image-size", "32", "32", *(["--state-parts", "8:sincos"] if "--state-parts" not in flags else []),
+                    *flags)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.strip().splitlines() == [f"error: {message}"]
+    assert not (tmp_path / "p").exists()

@@ -205,11 +205,13 @@ def test_a_healthy_ascend_node_passes_every_check(ascend, capsys):
 
 
 def test_a_torch_npu_of_another_torch_is_one_fail(ascend, capsys):
-    ascend.versions["torch_npu"] = "2.7.1.post4"
+    major, minor = (int(x) for x in TORCH.split("+")[0].split(".")[:2])
+    other = f"{major}.{minor + 1}.0"  # the next minor release: another torch than this one, on any stack
+    ascend.versions["torch_npu"] = f"{other}.post4"
     rc, found = ascend.run(capsys=capsys)
     assert rc == 1 and fails(found) == ["torch_npu"]
-    assert found["torch_npu"][1] == (f"torch_npu 2.7.1.post4 is built for torch 2.7.1, but torch is {TORCH}: install "
-                                     "torch==2.7.1 (or the torch_npu release of your torch; Ascend/pytorch's version table)")
+    assert found["torch_npu"][1] == (f"torch_npu {other}.post4 is built for torch {other}, but torch is {TORCH}: install "
+                                     f"torch=={other} (or the torch_npu release of your torch; Ascend/pytorch's version table)")
 
 
 def test_a_missing_library_is_one_fail(ascend, capsys, monkeypatch, tmp_path):

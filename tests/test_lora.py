@@ -10,6 +10,7 @@ import shutil
 
 import pytest
 import torch
+from policy_fixtures import reseal
 from safetensors.torch import load_file
 from train_runs import EMA_ON, TINY, cut_at, run_training, tiny_overrides, train_here
 
@@ -208,6 +209,7 @@ def test_eval_cli_merges_on_request(lora_run, tmp_path, capsys):
     info = json.loads((plain / "policy.json").read_text())
     info["model"]["framework"]["cosmos25"]["lora"]["rank"] = 0
     (plain / "policy.json").write_text(json.dumps(info))
+    reseal(plain)
     capsys.readouterr()
     assert ev.main(["--policy", str(plain), "--out", str(tmp_path / "c"), "--merge-lora", *args]) == 2
     assert capsys.readouterr().err.strip().endswith("this policy has no LoRA adapter to merge")

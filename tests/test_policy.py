@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from policy_fixtures import build_tiny_setup, observation_from_sample, shared_tiny_setup
+from policy_fixtures import build_tiny_setup, observation_from_sample, reseal, shared_tiny_setup
 
 from dit4dit_npu.batch import Batch
 from dit4dit_npu.policy import DiT4DiTPolicy, PolicyInputError, PolicyLoadError, export_policy
@@ -215,6 +215,7 @@ def test_policy_folder_errors(setup, tmp_path: Path) -> None:
     info = json.loads((other / "policy.json").read_text())
     info["model"]["framework"]["action_model"]["hidden_size"] = 64
     (other / "policy.json").write_text(json.dumps(info))
+    reseal(other)
     with pytest.raises(PolicyLoadError, match="model.safetensors does not fit the model of .*policy.json"):
         DiT4DiTPolicy.from_pretrained(other)
 

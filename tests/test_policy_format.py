@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -13,8 +14,8 @@ import pytest
 import yaml
 from policy_fixtures import shared_tiny_setup
 
-from dit4dit_npu.policy import FORMAT_VERSION, DiT4DiTPolicy, PolicyLoadError
-from dit4dit_npu.policy.folder import load_policy_folder
+from dit4dit_npu.policy import FORMAT_VERSION, DiT4DiTPolicy, PolicyLoadError, UnverifiedPolicyWarning
+from dit4dit_npu.policy.folder import load_policy_folder, write_policy_json
 
 V2 = Path(__file__).parent / "fixtures" / "policy_v2"
 
@@ -44,14 +45,46 @@ def test_version_2_folders_act_as_version_2_did(name: str, tmp_path: Path) -> No
     assert {p: r.held_out_episodes for p, r in m.data.datasets.items()} == held_out
 
     # The same policy in version 3 (the manifest written from what version 2 gave, no config.yaml)
-    # is the same in memory and acts the same.
+    # and in version 4 (with the content hashes) is the same in memory and acts the same.
     v3 = tmp_path / "v3"
     shutil.copytree(src, v3)
     (v3 / "config.yaml").unlink()
-    (v3 / "policy.json").write_text(json.dumps(m.to_json()))
-    again = load_policy_folder(v3)
+    (v3 / "policy.json").write_text(json.dumps({**m.to_json(), "format_version": 3}))
+    with pytest.warns(UnverifiedPolicyWarning, match="format_version 3 records no content hashes"):
+        again = load_policy_folder(v3)
     assert again.manifest == m
-    np.testing.assert_array_equal(DiT4DiTPolicy.from_pretrained(v3).predict_action(obs, seed=seed), policy.predict_action(obs, seed=seed))
+    write_policy_json(v3, m.to_json())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UnverifiedPolicyWarning)
+        v4 = DiT4DiTPolicy.from_pretrained(v3)
+    assert v4.manifest == m
+    np.testing.assert_array_equal(v4.predict_action(obs, seed=seed), policy.predict_action(obs, seed=seed))
+
+
+V3 = Path(__file__).parent / "fixtures" / "policy_v3"
+
+
+@pytest.mark.parametrize("name", ["plain", "lora", "cropped"])
+def test_version_3_folders_act_as_version_3_did(name: str) -> None:
+    """Folders main wrote at 8712bd4 (tests/fixtures/policy_v3): every later format change must
+    keep them loading and acting the same."""
+    src = V3 / name
+    assert json.loads((src / "policy.json").read_text())["format_version"] == 3
+    obs, seed, actions, normalized = recorded(src)
+    with pytest.warns(UnverifiedPolicyWarning) as w:  # version 3 recorded no content hashes
+        policy = DiT4DiTPolicy.from_pretrained(src)
+    assert [str(x.message) for x in w] == [
+        f"{src}: policy format_version 3 records no content hashes, so its files load unverified (a file changed "
+        "after export goes unseen; export it again to have them checked)"
+    ]
+    np.testing.assert_allclose(policy.predict_action(obs, seed=seed), actions, rtol=0, atol=1e-6)
+    batch, _ = policy.io.encode_observation(obs)
+    np.testing.assert_allclose(policy.model.predict_action(batch, seed=seed)[0].numpy(), normalized, rtol=0, atol=1e-6)
+    m = policy.manifest
+    assert m.step == 3 and m.base_model == "tiny" and m.framework.cosmos25.lora.rank == (2 if name == "lora" else 0)
+    assert policy.chunk_length == actions.shape[0]
+    crops = {"observation.images.cam_high": [0.25, 0.5, 0.5, 0.5]} if name == "cropped" else {}
+    assert policy.io.camera_crops == crops
 
 
 def test_version_2_reads_only_what_inference_needs(tmp_path: Path) -> None:
@@ -80,21 +113,22 @@ def test_version_2_reads_only_what_inference_needs(tmp_path: Path) -> None:
         DiT4DiTPolicy.from_pretrained(folder)
 
 
-def test_version_3_layout_holds_each_fact_once() -> None:
+def test_version_4_layout_holds_each_fact_once() -> None:
     setup = shared_tiny_setup()
     folder = setup.policy_dir
     assert sorted(p.name for p in folder.iterdir()) == [
         "model.safetensors", "policy.json", "policy_io.json", "prompt_cache.safetensors", "train_config.yaml",
     ]
     manifest = json.loads((folder / "policy.json").read_text())
-    assert manifest["format_version"] == FORMAT_VERSION == 3
-    assert sorted(manifest) == ["data", "format_version", "model", "step"]
+    assert manifest["format_version"] == FORMAT_VERSION == 4
+    assert sorted(manifest) == ["content", "data", "format_version", "manifest_sha256", "model", "step"]
+    assert sorted(manifest["content"]["files"]) == ["model.safetensors", "policy_io.json", "prompt_cache.safetensors"]
     assert sorted(manifest["model"]) == ["framework", "mixed_precision"]
     assert sorted(manifest["data"]) == [
         "action_key", "action_names", "datasets", "num_trajectories", "state_key", "state_names", "statistics_tag",
     ]
     # What policy_io.json or the prompt cache owns is not repeated here.
-    text = json.dumps(manifest)
+    text = json.dumps({k: v for k, v in manifest.items() if k != "content"})  # content names the files
     for owned_elsewhere in ("future_action_window_size", "chunk_length", "camera_keys", "image_size", "prompt_cache",
                             "instructions", "max_action_dim", "stats", "trainer", "vla_data"):
         assert owned_elsewhere not in text, owned_elsewhere
@@ -112,7 +146,7 @@ def test_version_3_never_reads_the_training_config(tmp_path: Path) -> None:
     assert policy.manifest.framework.action_model.chunk_length == policy.io.chunk_length
 
 
-@pytest.mark.parametrize("version", [1, 4, "3", None])
+@pytest.mark.parametrize("version", [1, 5, "4", None])
 def test_unknown_versions_are_refused_with_one_line(version, tmp_path: Path) -> None:
     folder = tmp_path / "policy"
     shutil.copytree(shared_tiny_setup().policy_dir, folder)
@@ -120,9 +154,9 @@ def test_unknown_versions_are_refused_with_one_line(version, tmp_path: Path) -> 
     (folder / "policy.json").write_text(json.dumps({**manifest, "format_version": version}))
     with pytest.raises(PolicyLoadError) as e:
         DiT4DiTPolicy.from_pretrained(folder)
-    newer = "; a newer dit4dit_npu wrote it: update this one" if version == 4 else ""
+    newer = "; a newer dit4dit_npu wrote it: update this one" if version == 5 else ""
     assert str(e.value) == (
-        f"{folder}: policy format_version {version!r} is not supported by this dit4dit_npu (it reads versions [2, 3]){newer}"
+        f"{folder}: policy format_version {version!r} is not supported by this dit4dit_npu (it reads versions [2, 3, 4]){newer}"
     )
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from policy_fixtures import observation_from_sample, shared_tiny_setup
+from policy_fixtures import observation_from_sample, reseal, shared_tiny_setup
 from safetensors import safe_open
 from safetensors.torch import save_file
 
@@ -45,6 +45,7 @@ def rewrite_weights(folder: Path, change) -> str:
         weights = {k: f.get_tensor(k) for k in f.keys()}
     key = change(weights)
     save_file(weights, str(folder / "model.safetensors"), metadata=meta)
+    reseal(folder)  # the hashes would refuse it first (test_policy_hashes.py): this tests what is behind them
     return key
 
 
@@ -52,6 +53,7 @@ def edit_json(path: Path, change) -> None:
     d = json.loads(path.read_text())
     change(d)
     path.write_text(json.dumps(d))
+    reseal(path.parent)
 
 
 def refused(folder: Path, message: str) -> None:
@@ -169,6 +171,9 @@ def test_damaged_safetensors_are_refused_naming_the_file(setup, tmp_path):
         folder = copy_policy(setup, tmp_path / name)
         data = (folder / name).read_bytes()
         (folder / name).write_bytes(data[: len(data) // 2])
+        refused(folder, f"{folder / name} has {len(data) // 2} bytes, {len(data)} when the policy was written "
+                "(truncated or replaced after export)")
+        reseal(folder)  # a folder without hashes: the reader names it too
         with pytest.raises(PolicyLoadError) as e:
             DiT4DiTPolicy.from_pretrained(folder)
         assert str(e.value).startswith(f"{folder / name}: not a readable safetensors file (")
@@ -187,6 +192,7 @@ def test_files_of_another_run_are_refused(setup, tmp_path):
         io.stats["state"], io.stats["action"], warn=False,
     )
     padded.save(folder / "policy_io.json")
+    reseal(folder)
     refused(
         folder,
         f"{folder}: policy_io.json's action width is 16 but the action head in model.safetensors takes 14 "

@@ -11,6 +11,7 @@ file-size limit, a kill -9); the others call the trainer's console-script functi
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import resource
@@ -31,6 +32,7 @@ from safetensors.torch import save_file
 from train_runs import RUN, TINY, train_here
 
 from dit4dit_npu.config import ConfigError, load_config
+from dit4dit_npu.files import hash_files
 from dit4dit_npu.train import checkpoint as ckpt_io
 from dit4dit_npu.train import resume
 from dit4dit_npu.train.errors import TrainingError
@@ -186,6 +188,76 @@ def test_each_damaged_file_is_named_and_skipped(base_runs, tmp_path, damage, exp
     assert point.path == ck / "step_000002"
     [(path, problem)] = point.damaged
     assert path == c and re.fullmatch(expected.format(c=re.escape(str(c))), problem), problem
+
+
+def two_steps(base_runs: Path, tmp_path: Path) -> tuple[Path, Path]:
+    """Copies of steps 2 and 3 of the base run: (the checkpoints folder, step 3)."""
+    ck = tmp_path / RUN / "checkpoints"
+    for name in ("step_000002", "step_000003"):
+        shutil.copytree(base_runs / RUN / "checkpoints" / name, ck / name)
+    return ck, ck / "step_000003"
+
+
+@pytest.mark.parametrize("form", ["none", "sizes only"])
+def test_a_checkpoint_without_content_hashes_resumes_with_one_notice(base_runs, tmp_path, form):
+    """Issue 30 item 4: a checkpoint without manifest.json, or with the older sizes-only one, was
+    resumed silently (a flipped byte in its model state: an inexact run, rc 0). It is still
+    resumed (its other checks made), with one line saying it is unverified."""
+    ck, c = two_steps(base_runs, tmp_path)
+    manifest = c / ckpt_io.MANIFEST
+    if form == "none":
+        manifest.unlink()
+        notice = (f"resume: {c} has no manifest.json (saved by an older version): its files' sizes and content cannot "
+                  "be verified; resuming it unverified")
+    else:
+        files = json.loads(manifest.read_text())["files"]
+        manifest.write_text(json.dumps({"files": {rel: v["size"] for rel, v in files.items()}}))
+        notice = (f"resume: {manifest} records sizes only (saved by an older version): a file damaged in place cannot "
+                  f"be found; resuming {c} with its sizes checked, its content unverified")
+    assert resume.choose(tmp_path / RUN) == resume.ResumePoint(c, [], notice)
+    cfg = load_config(TINY, [f"trainer.resume={c}"])
+    assert resume.find_resume(cfg) == resume.ResumePoint(c, [], notice)
+
+
+def test_a_whole_checkpoint_resumes_without_a_notice(base_runs, tmp_path):
+    ck, c = two_steps(base_runs, tmp_path)
+    manifest = json.loads((c / ckpt_io.MANIFEST).read_text())
+    assert list(manifest)[-1] == "manifest_sha256"
+    assert resume.choose(tmp_path / RUN) == resume.ResumePoint(c, [], None)
+    # the policy's files: the hashes its export recorded, taken over, are the files' own
+    policy = json.loads((c / "policy/policy.json").read_text())["content"]["files"]
+    real = hash_files([c / "policy" / rel for rel in policy])
+    assert {rel: manifest["files"][f"policy/{rel}"]["sha256"] for rel in policy} == {
+        rel: real[c / "policy" / rel] for rel in policy}
+
+
+def test_damage_to_the_manifest_is_named_as_such_and_its_step_is_kept(base_runs, tmp_path):
+    """A flipped byte in manifest.json was reported as damage of the file whose hash it hit
+    (state/latest) and the intact step was set aside. The manifest carries its own hash: its
+    damage is named, no file is blamed, and the step resumes unverified with that notice."""
+    ck, c = two_steps(base_runs, tmp_path)
+    manifest = c / ckpt_io.MANIFEST
+    text = manifest.read_text()
+    d = json.loads(text)
+    digest = d["files"]["state/model.safetensors"]["sha256"]
+    flipped = digest[:10] + ("0" if digest[10] != "0" else "1") + digest[11:]  # one hex digit: still valid JSON
+    manifest.write_text(text.replace(digest, flipped))
+    point = resume.choose(tmp_path / RUN)
+    assert point == resume.ResumePoint(c, [], (
+        f"resume: {manifest} is damaged (it does not match its own hash, manifest_sha256), so the files of {c} cannot "
+        "be verified against it; resuming it unverified"))
+    manifest.write_text(text[: len(text) // 2])  # torn: not JSON at all
+    point = resume.choose(tmp_path / RUN)
+    assert point.path == c and point.damaged == [] and point.notice.startswith(
+        f"resume: {manifest} is damaged (unreadable: JSONDecodeError: ")
+    assert sorted(p.name for p in ck.iterdir()) == ["step_000002", "step_000003"]  # nothing set aside
+    # A manifest of the version before (hashes, none of its own) cannot tell: both are named.
+    manifest.write_text(json.dumps({k: v for k, v in {**d, "files": {**d["files"], "state/model.safetensors": {
+        **d["files"]["state/model.safetensors"], "sha256": flipped}}}.items() if k != "manifest_sha256"}))
+    [(path, problem)] = resume.choose(tmp_path / RUN).damaged
+    assert path == c and problem == (
+        f"{c}/state/model.safetensors does not match the content hash recorded when it was saved (damaged in place: "
+        "same size, other bytes) (or its entry in manifest.json)")
 
 
 def test_no_whole_checkpoint_or_a_damaged_explicit_one_is_one_line(base_runs, tmp_path):
@@ -434,6 +506,8 @@ def test_a_file_that_fails_to_load_sets_the_checkpoint_aside(base_runs, tmp_path
     assert r.returncode == 0, r.stderr[-3000:]
     out, c = (r.stdout + r.stderr).splitlines(), re.escape(str(ck))
     for pattern in (
+        rf"resume: {c}/step_000003 has no manifest.json \(saved by an older version\): its files' sizes and content "
+        "cannot be verified; resuming it unverified",  # the notice, before loading finds the damage
         rf"resume: {c}/step_000003 fails to load \(.+\); moved step_000003 to damaged-step_000003",
         rf"resume: {c}/step_000002/state/random_states_0.pkl is unreadable \(UnpicklingError; the RNG state: the run "
         "would not continue exactly\\); moved step_000002 to damaged-step_000002",

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from dit4dit_npu.config.original_data import GENERIC_TAGS, NAMED_MIXTURES, ROBOT_TYPES, RobotType
+from dit4dit_npu.config.schema import PART_ENCODINGS
 from dit4dit_npu.convert.checkpoint import ConversionError
 
 CUSTOM = "custom"
@@ -146,13 +147,32 @@ def decide(
     return out
 
 
+# The encodings each parts flag takes (the schema's one list; actions have no sin/cos).
+PART_FLAG_ENCODINGS = {"--state-parts": PART_ENCODINGS, "--action-parts": tuple(e for e in PART_ENCODINGS if e != "sincos")}
+
+
+def blame(e: Exception, conventions: dict[str, Any] | None, config: Path) -> str:
+    """An error of the imported config in one line: one about a convention given as a flag names
+    the flag and its value (the value came from there, not from the run's ``config``)."""
+    message = str(e)
+    for key, value in (conventions or {}).items():
+        if message.startswith(f"datasets.vla_data.{key}"):
+            return f"--{key.replace('_', '-')} {text(key, value)}: {message}"
+    return f"{config}: {message}"
+
+
 def parse_parts(value: str, flag: str) -> list[dict[str, Any]]:
-    """``SIZE:NORM[,SIZE:NORM...]`` (e.g. ``6:min_max,1:binary``) -> parts."""
+    """``SIZE:NORM[,SIZE:NORM...]`` (e.g. ``6:min_max,1:binary``) -> parts; an encoding the flag
+    does not take is named with the ones it does."""
+    valid = PART_FLAG_ENCODINGS.get(flag, PART_ENCODINGS)
     out = []
     for item in value.split(","):
         size, _, norm = item.strip().partition(":")
-        if not size.strip().isdigit() or not norm.strip():
-            raise ConversionError(f"{flag} {value!r}: expected SIZE:ENCODING[,SIZE:ENCODING...], e.g. 6:min_max,1:binary")
+        if not size.strip().isdigit() or int(size) < 1 or not norm.strip():
+            raise ConversionError(f"{flag} {value!r}: expected SIZE:ENCODING[,SIZE:ENCODING...] with SIZE >= 1 and "
+                                  f"ENCODING one of {', '.join(valid)}, e.g. 6:min_max,1:binary")
+        if norm.strip() not in valid:
+            raise ConversionError(f"{flag} {value!r}: encoding {norm.strip()!r} is none of {', '.join(valid)}")
         out.append({"size": int(size), "norm": norm.strip()})
     return out
 
@@ -161,5 +181,6 @@ def parse_dims(value: str, flag: str) -> list[int]:
     """``I,J,...`` -> dims (empty string = none)."""
     items = [v.strip() for v in value.split(",") if v.strip()]
     if not all(v.isdigit() for v in items):
-        raise ConversionError(f"{flag} {value!r}: expected comma-separated dims, e.g. 0,1,2")
+        raise ConversionError(f"{flag} {value!r}: expected comma-separated dims (integers >= 0), e.g. 0,1,2, "
+                              "or '' for none")
     return [int(v) for v in items]

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -34,7 +35,7 @@ from dit4dit_npu.convert.checkpoint import (
     read_checkpoint,
     step_of,
 )
-from dit4dit_npu.convert.conventions import KEYS, action_mask, choose_robot, decide, width
+from dit4dit_npu.convert.conventions import KEYS, action_mask, blame, choose_robot, decide, width
 from dit4dit_npu.convert.embodiment import build_policy_io, latent_clip, read_statistics
 
 log = logging.getLogger(__name__)
@@ -191,13 +192,15 @@ def _check_widths(raw: dict[str, Any], hidden: int, config_name: str) -> None:
             )
 
 
-def _check_out_parent(out: Path) -> None:
+def check_out_parent(out: Path) -> None:
     """``--out`` can be made: its nearest existing ancestor is a folder (checked before anything is
     read: the export comes last, after the minutes a full-size checkpoint takes)."""
     for parent in out.parents:
         if parent.exists():
             if not parent.is_dir():
                 raise ConversionError(f"--out {out}: {parent} is a file, not a folder")
+            if not os.access(parent, os.W_OK | os.X_OK):
+                raise ConversionError(f"--out {out}: {parent} is not writable")
             return
 
 
@@ -227,7 +230,7 @@ def convert_dit4dit(
     stats_path = Path(stats) if stats is not None else checkpoint.parent.parent / "dataset_statistics.json"
     if out.exists() and not (out.is_dir() and ((out / POLICY_JSON).is_file() or not any(out.iterdir()))):
         raise ConversionError(f"--out {out} exists and is not a policy folder: choose a new folder")
-    _check_out_parent(out)
+    check_out_parent(out)
     if not checkpoint.is_file():  # before the statistics, whose default path is derived from it
         raise ConversionError(f"checkpoint not found: {checkpoint}")
     notices: list[str] = []
@@ -258,7 +261,7 @@ def convert_dit4dit(
         io = build_policy_io(robot, stat_tag, entry, cfg, str(stats_path), notices, allow_constant_dims)
         base = base_model_folder(cfg)
     except (ConfigError, migrate.MigrationError) as e:
-        raise ConversionError(f"{config}: {e}") from None
+        raise ConversionError(blame(e, conventions, config)) from None
     if cfg.framework.cosmos25.training == "action":  # its transformer was frozen: a base-model part
         ckpt.frozen["transformer"] = {
             k[len(TRANSFORMER) :]: ckpt.trainable.pop(k) for k in [k for k in ckpt.trainable if k.startswith(TRANSFORMER)]

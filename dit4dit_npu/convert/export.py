@@ -36,7 +36,7 @@ from dit4dit_npu.convert.checkpoint import (
     disk_to_memory,
     safetensors_files,
 )
-from dit4dit_npu.convert.dit4dit import ORIGINAL_PRESETS
+from dit4dit_npu.convert.dit4dit import ORIGINAL_PRESETS, check_out_parent
 from dit4dit_npu.files import atomic_folder
 from dit4dit_npu.transforms.feature_stats import STAT_FIELDS, FeatureStats
 from dit4dit_npu.transforms.policy_io import PolicyIO
@@ -49,19 +49,23 @@ PRECISION = {"bf16": "bfloat16", "no": "float32"}
 def export_dit4dit(
     policy: str | Path, out: str | Path, tag: str | None = None, action_model_type: str | None = None
 ) -> tuple[Path, list[str]]:
-    """-> (the run folder, notices). Raises ConversionError with nothing written."""
+    """-> (the run folder, notices). Raises ConversionError (PolicyLoadError for the policy folder:
+    every file is checked against its whole content hash, and its statistics must be finite, as
+    ``from_pretrained`` checks them) with nothing written."""
     from safetensors.torch import load_file
 
-    from dit4dit_npu.policy.folder import find_policy_dir, read_manifest, read_policy_json
+    from dit4dit_npu.policy.folder import find_policy_dir, read_io, read_manifest, read_policy_json
     from dit4dit_npu.policy.manifest import inference_config
     from dit4dit_npu.weights import base_model_folder
 
     out = Path(out)
-    if out.exists():
-        raise ConversionError(f"--out {out} exists: choose a new folder for the run")
+    if out.exists() and not (out.is_dir() and not any(out.iterdir())):  # checked before the minutes of reading
+        what = "exists and is not empty" if out.is_dir() else "is a file"
+        raise ConversionError(f"--out {out} {what}: choose a new (or an empty) folder for the run")
+    check_out_parent(out)
     path = find_policy_dir(policy)
-    raw = read_policy_json(path)
-    io = PolicyIO.load(path / "policy_io.json")
+    raw = read_policy_json(path, full_check=True)  # every file against its whole content hash
+    io = read_io(path)  # finite statistics, as from_pretrained reads them
     manifest = read_manifest(path, raw, io)
     f = manifest.framework
     notices: list[str] = []

@@ -8,7 +8,7 @@ its policy.json and ``legacy`` the older format versions; ``policy`` wraps a loa
 PolicyIO for robots, servers and evaluation.
 """
 
-from dit4dit_npu.policy.folder import PolicyLoadError, export_policy
+from dit4dit_npu.policy.folder import PolicyLoadError, UnverifiedPolicyWarning, export_policy
 from dit4dit_npu.policy.manifest import FORMAT_VERSION, PolicyManifest
 from dit4dit_npu.policy.policy import (
     DiT4DiTPolicy,
@@ -20,5 +20,5 @@ from dit4dit_npu.policy.policy import (
 
 __all__ = [
     "FORMAT_VERSION", "DiT4DiTPolicy", "NonFiniteActionError", "PolicyInputError", "PolicyLoadError",
-    "PolicyManifest", "StateOutOfRangeError", "StateRangeWarning", "export_policy",
+    "PolicyManifest", "StateOutOfRangeError", "StateRangeWarning", "UnverifiedPolicyWarning", "export_policy",
 ]

@@ -1,8 +1,10 @@
 """The exported policy folder: everything inference needs, each fact in one file.
 
-    <policy>/policy.json               the manifest (format_version 3, manifest.py): step, the
+    <policy>/policy.json               the manifest (format_version 4, manifest.py): step, the
                                        model section (framework + precision, base model ref),
-                                       datasets + held-out episodes, joint names
+                                       datasets + held-out episodes, joint names; the size and
+                                       content hash of every file below that loading reads, and
+                                       its own hash (``manifest_sha256``)
     <policy>/policy_io.json            every robot <-> model transform (cameras, sizes, clip,
                                        chunk length, state encoding, action normalization,
                                        padding) and the training data's statistics
@@ -11,29 +13,49 @@
     <policy>/adapter/                  LoRA only: the transformer's adapter in peft's layout
                                        (adapter_model.safetensors, adapter_config.json; adapter.py)
     <policy>/prompt_cache.safetensors  embeddings of every training instruction
-    <policy>/train_config.yaml         the run's whole config, for the record: never read
+    <policy>/train_config.yaml         the run's whole config, for the record: never read (so
+                                       not hashed: editing it changes nothing)
 
 The frozen base model (VAE, text encoder; "tiny" or a local Cosmos folder) is referred to by
 path, never copied (the original stored ~21 GB of frozen weights per checkpoint, SPEC B7).
 The folder is written to a temporary sibling and renamed into place, so a crash never leaves a
 half-written policy that looks complete. Loading reads the manifest and PolicyIO, never the
-training schema; folders of format_version 2 load through ``legacy.py``.
+training schema; it first checks the manifest's own hash and every file's size and hash
+(``integrity.content_problem``: large files by their edges unless ``full_check``), so a file
+changed after export is one line naming it. Folders of format_version 3 (and 2, through
+``legacy.py``) hold no hashes: they load unverified, with one ``UnverifiedPolicyWarning``.
 """
 
 from __future__ import annotations
 
 import json
+import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from dit4dit_npu.config import Config, ConfigError, dump_yaml
 from dit4dit_npu.errors import DiT4DiTError
-from dit4dit_npu.files import atomic_folder
-from dit4dit_npu.policy.adapter import ADAPTER_WEIGHTS, adapter_problems, read_adapter, write_adapter
-from dit4dit_npu.policy.integrity import feature_names, nonfinite_stats, read_weights, width_problem
+from dit4dit_npu.files import SELF_HASH, atomic_folder, seal, seal_state
+from dit4dit_npu.policy.adapter import (
+    ADAPTER_FILES,
+    ADAPTER_WEIGHTS,
+    adapter_problems,
+    read_adapter,
+    write_adapter,
+)
+from dit4dit_npu.policy.integrity import (
+    content_problem,
+    content_section,
+    feature_names,
+    nonfinite_stats,
+    read_weights,
+    width_problem,
+)
 from dit4dit_npu.policy.legacy import CONFIG_V2, read_v2
 from dit4dit_npu.policy.manifest import (
+    CONTENT,
     FORMAT_VERSION,
     ManifestError,
     PolicyManifest,
@@ -52,12 +74,46 @@ POLICY_JSON, WEIGHTS, POLICY_IO, PROMPTS, TRAIN_CONFIG = (
 )
 REQUIRED_FILES = (POLICY_JSON, WEIGHTS, POLICY_IO, PROMPTS)
 TRAIN_CONFIG_NOTE = "the run's config, kept for the record; loading the policy never reads it (policy.json does)"
-# format_version -> the files it requires (the adapter is checked against the LoRA settings)
-READABLE_VERSIONS = {2: (*REQUIRED_FILES, CONFIG_V2), FORMAT_VERSION: REQUIRED_FILES}
 
 
 class PolicyLoadError(DiT4DiTError, RuntimeError):
     """A policy folder that cannot be loaded (missing files, other format version, bad base model)."""
+
+
+class UnverifiedPolicyWarning(UserWarning):
+    """A policy folder of a format that records no content hashes: its files load unchecked."""
+
+
+def _read_v2(path: Path, raw: dict[str, Any], io: PolicyIO) -> PolicyManifest:
+    try:
+        return read_v2(raw, path / CONFIG_V2, io.chunk_length)
+    except (ManifestError, ConfigError) as e:  # a key of either file
+        raise PolicyLoadError(f"{path} (format_version 2: {POLICY_JSON} + {CONFIG_V2}): {e}") from None
+
+
+def _read_v3(path: Path, raw: dict[str, Any], io: PolicyIO) -> PolicyManifest:
+    try:
+        return parse_manifest(raw, io.chunk_length)
+    except ManifestError as e:
+        raise PolicyLoadError(f"{path / POLICY_JSON}: {e}") from None
+
+
+@dataclass(frozen=True)
+class FormatVersion:
+    """What a readable format_version requires and how its manifest is read. A later change of the
+    folder is one more entry (its own reader, or an older reader plus what it drops or renames);
+    the files' own formats (policy_io.json's "format", peft's adapter) are their readers' own."""
+
+    files: tuple[str, ...]  # required besides the adapter (checked against the LoRA settings)
+    hashed: bool  # records the content hash of each file and of policy.json itself
+    read: Callable[[Path, dict[str, Any], PolicyIO], PolicyManifest]  # (folder, policy.json, io)
+
+
+READABLE_VERSIONS = {
+    2: FormatVersion((*REQUIRED_FILES, CONFIG_V2), hashed=False, read=_read_v2),
+    3: FormatVersion(REQUIRED_FILES, hashed=False, read=_read_v3),
+    FORMAT_VERSION: FormatVersion(REQUIRED_FILES, hashed=True, read=_read_v3),
+}
 
 
 def export_policy(
@@ -72,7 +128,7 @@ def export_policy(
     statistics_tag: str | None = None,
     num_trajectories: int | None = None,
 ) -> Path:
-    """Write the policy folder ``out_dir`` (format_version 3) atomically; returns it.
+    """Write the policy folder ``out_dir`` (format_version 4) atomically; returns it.
 
     ``split`` maps each dataset path to ``{"train": [...], "val": [...]}`` (or directly to the
     held-out episode list); the held-out episodes are what ``dit4dit_npu.eval`` evaluates on.
@@ -102,8 +158,20 @@ def export_policy(
         io.save(tmp / POLICY_IO)
         save_prompt_cache(prompt_cache, tmp / PROMPTS)
         (tmp / TRAIN_CONFIG).write_text(f"# {TRAIN_CONFIG_NOTE}\n" + dump_yaml(cfg))
-        (tmp / POLICY_JSON).write_text(json.dumps(manifest.to_json(), indent=1))
+        write_policy_json(tmp, manifest.to_json())
     return Path(out_dir)
+
+
+def files_read(folder: Path) -> list[str]:
+    """The files of a policy folder that loading reads besides policy.json (relative paths)."""
+    return [f for f in (WEIGHTS, POLICY_IO, PROMPTS, *ADAPTER_FILES) if (folder / f).is_file()]
+
+
+def write_policy_json(folder: Path, manifest: dict[str, Any]) -> None:
+    """policy.json (written last): the manifest (``PolicyManifest.to_json()``), the size and
+    content hash of every file loading reads, as they are in ``folder`` now, and its own hash."""
+    content = content_section(folder, files_read(folder))
+    (folder / POLICY_JSON).write_text(json.dumps(seal({**manifest, CONTENT: content}), indent=1))
 
 
 # --------------------------------------------------------------------------------------------
@@ -141,21 +209,15 @@ def framework_key(version: int) -> str:
 
 
 def read_manifest(path: Path, raw: dict[str, Any], io: PolicyIO) -> PolicyManifest:
-    """The manifest of the policy folder ``path`` (format_version 3, or 2 through legacy.py)
-    from its parsed policy.json; ``io`` is its PolicyIO, whose chunk length the model takes."""
-    if raw["format_version"] == 2:
-        try:
-            return read_v2(raw, path / CONFIG_V2, io.chunk_length)
-        except (ManifestError, ConfigError) as e:  # a key of either file
-            raise PolicyLoadError(f"{path} (format_version 2: {POLICY_JSON} + {CONFIG_V2}): {e}") from None
-    try:
-        return parse_manifest(raw, io.chunk_length)
-    except ManifestError as e:
-        raise PolicyLoadError(f"{path / POLICY_JSON}: {e}") from None
+    """The manifest of the policy folder ``path`` from its parsed policy.json, read as its
+    format_version is (``READABLE_VERSIONS``); ``io`` is its PolicyIO, whose chunk length the
+    model takes."""
+    return READABLE_VERSIONS[raw["format_version"]].read(path, raw, io)
 
 
-def read_policy_json(path: Path) -> dict[str, Any]:
-    """policy.json parsed, of a readable format_version, with the files that version requires."""
+def read_policy_json(path: Path, full_check: bool = False) -> dict[str, Any]:
+    """policy.json parsed, of a readable format_version, with the files that version requires,
+    each as it was written (``check_content``; ``full_check``: large files hashed whole too)."""
     try:
         raw = json.loads((path / POLICY_JSON).read_text())
     except (OSError, json.JSONDecodeError) as e:
@@ -167,10 +229,49 @@ def read_policy_json(path: Path) -> dict[str, Any]:
             f"{path}: policy format_version {version!r} is not supported by this dit4dit_npu (it reads versions "
             f"{sorted(READABLE_VERSIONS)})" + ("; a newer dit4dit_npu wrote it: update this one" if newer else "")
         )
-    missing = [f for f in READABLE_VERSIONS[version] if not (path / f).is_file()]
+    missing = [f for f in READABLE_VERSIONS[version].files if not (path / f).is_file()]
     if missing:
         raise PolicyLoadError(f"{path}: policy folder is incomplete, missing {missing}")
+    check_content(path, raw, full_check)
     return raw
+
+
+def check_content(path: Path, raw: dict[str, Any], full_check: bool = False) -> None:
+    """The manifest's own hash, then every file loading reads against the size and hash it
+    recorded: PolicyLoadError naming the file. A format without hashes: one warning, unchecked."""
+    version = raw["format_version"]
+    if not READABLE_VERSIONS[version].hashed:
+        warnings.warn(
+            f"{path}: policy format_version {version} records no content hashes, so its files load unverified "
+            "(a file changed after export goes unseen; export it again to have them checked)",
+            UnverifiedPolicyWarning, stacklevel=5,  # the caller of from_pretrained
+        )
+        return
+    state = seal_state(raw)
+    if state != "ok":
+        what = "does not match its own content hash" if state == "broken" else "records no content hash of its own"
+        raise PolicyLoadError(
+            f"{path / POLICY_JSON} {what} ({SELF_HASH}): edited or damaged after export "
+            "(to load it with another base model pass base_model= / --base-model instead of editing it)"
+        )
+    problem = content_problem(path, raw.get(CONTENT), files_read(path), full_check)
+    if problem is not None:
+        raise PolicyLoadError(problem)
+
+
+def verify_policy(policy_dir: str | Path) -> tuple[bool, str]:
+    """Check a policy folder without building its model: every file's full content hash (large
+    ones too), the manifest and PolicyIO parse, finite statistics. Returns (whether its content
+    could be verified: its format records hashes, what was checked) for ``doctor --policy``;
+    raises PolicyLoadError naming the first problem."""
+    path = find_policy_dir(policy_dir)
+    raw = read_policy_json(path, full_check=True)
+    read_manifest(path, raw, read_io(path))
+    version = raw["format_version"]
+    if not READABLE_VERSIONS[version].hashed:
+        return False, f"{path}: format_version {version} parses, but records no content hashes: its files are unverified"
+    n = len(files_read(path))
+    return True, f"{path}: format_version {version}; {POLICY_JSON} and its {n} files match their content hashes"
 
 
 @dataclass
@@ -182,18 +283,21 @@ class LoadedPolicy:
     path: Path
 
 
-def load_policy_folder(policy_dir: str | Path, base_model: str | None = None, merge_lora: bool = False) -> LoadedPolicy:
+def load_policy_folder(
+    policy_dir: str | Path, base_model: str | None = None, merge_lora: bool = False, full_check: bool = False
+) -> LoadedPolicy:
     """Read and validate a policy folder and build its model on the CPU. A LoRA policy loads
     with its adapter on the base transformer; ``merge_lora`` folds the adapter into the base
-    weights (plain linears again: no adapter cost per step, the same function up to rounding)."""
+    weights (plain linears again: no adapter cost per step, the same function up to rounding).
+    ``full_check`` hashes files over ``integrity.ALWAYS_HASHED_BYTES`` whole too."""
     from dit4dit_npu.models.lora import load_adapter_state_dict
     from dit4dit_npu.models.lora import merge_lora as merge
     from dit4dit_npu.weights import build_dit4dit, text_identity
     from dit4dit_npu.weights.prompt_cache import load_prompt_cache
 
     path = find_policy_dir(policy_dir)
-    raw = read_policy_json(path)  # version and files first: a newer format is refused before its parts are read
-    io = _read_io(path)
+    raw = read_policy_json(path, full_check)  # version and hashes first: nothing unverified is parsed
+    io = read_io(path)
     manifest = read_manifest(path, raw, io)
     model_at = model_file(raw["format_version"])
     if base_model is not None:
@@ -239,7 +343,7 @@ def load_policy_folder(policy_dir: str | Path, base_model: str | None = None, me
     return LoadedPolicy(model, manifest, io, cache, path)
 
 
-def _read_io(path: Path) -> PolicyIO:
+def read_io(path: Path) -> PolicyIO:
     """policy_io.json, with finite statistics."""
     try:
         io = PolicyIO.load(path / POLICY_IO)

@@ -7,7 +7,11 @@ policy (not the dataset or the robot) is blamed:
 
 - ``policy.json``'s step vs ``model.safetensors`` (and the adapter): weights of another checkpoint;
 - ``policy_io.json``'s state/action widths vs the action head's weight shapes;
-- statistics and weights must be finite: a single NaN makes every action NaN.
+- statistics and weights must be finite: a single NaN makes every action NaN;
+- (format_version 4) every file loading reads still has the size and content hash recorded in
+  ``policy.json``'s ``content`` section when it was written: a file changed in place (same size,
+  other bytes: a LoRA adapter with every weight changed) parses and is finite, only its hash
+  tells (``content_section``, ``content_problem``; the hashing itself is ``files.py``'s).
 (The adapter against the manifest's LoRA settings: ``adapter.py``.)
 """
 
@@ -20,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from dit4dit_npu.files import HASH_SCHEME, edges_hash, hash_files
 from dit4dit_npu.transforms.feature_stats import STAT_FIELDS
 from dit4dit_npu.transforms.policy_io import PolicyIO
 
@@ -104,3 +109,63 @@ def read_weights(file: Path, step: Any, policy_json: Path, what: str) -> tuple[d
     if bad:
         return None, f"{file}: {bad}; refusing a policy whose actions would be non-finite"
     return weights, None
+
+
+# Files up to this size are hashed whole at every load: adapters, policy_io.json, the prompt cache
+# (~1 GiB at full size with 10 instructions). Larger ones are checked by size and ``edges_hash``
+# (the first and last MiB: safetensors' header, with every tensor's name, shape and offset, is at
+# the start) unless a full check is asked for (``doctor --policy``, ``convert to-dit4dit``,
+# ``from_pretrained(..., full_check=True)``). Measured on the 2-core dev host (docs/policy_format.md):
+# a full-size model.safetensors (8.28 GiB of fp32 weights) takes 2.9 s of sha256 when the host is
+# idle and its pages cached, 11-26 s under load; 2 GiB takes 3.2-3.7 s under load; a tiny folder 7 ms.
+ALWAYS_HASHED_BYTES = 2 * 2**30
+CHANGED = "does not match the content hash recorded when the policy was written (changed after export)"
+
+
+def content_section(folder: Path, files: Sequence[str], always_hashed: int = ALWAYS_HASHED_BYTES) -> dict[str, Any]:
+    """policy.json's ``content``: each of ``files`` (relative to ``folder``) with its size and
+    content hash, and the edges hash of those too large to hash whole at every load."""
+    paths = [folder / rel for rel in files]
+    digests = hash_files(paths)
+    out = {}
+    for rel, p in zip(files, paths):
+        size = p.stat().st_size
+        out[rel] = {"size": size, "sha256": digests[p]}
+        if size > always_hashed:
+            out[rel]["edges_sha256"] = edges_hash(p)
+    return {"hash": HASH_SCHEME, "files": out}
+
+
+def content_problem(
+    folder: Path, section: Any, read: Sequence[str], full: bool, always_hashed: int = ALWAYS_HASHED_BYTES
+) -> str | None:
+    """One line naming the first file of ``read`` (the files loading reads, relative to
+    ``folder``) that is not as ``section`` (policy.json's ``content``) recorded it, else None.
+    ``full`` hashes every file whole; otherwise large ones are checked by size and edges."""
+    where = f"{folder / 'policy.json'} content"
+    files = section.get("files") if isinstance(section, dict) else None
+    if not isinstance(files, dict) or not all(isinstance(v, dict) and {"size", "sha256"} <= set(v) for v in files.values()):
+        return f"{where}: expected {{'hash': ..., 'files': {{name: {{'size': ..., 'sha256': ...}}}}}}, got {section!r:.120}"
+    if section.get("hash") != HASH_SCHEME:
+        return f"{where}: hash scheme {section.get('hash')!r}, this version checks {HASH_SCHEME!r}"
+    unlisted = [rel for rel in read if rel not in files]
+    if unlisted:
+        return f"{folder / unlisted[0]} has no content hash in {folder / 'policy.json'} (added after export?)"
+    whole = []
+    for rel in read:
+        p, rec = folder / rel, files[rel]
+        size = p.stat().st_size
+        if size != rec["size"]:
+            return f"{p} has {size} bytes, {rec['size']} when the policy was written (truncated or replaced after export)"
+        if full or size <= always_hashed or "edges_sha256" not in rec:
+            whole.append(rel)
+        elif edges_hash(p) != rec["edges_sha256"]:
+            return f"{p} {CHANGED}"
+    try:
+        digests = hash_files([folder / rel for rel in whole])
+    except OSError as e:
+        return f"{folder} cannot be read to verify it ({e})"
+    for rel in whole:
+        if digests[folder / rel] != files[rel]["sha256"]:
+            return f"{folder / rel} {CHANGED}"
+    return None

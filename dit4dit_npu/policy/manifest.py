@@ -1,8 +1,8 @@
-"""``policy.json``: the manifest of a policy folder (format_version 3), the one place for every
+"""``policy.json``: the manifest of a policy folder (format_version 4), the one place for every
 fact inference needs that is not a robot <-> model transform (those are ``policy_io.json``'s)::
 
     {
-      "format_version": 3,
+      "format_version": 4,
       "step": 5000,                                   # the weights' (and adapter's) step
       "model": {
         "framework": {"cosmos25": {...}, "action_model": {...}},   # the run config's section,
@@ -15,7 +15,10 @@ fact inference needs that is not a robot <-> model transform (those are ``policy
         "state_names": [...] | null, "action_names": [...] | null,
         "statistics_tag": "franka" | null, "num_trajectories": 1693 | null,   # an imported run's
         "datasets": {"/abs/dataset": {"held_out_episodes": [...], "train_episodes": [...] | null}}
-      }
+      },
+      "content": {"hash": "sha256/64MiB-pieces",      # every other file loading reads, as written
+                  "files": {"model.safetensors": {"size": ..., "sha256": ...}, ...}},
+      "manifest_sha256": "..."                        # this file's own hash (files.seal)
     }
 
 The model section is read with the run config's own dataclasses (``FrameworkConfig``, through
@@ -23,7 +26,8 @@ the config loader's ``from_dict``: one declaration per key, the same type checks
 else of the training schema: a renamed trainer or dataset key never breaks an exported policy.
 Facts another file owns are not written here, so they cannot disagree: the chunk length, widths,
 cameras and statistics (``policy_io.json``), the instructions (``prompt_cache.safetensors``).
-Older formats are read by ``legacy.py`` into this same object.
+Older formats are read by ``legacy.py`` into this same object. The ``content`` section and the
+manifest's own hash are the folder's (``folder.py`` writes and checks them; ``integrity.py``).
 """
 
 from __future__ import annotations
@@ -37,8 +41,13 @@ from typing import Any
 
 from dit4dit_npu.config import Config, ConfigError, FrameworkConfig, TrainerConfig, from_dict, validate
 from dit4dit_npu.errors import DiT4DiTError
+from dit4dit_npu.files import SELF_HASH
 
-FORMAT_VERSION = 3  # 2: policy_io.json replaces normalizer.json; 3: one manifest, no config.yaml
+# 2: policy_io.json replaces normalizer.json; 3: one manifest, no config.yaml; 4: content hashes
+# of every file loading reads, and of the manifest itself (the version this session's folder
+# changes share: what each version requires and how it is read is folder.py's VERSIONS).
+FORMAT_VERSION = 4
+CONTENT = "content"  # policy.json's section of the other files' sizes and hashes (format 4)
 # The run config's declaration of the precision setting (not a second list of its values).
 MixedPrecision = typing.get_type_hints(TrainerConfig)["mixed_precision"]
 # Keys of the framework section another file of the folder owns: never written to the manifest,
@@ -111,7 +120,7 @@ REQUIRED = {"": ("format_version", "step", "model", "data"), "model.": ("framewo
 
 
 def parse_manifest(raw: Any, chunk_length: int) -> PolicyManifest:
-    """A format_version 3 ``policy.json`` (parsed JSON) -> PolicyManifest; ``chunk_length`` is
+    """A format_version 3 or 4 ``policy.json`` (parsed JSON) -> PolicyManifest; ``chunk_length`` is
     policy_io.json's, filled into the framework section the model is built from."""
     for prefix, keys in REQUIRED.items():
         node = raw.get(prefix.rstrip(".")) if prefix else raw
@@ -124,7 +133,8 @@ def parse_manifest(raw: Any, chunk_length: int) -> PolicyManifest:
     for (section, key), owner in OWNED_ELSEWHERE.items():
         if isinstance(framework, dict) and isinstance(framework.get(section), dict) and key in framework[section]:
             raise ManifestError(f"model.framework.{section}.{key} does not belong here: {owner}")
-    return typed_manifest({k: v for k, v in raw.items() if k != "format_version"}, chunk_length)
+    # the version and the hashes are the folder's (folder.py checked them), not the manifest's
+    return typed_manifest({k: v for k, v in raw.items() if k not in ("format_version", CONTENT, SELF_HASH)}, chunk_length)
 
 
 def typed_manifest(raw: dict[str, Any], chunk_length: int) -> PolicyManifest:

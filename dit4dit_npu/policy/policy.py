@@ -114,6 +114,7 @@ class DiT4DiTPolicy:
         base_model: str | None = None,
         backbone_dtype: torch.dtype | None = None,
         merge_lora: bool = False,
+        full_check: bool = False,
     ) -> DiT4DiTPolicy:
         """Load an exported policy folder (or a checkpoint / run folder that holds one).
 
@@ -122,9 +123,10 @@ class DiT4DiTPolicy:
         accelerator) casts the video backbone for inference: half the memory and no per-op
         weight casts under autocast; the action head stays fp32. The default keeps the training
         precision (fp32 weights + the config's autocast). ``merge_lora`` folds a LoRA policy's
-        adapter into the base transformer at load (no adapter cost per step).
+        adapter into the base transformer at load (no adapter cost per step). ``full_check`` hashes
+        large files (a full-size model.safetensors) whole, not only their size and edges.
         """
-        loaded = load_policy_folder(policy_dir, base_model=base_model, merge_lora=merge_lora)
+        loaded = load_policy_folder(policy_dir, base_model=base_model, merge_lora=merge_lora, full_check=full_check)
         target = torch.device(device) if device is not None else dev.get_device()
         if backbone_dtype is not None:
             if backbone_dtype not in (torch.float32, dev.autocast_dtype()):

@@ -10,7 +10,8 @@ Layout of a run folder::
         fingerprint.json                config and data a resume must agree with
         trainer_state.pt                step, LR scheduler, data cursor, world size
         ema.safetensors                 the EMA of the trainable weights (trainer.ema on only)
-        manifest.json                   every file above with its size and content hash (written last)
+        manifest.json                   every file above with its size and content hash, and its own
+                                        hash (manifest_sha256, files.seal; written last)
     <run_dir>/checkpoints/.tmp-step_000100/       a save in progress; never read
     <run_dir>/checkpoints/.old-step_000100/       the copy a commit is replacing
     <run_dir>/checkpoints/.deleting-step_000100/  a checkpoint being pruned
@@ -39,7 +40,7 @@ from typing import Any
 import torch
 
 from dit4dit_npu.config import Config, to_dict
-from dit4dit_npu.files import HASH_SCHEME, hash_files, publish_folder
+from dit4dit_npu.files import HASH_SCHEME, SELF_HASH, hash_files, publish_folder, seal, seal_state
 
 STEP_DIR = re.compile(r"^step_(\d+)$")
 TRAINER_STATE, FINGERPRINT, MANIFEST = "trainer_state.pt", "fingerprint.json", "manifest.json"
@@ -130,19 +131,44 @@ def read_trainer_state(ckpt: Path) -> dict:
 
 def write_manifest(folder: Path) -> None:
     """Every file of the finished checkpoint with its size and content hash: a truncated or
-    missing file is found at resume from its size alone, one damaged in place from its hash."""
+    missing file is found at resume from its size alone, one damaged in place from its hash; the
+    manifest's own hash tells damage of the manifest from damage of the files it lists."""
     paths = [p for p in sorted(folder.rglob("*")) if p.is_file() and p.name != MANIFEST]
-    digests = hash_files(paths)
+    known = _policy_hashes(folder / "policy")
+    digests = {**known, **hash_files([p for p in paths if p not in known])}
     files = {
         p.relative_to(folder).as_posix(): {"size": p.stat().st_size, "sha256": digests[p]} for p in paths
     }
-    (folder / MANIFEST).write_text(json.dumps({"hash": HASH_SCHEME, "files": files}, indent=1))
+    (folder / MANIFEST).write_text(json.dumps(seal({"hash": HASH_SCHEME, "files": files}), indent=1))
 
 
-def read_manifest(ckpt: Path) -> tuple[dict[str, int], dict[str, str]]:
-    """(size of each file, content hash of each file that has one): manifests of older versions
-    list sizes only. Raises ValueError for a manifest that is not one."""
+def _policy_hashes(policy: Path) -> dict[Path, str]:
+    """The content hashes the policy export just recorded in its policy.json (same scheme, from the
+    same bytes, moments ago), for the files still of their recorded size: a full-size policy's
+    8 GiB of weights is hashed once per save, not twice. Nothing when it records none."""
+    try:
+        content = json.loads((policy / "policy.json").read_text()).get("content") or {}
+        if content.get("hash") != HASH_SCHEME:
+            return {}
+        return {policy / rel: str(v["sha256"]) for rel, v in content["files"].items()
+                if (policy / rel).is_file() and (policy / rel).stat().st_size == v["size"]}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return {}
+
+
+class ManifestHashError(ValueError):
+    """A manifest.json that does not match its own hash: it, not its files, was damaged."""
+
+
+def read_manifest(ckpt: Path) -> tuple[dict[str, int], dict[str, str], bool]:
+    """(size of each file, content hash of each file that has one, whether the manifest carries
+    its own hash): manifests of older versions list sizes only, or hashes without their own.
+    Raises ValueError for a manifest that is not one or does not match its own hash."""
     d = json.loads((ckpt / MANIFEST).read_text())
+    if not isinstance(d, dict):
+        raise ValueError("not a JSON object")
+    if seal_state(d) == "broken":
+        raise ManifestHashError(f"it does not match its own hash, {SELF_HASH}")
     files = d["files"]
     if not isinstance(files, dict):
         raise ValueError("'files' is not a mapping")
@@ -150,7 +176,7 @@ def read_manifest(ckpt: Path) -> tuple[dict[str, int], dict[str, str]]:
     if d.get("hash", HASH_SCHEME) != HASH_SCHEME:
         raise ValueError(f"hash scheme {d.get('hash')!r}, this version checks {HASH_SCHEME!r}")
     hashes = {rel: str(v["sha256"]) for rel, v in files.items() if isinstance(v, dict) and "sha256" in v}
-    return sizes, hashes
+    return sizes, hashes, seal_state(d) == "ok"
 
 
 def commit(tmp: Path, final: Path) -> None:

@@ -6,7 +6,10 @@ saying so. A checkpoint is whole when every file its manifest lists is there at 
 with its content hash (a file damaged in place keeps its size: model, optimizer, RNG state, EMA,
 trainer state alike), its trainer state and fingerprint read back, and it has the RNG state of
 every rank that saved it (accelerate would otherwise skip a missing RNG file silently and the run
-would continue inexactly). Hashing reads the whole checkpoint, so only the candidate is hashed
+would continue inexactly). A checkpoint that cannot be verified (no manifest, a sizes-only one of
+an older version, or a damaged manifest: it carries its own hash, so its damage is told from its
+files') is resumed with one notice saying so (``ResumePoint.notice``), its other checks still made,
+never set aside for the manifest's sake. Hashing reads the whole checkpoint, so only the candidate is hashed
 (newest first, stopping at the first whole one), on rank 0 (``run_folder``). Once loaded, the
 weights and the EMA must be finite too (``Trainer.resume``); a checkpoint that fails there is set
 aside the same way (``run_folder.fall_back``). Then ``check_config`` and ``check_data`` refuse a
@@ -37,6 +40,7 @@ RNG_MISSING = "is missing (the RNG state: the run would not continue exactly)"
 class ResumePoint:
     path: Path | None  # the checkpoint to continue from; None = fresh run
     damaged: list[tuple[Path, str]] = field(default_factory=list)  # newer ones skipped, with why
+    notice: str | None = None  # why ``path``'s files could not be (fully) verified, when they could not
 
 
 HASH_MISMATCH = "does not match the content hash recorded when it was saved (damaged in place: same size, other bytes)"
@@ -45,27 +49,61 @@ HASH_MISMATCH = "does not match the content hash recorded when it was saved (dam
 def checkpoint_problem(ckpt: Path, content: bool = True) -> str | None:
     """None if ``ckpt`` can be resumed from, else one line naming the bad file and what is wrong.
     ``content=False`` skips the hashes (reading every byte): sizes and small files only."""
+    return inspect_checkpoint(ckpt, content)[0]
+
+
+def inspect_checkpoint(ckpt: Path, content: bool = True) -> tuple[str | None, str | None]:
+    """(``checkpoint_problem``, a notice when ``ckpt``'s files could not be verified: no manifest,
+    a sizes-only one, or a damaged one)."""
     manifest = ckpt / ckpt_io.MANIFEST
-    if manifest.is_file():
+    notice = None
+    if not manifest.is_file():
+        notice = (f"resume: {ckpt} has no {ckpt_io.MANIFEST} (saved by an older version): its files' sizes and content "
+                  "cannot be verified; resuming it unverified")
+    else:
+        why = None
         try:
-            sizes, hashes = ckpt_io.read_manifest(ckpt)
+            sizes, hashes, sealed = ckpt_io.read_manifest(ckpt)
+        except ckpt_io.ManifestHashError as e:
+            why = str(e)
         except (OSError, ValueError, KeyError, TypeError) as e:
-            return f"{manifest} is unreadable ({type(e).__name__}: {ckpt_io.one_line(e, 120)})"
-        for rel, size in sizes.items():
-            p = ckpt / rel
-            if not p.is_file():
-                return f"{p} {RNG_MISSING if rel.startswith('state/random_states_') else 'is missing'}"
-            if p.stat().st_size != size:
-                return f"{p} is truncated or damaged ({p.stat().st_size} bytes, {size} when saved)"
-        if content and hashes:
-            try:
-                now = hash_files([ckpt / rel for rel in hashes])
-            except OSError as e:
-                return f"{ckpt} cannot be read to verify it ({ckpt_io.one_line(e, 120)})"
-            for rel in sorted(hashes):
-                if now[ckpt / rel] != hashes[rel]:
-                    return f"{ckpt / rel} {HASH_MISMATCH}"
-    # Checked also when a manifest exists: a manifest-less checkpoint (older versions) has only these.
+            why = f"unreadable: {type(e).__name__}: {ckpt_io.one_line(e, 120)}"
+        if why is not None:  # the manifest, not the files it lists: nothing to check them against
+            notice = (f"resume: {manifest} is damaged ({why}), so the files of {ckpt} cannot be verified against it; "
+                      "resuming it unverified")
+            sizes, hashes, sealed = {}, {}, False
+        else:
+            if not hashes:
+                notice = (f"resume: {manifest} records sizes only (saved by an older version): a file damaged in place "
+                          f"cannot be found; resuming {ckpt} with its sizes checked, its content unverified")
+        problem = _listed_problem(ckpt, sizes, hashes, sealed, content)
+        if problem is not None:
+            return problem, None
+    return _readable_problem(ckpt), notice
+
+
+def _listed_problem(ckpt: Path, sizes: dict[str, int], hashes: dict[str, str], sealed: bool, content: bool) -> str | None:
+    """The first file the manifest lists that is missing, of another size or other content."""
+    for rel, size in sizes.items():
+        p = ckpt / rel
+        if not p.is_file():
+            return f"{p} {RNG_MISSING if rel.startswith('state/random_states_') else 'is missing'}"
+        if p.stat().st_size != size:
+            return f"{p} is truncated or damaged ({p.stat().st_size} bytes, {size} when saved)"
+    if content and hashes:
+        try:
+            now = hash_files([ckpt / rel for rel in hashes])
+        except OSError as e:
+            return f"{ckpt} cannot be read to verify it ({ckpt_io.one_line(e, 120)})"
+        for rel in sorted(hashes):
+            if now[ckpt / rel] != hashes[rel]:
+                # a manifest without its own hash (older versions) may be the damaged one
+                return f"{ckpt / rel} {HASH_MISMATCH}" + ("" if sealed else f" (or its entry in {ckpt_io.MANIFEST})")
+    return None
+
+
+def _readable_problem(ckpt: Path) -> str | None:
+    """Checked also when a manifest exists: a manifest-less checkpoint (older versions) has only these."""
     state_path = ckpt / ckpt_io.TRAINER_STATE
     if not state_path.is_file():
         return f"{state_path} is missing"
@@ -113,9 +151,9 @@ def choose(run_dir: Path) -> ResumePoint:
     there are checkpoints but none is whole (a fresh start would prune them)."""
     damaged = []
     for _, path in reversed(ckpt_io.step_folders(run_dir)):
-        problem = checkpoint_problem(path)
+        problem, notice = inspect_checkpoint(path)
         if problem is None:
-            return ResumePoint(path, damaged)
+            return ResumePoint(path, damaged, notice)
         damaged.append((path, problem))
     if damaged:
         raise TrainingError(
@@ -136,10 +174,10 @@ def find_resume(cfg: Config) -> ResumePoint:
     p = Path(r)
     if not p.is_dir():
         raise ConfigError(f"trainer.resume: checkpoint folder not found: {p}")
-    problem = checkpoint_problem(p)
+    problem, notice = inspect_checkpoint(p)
     if problem is not None:
         raise ConfigError(f"trainer.resume: {p} cannot be resumed from: {problem}")
-    return ResumePoint(p)
+    return ResumePoint(p, notice=notice)
 
 
 def set_aside(damaged: list[tuple[Path, str]]) -> list[str]:

@@ -94,6 +94,8 @@ def _choose(
             _say(line)
         if (outcome.damaged or falling_back) and outcome.path is not None:
             _say(f"resume: falling back to {outcome.path}")
+        if outcome.notice is not None:  # its files could not be verified (older version, damaged manifest)
+            _say(outcome.notice)
     barrier()
     return outcome.path
 
