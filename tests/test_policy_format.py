@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from policy_fixtures import shared_tiny_setup
+from policy_fixtures import reseal, shared_tiny_setup
 
 from dit4dit_npu.policy import FORMAT_VERSION, DiT4DiTPolicy, PolicyLoadError, UnverifiedPolicyWarning
 from dit4dit_npu.policy.folder import load_policy_folder, write_policy_json
@@ -162,7 +162,10 @@ def test_unknown_versions_are_refused_with_one_line(version, tmp_path: Path) -> 
 
 def test_training_only_settings_are_not_in_the_manifest_and_old_manifests_with_them_load(tmp_path: Path) -> None:
     """trainer.state_noise_std is not written; a version 3 folder written while it was
-    framework.action_model.state_noise_std (main up to 8712bd4) carries it there and still loads."""
+    framework.action_model.state_noise_std (main up to 8712bd4) carries it there and still loads
+    (the version 3 fixtures, written then, carry it too)."""
+    v3 = json.loads((Path(__file__).parent / "fixtures/policy_v3/plain/policy.json").read_text())
+    assert "state_noise_std" in v3["model"]["framework"]["action_model"]
     setup = shared_tiny_setup()
     manifest = json.loads((setup.policy_dir / "policy.json").read_text())
     assert "state_noise_std" not in json.dumps(manifest)
@@ -170,6 +173,7 @@ def test_training_only_settings_are_not_in_the_manifest_and_old_manifests_with_t
     shutil.copytree(setup.policy_dir, folder)
     manifest["model"]["framework"]["action_model"]["state_noise_std"] = [0.0, 0.5]
     (folder / "policy.json").write_text(json.dumps(manifest))
+    reseal(folder)  # as a format-4 writer that still had the key would have recorded it
     old = DiT4DiTPolicy.from_pretrained(folder)
     assert old.manifest == DiT4DiTPolicy.from_pretrained(setup.policy_dir).manifest
     assert "state_noise_std" not in json.dumps(old.manifest.to_json())
