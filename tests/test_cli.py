@@ -188,9 +188,9 @@ BAD_INPUT = {
         (["trainer.max_train_steps=3"], "error: config overrides (trainer.max_train_steps=3) need --config"),
     ],
     "dit4dit-sim-eval": [
-        (["--policy", "hold", "--task", "fold", "--out", "{tmp}/eval"],
+        (["--scripted", "hold", "--task", "fold", "--out", "{tmp}/eval"],
          "error: unknown task 'fold'; expected one of ['insertion', 'transfer_cube']"),
-        (["--policy", "hold", "--episodes", "0", "--out", "{tmp}/eval"], "error: --episodes: expected >= 1, got 0"),
+        (["--scripted", "hold", "--episodes", "0", "--out", "{tmp}/eval"], "error: --episodes: expected >= 1, got 0"),
     ],
     "dit4dit-sim-demos": [
         (["--task", "fold", "--out", "{tmp}/demos"], "error: unknown task 'fold'; expected one of ['insertion', 'transfer_cube']"),
@@ -307,7 +307,7 @@ def test_every_user_error_class_is_a_dit4dit_error_and_keeps_its_builtin_base() 
         ("dit4dit-eval", ["--policy", NOPE, "--output", "{tmp}/o"], "--output", "--out", f"policy folder not found: {NOPE}"),
         ("dit4dit-eval", ["--policy", NOPE, "--episodes", "1", "2"], "--episodes", "--episode-indices",
          f"policy folder not found: {NOPE}"),
-        ("dit4dit-sim-eval", ["--policy", "hold", "--task", "fold", "--output", "{tmp}/o"], "--output", "--out",
+        ("dit4dit-sim-eval", ["--scripted", "hold", "--task", "fold", "--output", "{tmp}/o"], "--output", "--out",
          "unknown task 'fold'; expected one of ['insertion', 'transfer_cube']"),
     ],
 )
@@ -329,7 +329,7 @@ def test_a_renamed_flag_keeps_its_old_spelling_hidden_with_one_notice(
 @pytest.mark.parametrize("script", ["dit4dit-eval", "dit4dit-serve", "dit4dit-sim-eval"])
 def test_a_required_flag_with_a_former_name_is_still_required(script: str, capsys) -> None:
     with pytest.raises(SystemExit) as e:
-        _main(script)(["--policy", "hold"] if script == "dit4dit-sim-eval" else [])
+        _main(script)(["--scripted", "hold"] if script == "dit4dit-sim-eval" else [])
     assert e.value.code == 2
     flag = "--out" if script == "dit4dit-sim-eval" else "--policy"
     assert capsys.readouterr().err.strip().splitlines()[-1].endswith(f"error: the following arguments are required: {flag}")
