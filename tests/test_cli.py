@@ -36,7 +36,7 @@ def test_every_entry_point_has_a_console_script() -> None:
     assert set(SCRIPTS) == {
         "dit4dit-train", "dit4dit-eval", "dit4dit-serve", "dit4dit-data-inspect", "dit4dit-data-demo",
         "dit4dit-data-encode-latents", "dit4dit-convert", "dit4dit-device", "dit4dit-doctor", "dit4dit-sim-demos",
-        "dit4dit-sim-eval",
+        "dit4dit-sim-eval", "dit4dit-memory-plan", "dit4dit-data-latent-stats", "dit4dit-sim-success-curve",
     }
 
 
@@ -191,6 +191,18 @@ BAD_INPUT = {
         (["--scripted", "hold", "--task", "fold", "--out", "{tmp}/eval"],
          "error: unknown task 'fold'; expected one of ['insertion', 'transfer_cube']"),
         (["--scripted", "hold", "--episodes", "0", "--out", "{tmp}/eval"], "error: --episodes: expected >= 1, got 0"),
+    ],
+    "dit4dit-memory-plan": [
+        (["--config", f"{NOPE}/run.yaml"], f"config error: config file not found: {NOPE}/run.yaml"),
+        (["--world-size", "0"], "error: --world-size: expected a positive integer, got 0"),
+    ],
+    "dit4dit-data-latent-stats": [
+        (["--config", f"{NOPE}/run.yaml"], f"config error: config file not found: {NOPE}/run.yaml"),
+        (["--config", str(TINY), "--samples", "0"], "error: --samples: expected a positive integer, got 0"),
+    ],
+    "dit4dit-sim-success-curve": [
+        (["--run", "{tmp}"], "error: --run: no checkpoints/step_*/policy under {tmp}"),
+        (["--run", "{tmp}", "--episodes", "0"], "error: --episodes: expected a positive integer, got 0"),
     ],
     "dit4dit-sim-demos": [
         (["--task", "fold", "--out", "{tmp}/demos"], "error: unknown task 'fold'; expected one of ['insertion', 'transfer_cube']"),
