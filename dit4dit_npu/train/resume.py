@@ -8,7 +8,7 @@ trainer state alike), its trainer state and fingerprint read back, and it has th
 every rank that saved it (accelerate would otherwise skip a missing RNG file silently and the run
 would continue inexactly). Hashing reads the whole checkpoint, so only the candidate is hashed
 (newest first, stopping at the first whole one), on rank 0 (``run_folder``). Once loaded, the
-weights and the EMA must be finite too (``Trainer.resume``); a checkpoint that fails there is set
+weights and the EMA must be finite too (``CheckpointManager.load``); a checkpoint that fails there is set
 aside the same way (``run_folder.fall_back``). Then ``check_config`` and ``check_data`` refuse a
 resume whose config or training data differ from the checkpoint's, before anything is built or
 written.

@@ -7,7 +7,7 @@ saving, resuming and exporting the policy are the ``CheckpointManager``'s
 (``.item()``, reductions) happen only in ``log``, ``evaluate`` and ``save``, never in ``step``.
 
 The methods marked "touch point" are where this file meets interfaces other parts of issue 9
-are changing (the batch type, the model's outputs, the policy export); each is a few lines.
+are changing (the batch type, the model's outputs); each is a few lines.
 """
 
 from __future__ import annotations
