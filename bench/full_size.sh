@@ -8,7 +8,7 @@
 # 1. bench/train_step.py --full-size: training-step time (ours / from cached latents / the
 #    reference-faithful step), MFU against PEAK_TFLOPS, the allocator's step peak;
 # 2. bench/latency.py --full-size: predict_action latency per stage, ours vs reference;
-# 3. bench/memory.py --zero 0 --world-size 1 --check: the per-card plan for one card without
+# 3. python -m dit4dit_npu.train.memory_plan (dit4dit-memory-plan) --zero 0 --world-size 1 --check: the per-card plan for one card without
 #    DeepSpeed, and one real full-size training step measured by the allocator against the plan.
 # Each prints `speedup: X.XX` last; the whole log goes to bench_full_size.log (or $LOG).
 # --smoke runs each with its own --smoke instead of the full size (the tests do, on CPU): it checks
@@ -32,5 +32,5 @@ eval "$("$PY" -m dit4dit_npu.device env)"   # the device layer's launch environm
 {
   "$PY" bench/train_step.py "${train[@]}"
   "$PY" bench/latency.py "${latency[@]}"
-  "$PY" bench/memory.py --zero 0 --world-size 1 --batch 4 "${memory[@]}"
+  "$PY" -m dit4dit_npu.train.memory_plan --zero 0 --world-size 1 --batch 4 "${memory[@]}"
 } 2>&1 | tee "$LOG"

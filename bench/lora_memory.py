@@ -18,7 +18,7 @@ frozen), the same batch, the trainer's own AdamW (``train/optim.py``):
 
 No ZeRO partitioning here (one process): under ZeRO-2 the optimizer state and gradient
 partitions shrink by the world size for both ways alike. The full-size model needs an
-accelerator (none is lent to this project's CPU hosts); ``bench/memory.py`` plans it.
+accelerator (none is lent to this project's CPU hosts); the memory planner (``dit4dit-memory-plan``) plans it.
 
 The last line is ``speedup: X.XX``: a MEMORY ratio, not a time ratio: total training memory
 (resident + step peak) of full fine-tuning / LoRA, at the medium config.

@@ -72,7 +72,7 @@ def run_cell(policy: str, mode: str, delay_ms: float, a: argparse.Namespace, out
             f.unlink() if f.is_file() else f.rmdir()
         out.rmdir()
     cmd = [
-        sys.executable, "-m", "dit4dit_npu.sim.eval", "--policy", policy, "--task", a.task,
+        sys.executable, "-m", "dit4dit_npu.sim.eval", "--scripted" if policy == EXPERT else "--policy", policy, "--task", a.task,
         "--episodes", str(a.episodes), "--seed", str(a.seed), "--max-steps", str(a.max_steps),
         "--execution", mode, "--delay-ms", f"{delay_ms:g}", "--replan", str(a.replan),
         "--videos", "0", "--workers", str(a.workers), "--out", str(out), *(["--size", a.size] if a.size else []),

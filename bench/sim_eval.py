@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from dit4dit_npu.console import run
+from dit4dit_npu.sim.eval import acting_flags
 from dit4dit_npu.sim.eval import main as eval_main
 from dit4dit_npu.sim.scene import AlohaScene
 from dit4dit_npu.sim.tasks import get_task, parse_size
@@ -80,8 +81,7 @@ def policy_ms_per_chunk(spec: str, size_hw: tuple[int, int], calls: int) -> tupl
 def eval_rate(spec: str, episodes: int, workers: int, size: str, root: Path, max_steps: int | None = None) -> dict:
     out = root / f"w{workers}"
     args = [
-        "--policy",
-        spec,
+        *acting_flags(spec),
         "--episodes",
         str(episodes),
         "--workers",

@@ -195,7 +195,7 @@ def main() -> int:
     run("-m", "dit4dit_npu.data.encode_latents", "--config", CONFIG, "--out", str(cache), *overrides)
     run(
         "-m", "dit4dit_npu.train", "--config", CONFIG, *overrides, f"datasets.vla_data.latent_cache={cache}",
-        # smoke: a checkpoint every step, so that bench/sim_success_curve.py --smoke has two to plot
+        # smoke: a checkpoint every step, so that python -m dit4dit_npu.train.success_curve --smoke has two to plot
         f"trainer.max_train_steps={a.steps}", f"trainer.save_interval={1 if a.smoke else a.steps}",
         "trainer.eval_samples=0",
         "trainer.resume=auto",

@@ -4,7 +4,7 @@
 # area, 96x128) -> latent cache (the VAE runs once per clip, not every step) -> train the tiny config
 # (configs/aloha/dit4dit_aloha_transfer_cube_tiny.yaml: one-frame clips, the action loss into the
 # backbone, state noise) for STEPS steps, a checkpoint and a held-out error every STEPS/3 ->
-# closed-loop eval of every checkpoint on 50 unseen seeds (0-49) with bench/sim_success_curve.py
+# closed-loop eval of every checkpoint on 50 unseen seeds (0-49) with python -m dit4dit_npu.train.success_curve
 # (plot: docs/aloha_success_vs_steps.png). Each stage is skipped when its output is there (demos,
 # statistics, cached episodes, a finished run, an eval's results.json), so a rerun only redoes what
 # is missing. The last line is the last checkpoint's `success k/50 = p% (95% Wilson CI lo-hi%)`.
@@ -52,7 +52,7 @@ fi
 STATS="${DATA}_tiny_vae_stats.txt"
 if [ ! -s "$STATS" ]; then
     stage "the tiny VAE's latent statistics on the demos"
-    $PY bench/tiny_vae_stats.py --config "$CONFIG" "${OVERRIDES[@]}" | tee "$STATS.tmp"
+    $PY -m dit4dit_npu.data.latent_stats --config "$CONFIG" "${OVERRIDES[@]}" | tee "$STATS.tmp"
     mv "$STATS.tmp" "$STATS"
 fi
 OVERRIDES+=($(sed -n 's/^ *\(vae_latents_[a-z]*\): \[\(.*\)\]$/framework.cosmos25.tiny.\1=[\2]/p' "$STATS" | tr -d ' '))
@@ -70,7 +70,7 @@ import sys, yaml; c = yaml.safe_load(sys.stdin); print(c["run_root_dir"] + "/" +
 stage "closed-loop eval of every checkpoint of $RUN_DIR on seeds 0-$((EPISODES - 1))"
 CURVE=(--run "$RUN_DIR" --episodes "$EPISODES" --seed 0 --max-steps "$EPISODE_STEPS" --workers "$WORKERS")
 if [ "${SMOKE:-0}" = 1 ]; then CURVE+=(--out "$RUN_DIR/sim_curve/smoke.png"); fi
-$PY bench/sim_success_curve.py "${CURVE[@]}" | tee "$RUN_DIR/sim_curve.log"
+$PY -m dit4dit_npu.train.success_curve "${CURVE[@]}" | tee "$RUN_DIR/sim_curve.log"
 t_eval=$SECONDS
 echo "minutes: demos $(((t_demos - t0) / 60)), cache $(((t_cache - t_demos) / 60)), train $(((t_train - t_cache) / 60)), eval $(((t_eval - t_train) / 60))"
 tail -1 "$RUN_DIR/sim_curve.log"

@@ -1,6 +1,6 @@
 """Every benchmark in bench/ still runs: each as a real process with ``--smoke`` (tiny sizes, a
 couple of iterations), ending with its headline ratio ``speedup: X.XX`` (the house rule for
-benchmarks). bench/train_step.py, bench/latency.py and bench/memory.py run through
+benchmarks). bench/train_step.py, bench/latency.py and the memory planner (python -m dit4dit_npu.train.memory_plan) run through
 bench/full_size.sh --smoke, the script that runs them on an accelerator."""
 
 from __future__ import annotations
@@ -69,8 +69,8 @@ def test_rtc_sim_smoke_ends_with_its_speedup(tmp_path: Path) -> None:
     assert_headline(lines[-1])
 
 
-def test_tiny_vae_stats_smoke_ends_with_its_speedup(demo_root: Path) -> None:
-    lines = run([sys.executable, "bench/tiny_vae_stats.py", "--smoke", "--config",
+def test_latent_stats_command_smoke_ends_with_its_speedup(demo_root: Path) -> None:
+    lines = run([sys.executable, "-m", "dit4dit_npu.data.latent_stats", "--smoke", "--config",
                  "configs/robotwin/dit4dit_robotwin_tiny.yaml", f"datasets.vla_data.data_root_dir={demo_root}",
                  "datasets.vla_data.generate_demo_if_missing=false"])
     assert any(line.strip().startswith("vae_latents_std: [") for line in lines), lines
@@ -86,5 +86,5 @@ def test_sim_replay_and_success_curve_smoke_end_with_a_success_line(tmp_path: Pa
     success = re.compile(r"success \d+/\d+.*")
     lines = run([sys.executable, "bench/sim_replay.py", "--smoke", "--out", str(tmp_path / "replay")])
     assert success.fullmatch(lines[-1]), lines[-5:]
-    lines = run([sys.executable, "bench/sim_success_curve.py", "--smoke", "--run", str(tmp_path / "replay_smoke" / "replay1")])
+    lines = run([sys.executable, "-m", "dit4dit_npu.train.success_curve", "--smoke", "--run", str(tmp_path / "replay_smoke" / "replay1")])
     assert success.fullmatch(lines[-1]), lines[-5:]

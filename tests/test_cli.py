@@ -36,7 +36,7 @@ def test_every_entry_point_has_a_console_script() -> None:
     assert set(SCRIPTS) == {
         "dit4dit-train", "dit4dit-eval", "dit4dit-serve", "dit4dit-data-inspect", "dit4dit-data-demo",
         "dit4dit-data-encode-latents", "dit4dit-convert", "dit4dit-device", "dit4dit-doctor", "dit4dit-sim-demos",
-        "dit4dit-sim-eval",
+        "dit4dit-sim-eval", "dit4dit-memory-plan", "dit4dit-data-latent-stats", "dit4dit-sim-success-curve",
     }
 
 
@@ -188,9 +188,21 @@ BAD_INPUT = {
         (["trainer.max_train_steps=3"], "error: config overrides (trainer.max_train_steps=3) need --config"),
     ],
     "dit4dit-sim-eval": [
-        (["--policy", "hold", "--task", "fold", "--out", "{tmp}/eval"],
+        (["--scripted", "hold", "--task", "fold", "--out", "{tmp}/eval"],
          "error: unknown task 'fold'; expected one of ['insertion', 'transfer_cube']"),
-        (["--policy", "hold", "--episodes", "0", "--out", "{tmp}/eval"], "error: --episodes: expected >= 1, got 0"),
+        (["--scripted", "hold", "--episodes", "0", "--out", "{tmp}/eval"], "error: --episodes: expected >= 1, got 0"),
+    ],
+    "dit4dit-memory-plan": [
+        (["--config", f"{NOPE}/run.yaml"], f"config error: config file not found: {NOPE}/run.yaml"),
+        (["--world-size", "0"], "error: --world-size: expected a positive integer, got 0"),
+    ],
+    "dit4dit-data-latent-stats": [
+        (["--config", f"{NOPE}/run.yaml"], f"config error: config file not found: {NOPE}/run.yaml"),
+        (["--config", str(TINY), "--samples", "0"], "error: --samples: expected a positive integer, got 0"),
+    ],
+    "dit4dit-sim-success-curve": [
+        (["--run", "{tmp}"], "error: --run: no checkpoints/step_*/policy under {tmp}"),
+        (["--run", "{tmp}", "--episodes", "0"], "error: --episodes: expected a positive integer, got 0"),
     ],
     "dit4dit-sim-demos": [
         (["--task", "fold", "--out", "{tmp}/demos"], "error: unknown task 'fold'; expected one of ['insertion', 'transfer_cube']"),
@@ -307,7 +319,7 @@ def test_every_user_error_class_is_a_dit4dit_error_and_keeps_its_builtin_base() 
         ("dit4dit-eval", ["--policy", NOPE, "--output", "{tmp}/o"], "--output", "--out", f"policy folder not found: {NOPE}"),
         ("dit4dit-eval", ["--policy", NOPE, "--episodes", "1", "2"], "--episodes", "--episode-indices",
          f"policy folder not found: {NOPE}"),
-        ("dit4dit-sim-eval", ["--policy", "hold", "--task", "fold", "--output", "{tmp}/o"], "--output", "--out",
+        ("dit4dit-sim-eval", ["--scripted", "hold", "--task", "fold", "--output", "{tmp}/o"], "--output", "--out",
          "unknown task 'fold'; expected one of ['insertion', 'transfer_cube']"),
     ],
 )
@@ -329,7 +341,7 @@ def test_a_renamed_flag_keeps_its_old_spelling_hidden_with_one_notice(
 @pytest.mark.parametrize("script", ["dit4dit-eval", "dit4dit-serve", "dit4dit-sim-eval"])
 def test_a_required_flag_with_a_former_name_is_still_required(script: str, capsys) -> None:
     with pytest.raises(SystemExit) as e:
-        _main(script)(["--policy", "hold"] if script == "dit4dit-sim-eval" else [])
+        _main(script)(["--scripted", "hold"] if script == "dit4dit-sim-eval" else [])
     assert e.value.code == 2
     flag = "--out" if script == "dit4dit-sim-eval" else "--policy"
     assert capsys.readouterr().err.strip().splitlines()[-1].endswith(f"error: the following arguments are required: {flag}")

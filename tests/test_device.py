@@ -247,7 +247,7 @@ def test_a_user_named_device_is_checked_against_the_host(monkeypatch):
 
 def test_eval_refuses_a_device_the_host_lacks_in_one_line(monkeypatch, capsys):
     """Was a RuntimeError traceback from torch after the policy had loaded."""
-    from dit4dit_npu.eval.offline import main as eval_main
+    from dit4dit_npu.eval.cli import main as eval_main
 
     monkeypatch.setenv("DIT4DIT_DEVICE", "cpu")
     device.reset_cache()

@@ -22,9 +22,10 @@ import pytest
 import torch
 
 from dit4dit_npu import device
-from dit4dit_npu import doctor as cmd
-from dit4dit_npu.device import doctor as checks
-from dit4dit_npu.device import stack
+from dit4dit_npu.device import probes, stack
+from dit4dit_npu.doctor import cli as cmd
+from dit4dit_npu.doctor import host as checks
+from dit4dit_npu.doctor import run_config
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "configs/robotwin/dit4dit_robotwin_tiny.yaml"
@@ -125,13 +126,13 @@ def test_torch_npu_without_cann_is_found_with_the_one_line_fix(tmp_path):
 
 
 def test_all_reduce_for_real_over_gloo():
-    assert checks.all_reduce(2, "gloo", timeout_s=60) > 0
+    assert probes.all_reduce(2, "gloo", timeout_s=60) > 0
 
 
 @pytest.mark.slow
 def test_a_collective_that_cannot_complete_is_one_fail_line(monkeypatch, capsys):
     """A real all-reduce whose third rank never joins (world size 3, 2 processes): the ranks time out."""
-    monkeypatch.setattr(checks, "all_reduce", functools.partial(checks.all_reduce, world_size=3))
+    monkeypatch.setattr(probes, "all_reduce", functools.partial(probes.all_reduce, world_size=3))
     assert cmd.main(["--timeout", "5"]) == 1
     found = parse(capsys.readouterr().out)
     assert [n for n, (s, _) in found.items() if s == "FAIL"] == ["collective"]
@@ -168,10 +169,10 @@ class Ascend:
         monkeypatch.setattr(stack, "import_torch", lambda *a, **k: real_torch_import)
         monkeypatch.setattr(stack, "cann_toolkit", lambda *a: stack.Cann("9.0.0", Path("/usr/local/Ascend/ascend-toolkit/latest")))
         monkeypatch.setattr(stack, "load_libraries", lambda names, path, *a: dict.fromkeys(names))
-        monkeypatch.setattr(checks, "tiny_step", lambda i: None)
-        monkeypatch.setattr(checks, "fused_attention", lambda: ("PASS", "torch_npu.npu_fusion_attention runs"))
-        monkeypatch.setattr(checks, "all_reduce", lambda n, backend, timeout_s: 1.5)
-        monkeypatch.setattr(cmd, "memory_plan", lambda cfg, world: (24.9e9, "plan (ZeRO-2, 8 ranks)"))
+        monkeypatch.setattr(probes, "tiny_step", lambda i: None)
+        monkeypatch.setattr(probes, "fused_attention", lambda: ("PASS", "torch_npu.npu_fusion_attention runs"))
+        monkeypatch.setattr(probes, "all_reduce", lambda n, backend, timeout_s: 1.5)
+        monkeypatch.setattr(run_config, "memory_plan", lambda cfg, world: (24.9e9, "plan (ZeRO-2, 8 ranks)"))
 
     def run(self, *args: str, capsys) -> tuple[int, dict]:
         argv = ["--config", str(TINY), f"run_root_dir={self.tmp / 'runs'}", *args]
@@ -237,9 +238,9 @@ def test_fewer_cards_than_processes_is_one_fail(ascend, capsys):
 
 def test_a_failing_collective_is_one_fail(ascend, capsys, monkeypatch):
     def hccl_timeout(n, backend, timeout_s):
-        raise checks.CheckFailed("rank 5: HCCL connect timed out")  # what all_reduce raises (tested for real above)
+        raise probes.CheckFailed("rank 5: HCCL connect timed out")  # what all_reduce raises (tested for real above)
 
-    monkeypatch.setattr(checks, "all_reduce", hccl_timeout)
+    monkeypatch.setattr(probes, "all_reduce", hccl_timeout)
     rc, found = ascend.run(capsys=capsys)
     assert rc == 1 and fails(found) == ["collective"]
     assert found["collective"][1] == "all-reduce over hccl across 8 npu card(s): rank 5: HCCL connect timed out"
@@ -254,10 +255,10 @@ def test_every_other_failure_is_one_fail_line(ascend, capsys, monkeypatch, tmp_p
         def broken(i):
             if i == 3:
                 raise RuntimeError("EZ9999: Inner Error!\nmore detail")
-        monkeypatch.setattr(checks, "tiny_step", broken)
+        monkeypatch.setattr(probes, "tiny_step", broken)
         text = "npu:3: EZ9999: Inner Error!"
     elif case == "attention":
-        monkeypatch.setattr(checks, "fused_attention", lambda: (_ for _ in ()).throw(AttributeError(
+        monkeypatch.setattr(probes, "fused_attention", lambda: (_ for _ in ()).throw(AttributeError(
             "module 'torch_npu' has no attribute 'npu_fusion_attention'")))
         text = "module 'torch_npu' has no attribute 'npu_fusion_attention'"
     elif case == "memory":
@@ -304,7 +305,7 @@ def test_warnings_do_not_fail(ascend, capsys, monkeypatch):
     assert set(warned) >= {"memory", "libraries"}, found
     assert "less than 4 GiB to spare" in warned["memory"]
     assert warned["libraries"].startswith("libc10.so, libtorch_npu.so load only with the launch library path")
-    if cmd.file_system_type(ascend.tmp) in cmd.LOCAL_FILE_SYSTEMS:  # this host's tmp: ext4/overlay/tmpfs
+    if run_config.file_system_type(ascend.tmp) in run_config.LOCAL_FILE_SYSTEMS:  # this host's tmp: ext4/overlay/tmpfs
         assert "nodes need one shared folder" in warned["run folder"]
 
 
@@ -316,7 +317,7 @@ def test_cuda_branches(monkeypatch, capsys, real_torch_import, tmp_path):
     monkeypatch.setattr(device.api, "_cuda_available", lambda: True)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
     monkeypatch.setattr(device.api, "device_count", lambda: 2)
-    monkeypatch.setattr(checks, "fused_attention", lambda: ("WARN", "no fused SDPA kernel runs here"))
+    monkeypatch.setattr(probes, "fused_attention", lambda: ("WARN", "no fused SDPA kernel runs here"))
     device.reset_cache()
     rc, found = host.run(capsys=capsys)
     assert rc == 0, found
@@ -331,8 +332,8 @@ def test_cpu_branches_for_real(monkeypatch, capsys):
     """The step and attention probes themselves, on this CPU; more CPU ranks than cores is a WARN."""
     monkeypatch.setenv("DIT4DIT_DEVICE", "cpu")
     device.reset_cache()
-    checks.tiny_step(0)
-    assert checks.fused_attention()[0] == "SKIP"
+    probes.tiny_step(0)
+    assert probes.fused_attention()[0] == "SKIP"
     monkeypatch.setattr(device.launch, "cpu_cores", lambda: 2)
     assert checks.check_cards(4).status == "WARN"
     assert checks.check_cards(2) == checks.Result("SKIP", "cards", "CPU host: 2 process(es) per node on 2 core(s), no cards")

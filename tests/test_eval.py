@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from policy_fixtures import shared_tiny_setup
 
+from dit4dit_npu.eval import cli as eval_cli
 from dit4dit_npu.eval import offline as ev
 from dit4dit_npu.policy.manifest import DatasetRecord
 
@@ -59,7 +60,7 @@ def test_baselines_and_ratios() -> None:
 def test_eval_on_demo_data_writes_metrics_and_plots(tmp_path: Path) -> None:
     setup = shared_tiny_setup()
     out = tmp_path / "eval"
-    assert ev.main(["--policy", str(setup.policy_dir), "--out", str(out), "--max-frames", "40"]) == 0
+    assert eval_cli.main(["--policy", str(setup.policy_dir), "--out", str(out), "--max-frames", "40"]) == 0
     m = json.loads((out / "metrics.json").read_text())
     (path, split), = setup.data.split.items()
     assert m["datasets"] == {str(Path(path).resolve()): split["val"]}  # held-out episodes by default
@@ -93,7 +94,7 @@ def test_eval_cli_with_explicit_data_and_episodes(tmp_path: Path) -> None:
 
 
 def test_eval_errors_are_one_line(tmp_path: Path, capsys) -> None:
-    assert ev.main(["--policy", str(tmp_path)]) == 2
+    assert eval_cli.main(["--policy", str(tmp_path)]) == 2
     assert "not a policy folder" in capsys.readouterr().err
     records = {str(tmp_path / "moved"): DatasetRecord([1])}
     with pytest.raises(ev.EvalError, match="not found .* pass --data"):
@@ -126,7 +127,7 @@ def test_trained_tiny_model_beats_hold_baseline(demo_run: Path, tmp_path: Path) 
     The eval runs in this process (its command line is tested above).
     """
     out = tmp_path / "eval"
-    assert ev.main(["--policy", str(demo_run), "--out", str(out), "--video-samples", "1"]) == 0
+    assert eval_cli.main(["--policy", str(demo_run), "--out", str(out), "--video-samples", "1"]) == 0
     m = json.loads((out / "metrics.json").read_text())
     assert m["ratio_to_hold_position"]["mse"] < 1.0, m["ratio_to_hold_position"]
     assert m["ratio_to_dataset_mean"]["mse"] < 1.0, m["ratio_to_dataset_mean"]

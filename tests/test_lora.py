@@ -193,13 +193,13 @@ def test_eval_cli_merges_on_request(lora_run, tmp_path, capsys):
     adapter the flag is one line, not a silent no-op."""
     import json
 
-    from dit4dit_npu.eval import offline as ev
+    from dit4dit_npu.eval import cli as eval_cli
 
     run, _ = lora_run
     policy = run / "checkpoints/step_000004/policy"
     args = ["--max-frames", "16", "--video-samples", "0", "--plot-episodes", "0"]
-    assert ev.main(["--policy", str(policy), "--out", str(tmp_path / "a"), *args]) == 0
-    assert ev.main(["--policy", str(policy), "--out", str(tmp_path / "b"), "--merge-lora", *args]) == 0
+    assert eval_cli.main(["--policy", str(policy), "--out", str(tmp_path / "a"), *args]) == 0
+    assert eval_cli.main(["--policy", str(policy), "--out", str(tmp_path / "b"), "--merge-lora", *args]) == 0
     adapter, merged = (json.loads((tmp_path / x / "metrics.json").read_text())["model"]["mse"] for x in "ab")
     assert merged == pytest.approx(adapter, rel=1e-4)
 
@@ -211,7 +211,7 @@ def test_eval_cli_merges_on_request(lora_run, tmp_path, capsys):
     (plain / "policy.json").write_text(json.dumps(info))
     reseal(plain)
     capsys.readouterr()
-    assert ev.main(["--policy", str(plain), "--out", str(tmp_path / "c"), "--merge-lora", *args]) == 2
+    assert eval_cli.main(["--policy", str(plain), "--out", str(tmp_path / "c"), "--merge-lora", *args]) == 2
     assert capsys.readouterr().err.strip().endswith("this policy has no LoRA adapter to merge")
     shutil.rmtree(plain)
 

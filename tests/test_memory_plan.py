@@ -1,4 +1,4 @@
-"""bench/memory.py: its parameter counts are the real config's module shapes (meta device vs an
+"""The memory planner (``dit4dit_npu/train/memory_plan.py``, ``dit4dit-memory-plan``): its parameter counts are the real config's module shapes (meta device vs an
 independent count from the same configs), and its ZeRO-2 accounting is what DeepSpeed allocates."""
 
 from __future__ import annotations
@@ -17,14 +17,10 @@ REAL = ROOT / "configs/robotwin/dit4dit_robotwin.yaml"
 
 
 @pytest.fixture(scope="module")
-def memory(tmp_path_factory):
-    """bench/memory.py as a module (bench scripts import their siblings by plain name)."""
-    import importlib
+def memory():
+    from dit4dit_npu.train import memory_plan
 
-    mp = pytest.MonkeyPatch()
-    mp.syspath_prepend(str(ROOT / "bench"))
-    yield importlib.import_module("memory")
-    mp.undo()
+    return memory_plan
 
 
 def cosmos_transformer_params(c: dict) -> int:
@@ -55,10 +51,9 @@ def qwen_text_params(c: dict) -> int:
 
 
 def test_parameter_counts_are_the_real_module_shapes(memory):
-    from _common import FULL_SIZE, QWEN_VOCAB, full_size_text_config
-
     from dit4dit_npu.config import load_config
     from dit4dit_npu.models import tiny
+    from dit4dit_npu.train.activations import FULL_SIZE, QWEN_VOCAB, full_size_text_config
 
     counts = memory.parameter_counts(memory.meta_parts(load_config(REAL)))
     assert counts["transformer"] == cosmos_transformer_params(tiny.transformer_kwargs(FULL_SIZE)) == 2_059_174_912
@@ -71,7 +66,7 @@ def test_parameter_counts_are_the_real_module_shapes(memory):
 DEEPSPEED_PROBE = r"""
 import json, torch, deepspeed, deepspeed.ops
 from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder
-from memory import zero_rows  # bench/ is on PYTHONPATH
+from dit4dit_npu.train.memory_plan import zero_rows
 # no JIT build of the CPU shared-memory all-reduce (unused in training; train/distributed.py does the same)
 deepspeed.ops.__compatible_ops__[ShareMemCommBuilder.NAME] = False
 torch.manual_seed(0)
@@ -112,7 +107,7 @@ def test_zero2_accounting_matches_what_deepspeed_allocates(tmp_path):
         port = s.getsockname()[1]
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "DIT4DIT_DEVICE": "cpu", "OMP_NUM_THREADS": "1",
            "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-           "PYTHONPATH": os.pathsep.join([str(ROOT / "bench"), str(ROOT)])}
+           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     r = subprocess.run([sys.executable, "-c", DEEPSPEED_PROBE], env=env, cwd=ROOT,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]

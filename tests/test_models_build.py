@@ -209,7 +209,7 @@ def test_a_damaged_tiny_folder_says_how_to_fix_it(tmp_path, monkeypatch, base_di
 
 def test_tiny_vae_latent_statistics_follow_config():
     """The tiny VAE normalizes with the statistics the config gives (its own, measured by
-    bench/tiny_vae_stats.py), else the real Wan2.1 VAE's; raw latents (what a latent cache holds)
+    python -m dit4dit_npu.data.latent_stats), else the real Wan2.1 VAE's; raw latents (what a latent cache holds)
     do not depend on them, so the cache's VAE identity does not either."""
     from dit4dit_npu.weights import vae_identity
 

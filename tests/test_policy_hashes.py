@@ -182,7 +182,7 @@ def test_large_files_are_checked_by_edges_unless_asked_fully(exported, tmp_path)
 
 
 def test_doctor_checks_a_policy_fully(exported, tmp_path, capsys):
-    from dit4dit_npu.doctor import main
+    from dit4dit_npu.doctor.cli import main
 
     assert main(["--policy", str(exported["lora"])]) == 0
     assert capsys.readouterr().out.strip() == (f"PASS policy: {exported['lora']}: format_version 4; policy.json and its 5 "

@@ -15,6 +15,7 @@ from policy_fixtures import observation_from_sample, reseal, shared_tiny_setup
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from dit4dit_npu.eval import cli as eval_cli
 from dit4dit_npu.eval import offline as ev
 from dit4dit_npu.policy import (
     DiT4DiTPolicy,
@@ -244,7 +245,7 @@ def test_manifest_problems_are_one_line_naming_the_key(setup, tmp_path):
 )
 def test_eval_arguments_are_validated_first(setup, tmp_path, capsys, flag, value, least):
     out = tmp_path / "out"
-    assert ev.main(["--policy", str(setup.policy_dir), "--out", str(out), flag, value]) == 2
+    assert eval_cli.main(["--policy", str(setup.policy_dir), "--out", str(out), flag, value]) == 2
     assert capsys.readouterr().err.strip().splitlines() == [f"error: {flag}: got {value}, expected an integer >= {least}"]
     assert not out.exists()
 
@@ -252,7 +253,7 @@ def test_eval_arguments_are_validated_first(setup, tmp_path, capsys, flag, value
 def test_eval_checks_its_output_folder_before_predicting(setup, tmp_path, capsys):
     blocker = tmp_path / "file"
     blocker.write_text("")
-    assert ev.main(["--policy", str(setup.policy_dir), "--out", str(blocker / "out")]) == 2
+    assert eval_cli.main(["--policy", str(setup.policy_dir), "--out", str(blocker / "out")]) == 2
     assert capsys.readouterr().err.strip().splitlines() == [f"error: --out: cannot write to {blocker}/out (Not a directory)"]
 
 
@@ -264,7 +265,7 @@ def test_eval_dataset_errors_are_one_line(setup, tmp_path, capsys):
     video.write_bytes(video.read_bytes()[:300])  # truncated: opening it fails during prediction
     out = tmp_path / "out"
     args = ["--policy", str(setup.policy_dir), "--data", str(data), "--episode-indices", str(episodes[0]), "--out", str(out)]
-    assert ev.main(args) == 2
+    assert eval_cli.main(args) == 2
     err = error_lines(capsys)
     assert len(err) == 1 and err[0].startswith(f"error: cannot open video {video} (truncated or corrupt mp4?)"), err
     assert not (out / "metrics.json").exists()
@@ -280,7 +281,7 @@ def test_eval_exits_non_zero_on_non_finite_actions_or_metrics(setup, tmp_path, c
 
     rewrite_weights(folder, blow_up)
     out = tmp_path / "out"
-    assert ev.main(["--policy", str(folder), "--out", str(out), "--max-frames", "4"]) == 2
+    assert eval_cli.main(["--policy", str(folder), "--out", str(out), "--max-frames", "4"]) == 2
     err = error_lines(capsys)
     assert len(err) == 1 and err[0].startswith("error: predict_action produced "), err
     assert not (out / "metrics.json").exists()

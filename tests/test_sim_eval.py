@@ -45,7 +45,7 @@ def test_expert_end_to_end_with_video(tmp_path: Path, capsys) -> None:
     out = tmp_path / "expert"
     code, lines, _ = run_eval(
         capsys,
-        "--policy",
+        "--scripted",
         "expert",
         "--episodes",
         "1",
@@ -75,7 +75,7 @@ def test_hold_in_parallel_workers_fails_every_seed(tmp_path: Path, capsys) -> No
     out = tmp_path / "hold"
     code, lines, _ = run_eval(
         capsys,
-        "--policy",
+        "--scripted",
         "hold",
         "--episodes",
         "3",
@@ -146,7 +146,7 @@ def test_through_a_real_websocket_server(tmp_path: Path, capsys, policy_dir: Pat
         out = tmp_path / "ws"
         code, lines, err = run_eval(
             capsys,
-            "--policy",
+            "--server",
             f"ws://127.0.0.1:{port}",
             "--episodes",
             "2",
@@ -190,19 +190,20 @@ def test_mismatched_policies_are_refused(policy_dir: Path) -> None:
 def test_bad_input_one_line_exit_2(tmp_path: Path, capsys, policy_dir: Path) -> None:
     out = tmp_path / "o"
     cases = [
-        (["--policy", "hold", "--task", "fold_shirt"], "error: unknown task 'fold_shirt'; expected one of"),
-        (["--policy", str(tmp_path / "nope")], "is not expert, expert_chunks, hold, ws://host:port or a policy folder"),
-        (["--policy", "hold", "--execution", "rtc"], "--execution rtc: policy hold cannot inpaint onto a previous chunk"),
-        (["--policy", "expert", "--execution", "async"], "--execution: the async modes need a chunk policy"),
+        (["--scripted", "hold", "--task", "fold_shirt"], "error: unknown task 'fold_shirt'; expected one of"),
+        (["--policy", str(tmp_path / "nope")], "is not a policy folder (a server: --server ws://HOST:PORT; a scripted"),
+        (["--server", "localhost:8000"], "--server: expected ws://HOST:PORT, got 'localhost:8000'"),
+        (["--scripted", "hold", "--execution", "rtc"], "--execution rtc: policy hold cannot inpaint onto a previous chunk"),
+        (["--scripted", "expert", "--execution", "async"], "--execution: the async modes need a chunk policy"),
         (["--policy", str(policy_dir), "--execution", "rtc", "--replan", "4", "--delay-ms", "100"],
          "--replan 4 and the delay's 5 steps need chunks of max(replan, delay) + delay = 10 steps"),
-        (["--policy", "hold", "--delay-ms", "-5"], "--delay-ms: expected 0 to 60000, got -5"),
-        (["--policy", "hold", "--size", "31x40"], "--size: height and width must be even"),
-        (["--policy", "hold", "--episodes", "0"], "--episodes: expected >= 1, got 0"),
+        (["--scripted", "hold", "--delay-ms", "-5"], "--delay-ms: expected 0 to 60000, got -5"),
+        (["--scripted", "hold", "--size", "31x40"], "--size: height and width must be even"),
+        (["--scripted", "hold", "--episodes", "0"], "--episodes: expected >= 1, got 0"),
         (["--policy", str(policy_dir), "--replan", "9"], "--replan 9 exceeds the policy's chunk length 8"),
-        (["--policy", "hold", "--merge-lora"], "--merge-lora: applies to a policy folder, not hold"),
+        (["--scripted", "hold", "--merge-lora"], "--merge-lora: applies to a policy folder, not hold"),
         (["--policy", str(policy_dir), "--merge-lora"], "this policy has no LoRA adapter to merge"),
-        (["--policy", f"ws://127.0.0.1:{free_port()}", "--connect-timeout", "0.5"], "server unreachable"),
+        (["--server", f"ws://127.0.0.1:{free_port()}", "--connect-timeout", "0.5"], "server unreachable"),
     ]
     for args, message in cases:
         code, lines, err = run_eval(capsys, *args, "--out", str(out))
@@ -211,7 +212,7 @@ def test_bad_input_one_line_exit_2(tmp_path: Path, capsys, policy_dir: Path) -> 
         assert not out.exists()  # nothing written
     out.mkdir()
     (out / "results.json").write_text("{}")
-    code, _, err = run_eval(capsys, "--policy", "hold", "--out", str(out))
+    code, _, err = run_eval(capsys, "--scripted", "hold", "--out", str(out))
     assert code == 2 and "exists; choose another folder" in err and (out / "results.json").read_text() == "{}"
 
 
@@ -219,7 +220,7 @@ def test_bad_input_one_line_exit_2(tmp_path: Path, capsys, policy_dir: Path) -> 
 def test_renderer_that_cannot_start_names_the_mujoco_gl_choices(tmp_path: Path, gl: str) -> None:
     env = {**os.environ, "MUJOCO_GL": gl, "DISPLAY": ""}
     proc = subprocess.run(
-        [sys.executable, "-m", "dit4dit_npu.sim.eval", "--policy", "hold", "--out", str(tmp_path / "o")],
+        [sys.executable, "-m", "dit4dit_npu.sim.eval", "--scripted", "hold", "--out", str(tmp_path / "o")],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -286,3 +287,24 @@ def test_default_render_size_follows_the_policy_training_videos() -> None:
         == DEFAULT_SIZE
     )
     assert default_size({}) == DEFAULT_SIZE == (240, 320)
+
+
+def test_former_policy_spellings_for_servers_and_scripted_policies_say_so_once(tmp_path: Path, capsys) -> None:
+    """``--policy hold`` / ``--policy ws://...`` (before --scripted and --server) keep working: the
+    same policy, one notice line naming the new flag."""
+    from dit4dit_npu.sim.eval import acting_flags, parse_args
+
+    out = tmp_path / "o"
+    for old, new in (["hold", ["--scripted", "hold"]], ["ws://127.0.0.1:9", ["--server", "ws://127.0.0.1:9"]]):
+        assert acting_flags(old) == new
+        assert parse_args(["--policy", old, "--out", str(out)]).policy == old
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == [f"notice: --policy {old} is deprecated, use {' '.join(new)}"]
+        assert parse_args([*new, "--out", str(out)]).policy == old
+        assert capsys.readouterr().err == ""
+    assert acting_flags(str(tmp_path)) == ["--policy", str(tmp_path)]
+    code, _, err = run_eval(capsys, "--policy", "hold", "--episodes", "0", "--out", str(out))
+    assert code == 2 and err.splitlines() == ["notice: --policy hold is deprecated, use --scripted hold",
+                                              "error: --episodes: expected >= 1, got 0"]
+    with pytest.raises(SystemExit):  # argparse: not both
+        parse_args(["--policy", str(tmp_path), "--scripted", "hold", "--out", str(out)])

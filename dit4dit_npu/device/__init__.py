@@ -6,8 +6,8 @@
 ``api`` (which device; torch.device, autocast, backends, seeding, synchronize, memory),
 ``launch`` (the launch environment: Ascend defaults, library path, one rank per card), ``host``
 (glibc malloc tuning on CPU hosts), ``stack`` (the installed software stack: Python, torch,
-torch_npu, CANN; stdlib only), ``doctor`` (pre-flight checks, ``python -m dit4dit_npu.doctor``)
-and ``__main__`` (``python -m dit4dit_npu.device``, the ``dit4dit-device`` command).
+torch_npu, CANN; stdlib only), ``probes`` (what the doctor, ``python -m dit4dit_npu.doctor``,
+runs on the cards: a training step, fused attention, an all-reduce) and ``__main__`` (``python -m dit4dit_npu.device``, the ``dit4dit-device`` command).
 
 Everything public is re-exported here, imported on first use: importing the package itself
 imports no torch, so ``stack`` and the doctor still run (and say why) where ``import torch``
@@ -73,7 +73,7 @@ _EXPORTS = {
                "library_paths"),
 }
 _OWNER = {name: module for module, names in _EXPORTS.items() for name in names}
-_SUBMODULES = ("api", "host", "launch", "stack", "doctor")
+_SUBMODULES = ("api", "host", "launch", "stack", "probes")
 
 __all__ = sorted(_OWNER)
 

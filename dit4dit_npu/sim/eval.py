@@ -1,6 +1,6 @@
 """Closed-loop success rate of a policy on an ALOHA scene.
 
-    python -m dit4dit_npu.sim.eval --policy POLICY_DIR|ws://host:port|expert|expert_chunks|hold \
+    python -m dit4dit_npu.sim.eval (--policy POLICY_DIR | --server ws://HOST:PORT | --scripted expert|expert_chunks|hold) \
         --task transfer_cube --episodes 50 --seed 0 [--replan K] [--size HxW] [--videos N] \
         [--execution sync|async|ensemble|rtc] [--delay-ms D] [--workers W] --out DIR
 
@@ -40,7 +40,13 @@ from dit4dit_npu.sim.tasks import EPISODE_STEPS, GYM_MAX_STEPS, TRAIN_SEED0, get
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m dit4dit_npu.sim.eval", description=__doc__.splitlines()[0])
-    p.add_argument("--policy", required=True, help="POLICY_DIR | ws://host:port | expert | expert_chunks | hold")
+    # what acts: exactly one of a policy folder, a policy server, a scripted policy (console.py: --policy
+    # names a policy folder in every command)
+    who = p.add_mutually_exclusive_group(required=True)
+    who.add_argument("--policy", metavar="DIR", help="a policy folder")
+    who.add_argument("--server", metavar="ws://HOST:PORT", help="a policy server (python -m dit4dit_npu.serve)")
+    who.add_argument("--scripted", choices=BUILTIN, help="a scripted policy: the demo expert (whole or in chunks), "
+                                                          "or hold the start pose")
     p.add_argument("--task", default="transfer_cube", help="the scene and its success check (default: %(default)s)")
     p.add_argument("--episodes", type=int, default=50, help="how many episodes (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="seed of the first episode")
@@ -68,7 +74,33 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     former_names(p, out, "--output")
     args = p.parse_args(argv)
     require(p, args, out)
+    args.policy = acting_policy(args)
     return args
+
+
+def acting_policy(a: argparse.Namespace) -> str:
+    """The one spec string the rollout workers build their policy from (``policies.make_policy``):
+    a folder, a ws:// address or a scripted name. ``--policy ws://...`` and ``--policy expert`` (the
+    spelling before --server and --scripted) keep working, with one notice line."""
+    if a.server is not None:
+        if not a.server.startswith(("ws://", "wss://")):
+            raise SimError(f"--server: expected ws://HOST:PORT, got {a.server!r}")
+        return a.server
+    if a.scripted is not None:
+        return a.scripted
+    if a.policy.startswith(("ws://", "wss://")):
+        print(f"notice: --policy {a.policy} is deprecated, use --server {a.policy}", file=sys.stderr)
+    elif a.policy in BUILTIN:
+        print(f"notice: --policy {a.policy} is deprecated, use --scripted {a.policy}", file=sys.stderr)
+    return a.policy
+
+
+def acting_flags(spec: str) -> list[str]:
+    """The flags that say ``spec`` (a policy folder, a ws:// address or a scripted name) to this
+    command, for callers that take any of the three (bench/sim_eval.py, bench/rtc_sim.py)."""
+    if spec.startswith(("ws://", "wss://")):
+        return ["--server", spec]
+    return ["--scripted", spec] if spec in BUILTIN else ["--policy", spec]
 
 
 def make_setup(a: argparse.Namespace) -> EvalSetup:
@@ -94,7 +126,8 @@ def make_setup(a: argparse.Namespace) -> EvalSetup:
         and not a.policy.startswith(("ws://", "wss://"))
         and not Path(a.policy).is_dir()
     ):
-        raise SimError(f"--policy: {a.policy!r} is not expert, expert_chunks, hold, ws://host:port or a policy folder")
+        raise SimError(f"--policy: {a.policy!r} is not a policy folder (a server: --server ws://HOST:PORT; a "
+                       f"scripted policy: --scripted {'|'.join(BUILTIN)})")
     seeds = list(range(a.seed, a.seed + a.episodes))
     workers = min(a.workers, a.episodes)
     cores = os.cpu_count() or 1

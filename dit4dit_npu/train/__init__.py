@@ -1,7 +1,9 @@
 """Training: accelerate + DeepSpeed on NPU, CUDA or CPU.
 
     loop.py         train(cfg): the algorithm, top to bottom (run folder, data, model, Trainer, loop)
-    trainer.py      Trainer: step / log / evaluate / save / resume, and the batch/loss/export touch points
+    trainer.py      Trainer: step / log / evaluate / save / resume, and the batch/loss touch points
+    checkpoint_manager.py  CheckpointManager: a run's saves, resumes and policy exports
+    divergence.py   NaN forensics: stop a diverged run before anything is logged or saved, say where to look
     distributed.py  everything accelerate- or DeepSpeed-specific (accelerator, clipping, grad norm,
                     state save/load, ZeRO-3 gathering), behind small functions
     stream.py       BatchStream: endless micro-batches and the data cursor checkpoints save

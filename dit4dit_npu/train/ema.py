@@ -130,3 +130,9 @@ class EMA:
         from safetensors.torch import load_file
 
         self.load_state_dict(load_file(str(folder / EMA_FILE)))
+
+
+def averaged(ema: EMA | None):
+    """The EMA weights in the model for the body (live weights restored exactly after), or
+    nothing to do when EMA is off: what evaluation, the sim eval and the export see."""
+    return ema.swapped() if ema is not None else contextlib.nullcontext()

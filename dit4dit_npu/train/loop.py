@@ -15,6 +15,7 @@ from pathlib import Path
 from dit4dit_npu import device
 from dit4dit_npu.config import Config
 from dit4dit_npu.sim.training_eval import check_sim_eval
+from dit4dit_npu.train.checkpoint_manager import data_fingerprint
 from dit4dit_npu.train.distributed import (
     build_accelerator,
     building_outside_deepspeed,
@@ -25,7 +26,7 @@ from dit4dit_npu.train.errors import TrainingError
 from dit4dit_npu.train.optim import freeze_modules
 from dit4dit_npu.train.resume import check_config, check_data
 from dit4dit_npu.train.run_folder import RunFolder, discard_if_unused, fall_back, open_run, record_config
-from dit4dit_npu.train.trainer import Trainer, check_ema_supported, data_fingerprint
+from dit4dit_npu.train.trainer import Trainer, check_ema_supported
 from dit4dit_npu.weights.prompt_cache import prepare_prompt_cache
 
 __all__ = ["TrainingError", "train"]

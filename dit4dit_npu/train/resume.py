@@ -11,7 +11,7 @@ an older version, or a damaged manifest: it carries its own hash, so its damage 
 files') is resumed with one notice saying so (``ResumePoint.notice``), its other checks still made,
 never set aside for the manifest's sake. Hashing reads the whole checkpoint, so only the candidate is hashed
 (newest first, stopping at the first whole one), on rank 0 (``run_folder``). Once loaded, the
-weights and the EMA must be finite too (``Trainer.resume``); a checkpoint that fails there is set
+weights and the EMA must be finite too (``CheckpointManager.load``); a checkpoint that fails there is set
 aside the same way (``run_folder.fall_back``). Then ``check_config`` and ``check_data`` refuse a
 resume whose config or training data differ from the checkpoint's, before anything is built or
 written.

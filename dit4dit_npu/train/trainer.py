@@ -1,12 +1,13 @@
 """``Trainer``: one run's training state and its verbs, ``step / log / evaluate / save / resume``.
 
 The loop that calls them is ``loop.py``. What differs between DeepSpeed and plain accelerate
-(who clips, the global grad norm, ZeRO state, ZeRO-3 gathering) is behind ``distributed``; the
-checkpoint layout is ``checkpoint``. Host syncs (``.item()``, reductions) happen only in
-``log``, ``evaluate`` and ``save``, never in ``step``.
+(who clips, the global grad norm, ZeRO state, ZeRO-3 gathering) is behind ``distributed``;
+saving, resuming and exporting the policy are the ``CheckpointManager``'s
+(``checkpoint_manager.py``), stopping a diverged run is ``divergence.py``'s. Host syncs
+(``.item()``, reductions) happen only in ``log``, ``evaluate`` and ``save``, never in ``step``.
 
 The methods marked "touch point" are where this file meets interfaces other parts of issue 9
-are changing (the batch type, the model's outputs, the policy export); each is a few lines.
+are changing (the batch type, the model's outputs); each is a few lines.
 """
 
 from __future__ import annotations
@@ -20,23 +21,17 @@ import torch
 
 from dit4dit_npu.batch import Batch
 from dit4dit_npu.config import Config, ConfigError
-from dit4dit_npu.files import is_out_of_space
 from dit4dit_npu.train import checkpoint as ckpt_io
 from dit4dit_npu.train import distributed
-from dit4dit_npu.train.ema import EMA, EMA_FILE
-from dit4dit_npu.train.errors import TrainingError
+from dit4dit_npu.train.checkpoint_manager import CheckpointManager, UnusableCheckpoint
+from dit4dit_npu.train.divergence import DivergenceWatch
+from dit4dit_npu.train.ema import EMA, averaged
 from dit4dit_npu.train.evaluate import held_out_action_mse
 from dit4dit_npu.train.metrics import MetricsLogger, Window, plot_losses, truncate_metrics
 from dit4dit_npu.train.optim import build_optimizer, build_scheduler, group_lrs
 from dit4dit_npu.train.stream import BatchStream
 
 LOSS_KEYS = ("action_loss", "video_loss", "total_loss")
-
-
-def data_fingerprint(data) -> dict:
-    """The split (per data_mix entry, in order) and the PolicyIO a checkpoint was trained with."""
-    split = [data.split[str(p)] for p in data.dataset_paths]
-    return ckpt_io.data_fingerprint(split, data.io.to_dict())
 
 
 def check_ema_supported(cfg: Config, accelerator) -> None:
@@ -72,66 +67,27 @@ class Trainer:
         self._nonfinite = torch.zeros((), device=dev)  # micro-batches with a non-finite loss, ever
         self._clip_norm = None  # accelerate's grad norm of the last update (unused under DeepSpeed)
         self._window = Window()
-        # The checkpoint this run resumed from, and the step of the first check (log or save)
-        # after it: divergence found there points at the checkpoint rather than at the run.
-        self._resumed_from: Path | None = None
-        self._first_check: int | None = None
+        self.watch = DivergenceWatch(accelerator, self.model, self.ema)
+        self.checkpoints = CheckpointManager(cfg, accelerator, run_dir, self.model, self.ema, self.scheduler,
+                                             self.stream, data, prompt_cache, self.watch)
         self._logger: MetricsLogger | None = None
         self._progress = None
 
     # ------------------------------------------------------------------ the verbs
 
     def resume(self, ckpt: Path) -> str | None:
-        """Continue exactly where ``ckpt`` left off: weights, optimizer, every rank's RNG, the LR
-        schedule, the data cursor. Metrics rows logged after that checkpoint (and a line torn
-        by a kill) are dropped. ``ckpt`` was checked whole by ``resume.py``; what only loading
-        shows is checked here: every file must load (a checkpoint of an older version, without
-        content hashes, may hold a file damaged in place) and the weights and the EMA must be
-        finite (a checkpoint saved by a version that did not check them). Returns None, or that
-        problem as one line, before anything else is changed (the caller sets ``ckpt`` aside and
-        falls back: the next load replaces every piece of state this one touched). Collective."""
-        if self.ema is not None and not (ckpt / EMA_FILE).is_file():
-            raise TrainingError(
-                f"{ckpt / EMA_FILE} is missing: {ckpt} was saved without trainer.ema; resume it with "
-                "trainer.ema.decay=null, or start a new run (another run_id)"
-            )
-        state = ckpt_io.read_trainer_state(ckpt)
-        failed = self._load_files(ckpt)
-        if failed is not None:
-            return f"{ckpt} {failed}"
-        bad = self._nonfinite_state()
-        if bad is not None:
-            return f"{ckpt} holds {bad} (a checkpoint of a diverged run)"
-        self.global_step = state["step"]
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.stream.load_state_dict(state["sampler"])
-        saved_world = int(state.get("world_size", self.accelerator.num_processes))
-        if saved_world != self.accelerator.num_processes:
-            self.accelerator.print(
-                f"warning: {ckpt} was saved by {saved_world} rank(s), resuming with "
-                f"{self.accelerator.num_processes}: the data order does not continue exactly"
-            )
+        """Continue exactly where ``ckpt`` left off (``CheckpointManager.load``). Metrics rows
+        logged after that checkpoint (and a line torn by a kill) are dropped. Returns None, or why
+        ``ckpt`` cannot be used, as one line, before anything else is changed (the caller sets
+        ``ckpt`` aside and falls back). Collective."""
+        try:
+            self.global_step = self.checkpoints.load(ckpt)
+        except UnusableCheckpoint as e:
+            return str(e)
         self._truncate_metrics(self.global_step)
-        self._resumed_from = ckpt
+        self.watch.resumed_from = ckpt
         self.accelerator.print(f"resumed from {ckpt} at step {self.global_step}")
         return None
-
-    def _load_files(self, ckpt: Path) -> str | None:
-        """Load the accelerate state and the EMA of ``ckpt``; None, or why a file failed to load.
-        Collective: a file that fails on one rank (its own RNG state) fails the load on every rank.
-        Any exception counts: torch.load, pickle and safetensors raise many types for a damaged
-        file, and what they name is the checkpoint's problem, not this run's."""
-        error = None
-        try:
-            distributed.load_state(self.accelerator, ckpt / "state")
-            if self.ema is not None:
-                self.ema.load(ckpt)
-        except Exception as e:
-            error = f"fails to load ({type(e).__name__}: {ckpt_io.one_line(e, 160)})"
-        failed = torch.tensor(float(error is not None), device=self.accelerator.device)
-        if float(self.accelerator.reduce(failed, "sum")) == 0:
-            return None
-        return error or "fails to load on another rank"
 
     def start_fresh(self) -> None:
         """A fresh run in a folder without checkpoints: rows of an earlier attempt that died
@@ -196,7 +152,7 @@ class Trainer:
     def evaluate(self) -> None:
         """Held-out action MSE in eval mode (``evaluate.py``), logged as ``val/action_mse``; of the
         EMA weights when ``trainer.ema`` is on (the weights the exported policy holds)."""
-        with self._window.paused(), self._averaged():
+        with self._window.paused(), averaged(self.ema):
             t = self.cfg.trainer
             metrics = held_out_action_mse(
                 distributed.unwrap(self.model),
@@ -222,11 +178,9 @@ class Trainer:
         with self._window.paused():
             acc, step = self.accelerator, self.global_step
             folder = self.run_dir / "sim_eval" / f"step_{step:06d}"
-            # Collective, as in save(): ZeRO-3 gathers, the EMA shards meet in the model.
-            with distributed.gathered_parameters(acc, distributed.unwrap(self.model)), self._averaged():
-                if self.is_main:
-                    shutil.rmtree(folder, ignore_errors=True)
-                    self._export_policy(folder / "policy")
+            if self.is_main:
+                shutil.rmtree(folder, ignore_errors=True)
+            self.checkpoints.export(folder / "policy", step)  # collective
             if self.is_main:
                 try:
                     self._logger.log(step, evaluate(folder / "policy", self.cfg.trainer.sim_eval, folder))
@@ -237,86 +191,11 @@ class Trainer:
             acc.wait_for_everyone()
 
     def save(self) -> None:
-        """A full checkpoint, written into ``.tmp-step_N`` and renamed into place only when
-        complete: accelerate/DeepSpeed state of every rank, the exported policy, the trainer state
-        and last the manifest. Never saves a diverged model. A failed save (a full disk above
-        all) removes its partial folder and stops every rank with one line; the previous
-        checkpoint stays the latest."""
+        """A full checkpoint of this step (``CheckpointManager.save``: atomic, never of a diverged
+        model; a failed save stops every rank with one line)."""
         self._stop_if_nonfinite()
         with self._window.paused():
-            acc, step = self.accelerator, self.global_step
-            bad = self._nonfinite_state()  # collective: every rank stops alike
-            if bad is not None:
-                suspect = self._suspect()
-                why = _blame(suspect) if suspect else "the run diverged; try a lower learning rate"
-                raise TrainingError(f"checkpoint step {step} not saved: {bad} ({why}); {self._latest()}")
-            tmp = ckpt_io.tmp_dir_for(self.run_dir, step)
-            error = self._on_every_rank(lambda: self._make_folder(tmp))
-            if error is None:
-                # Collective: every rank writes its shards (a DeepSpeed rank that fails before
-                # DeepSpeed's own barrier still leaves the others waiting there).
-                error = self._on_every_rank(lambda: distributed.save_state(acc, tmp / "state"))
-            if error is None:
-                # Collective (ZeRO-3 gathers for the export; the EMA shards meet on rank 0 and in
-                # the model for the export), so entered by every rank.
-                with distributed.gathered_parameters(acc, distributed.unwrap(self.model)), self._averaged():
-                    ema = self.ema.full_state_dict() if self.ema is not None else None
-                    error = self._on_every_rank(lambda: self._write_rest(tmp, step, ema))
-            if error is not None:
-                if self.is_main:
-                    shutil.rmtree(tmp, ignore_errors=True)
-                raise self._save_error(error, tmp)
-            if self.is_main:  # the checkpoint just saved was checked: it is never pruned
-                ckpt_io.prune(
-                    self.run_dir, self.cfg.trainer.keep_last_checkpoints, protect=ckpt_io.final_dir_for(self.run_dir, step)
-                )
-            acc.wait_for_everyone()
-
-    def _make_folder(self, tmp: Path) -> None:
-        if self.is_main:
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir(parents=True)
-
-    def _write_rest(self, tmp: Path, step: int, ema: dict[str, torch.Tensor] | None) -> None:
-        """Rank 0's part of a save; the model holds the EMA weights when on (see ``save``)."""
-        if not self.is_main:
-            return
-        self._export_policy(tmp / "policy")
-        if ema is not None:
-            EMA.save(ema, tmp)
-        world = self.accelerator.num_processes
-        ckpt_io.write_trainer_state(
-            tmp, self.cfg, data_fingerprint(self.data), step, self.scheduler, self.stream.state_dict(), world
-        )
-        ckpt_io.write_manifest(tmp)
-        ckpt_io.commit(tmp, ckpt_io.final_dir_for(self.run_dir, step))
-
-    def _on_every_rank(self, fn) -> BaseException | None:
-        """Run ``fn`` on every rank and agree on the outcome (collective): a rank that failed
-        alone would otherwise leave the others waiting at the next barrier forever. Returns this
-        rank's error, or a stand-in when only another rank failed."""
-        error: BaseException | None = None
-        try:
-            fn()
-        except Exception as e:
-            error = e
-        flag = torch.tensor(0.0 if error is None else 1.0, device=self.accelerator.device)
-        if float(self.accelerator.reduce(flag, "sum")) > 0 and error is None:
-            error = TrainingError("another rank failed to write its part of the checkpoint")
-        return error
-
-    def _save_error(self, error: BaseException, tmp: Path) -> BaseException:
-        """One line for a full disk; any other failure is re-raised as it is (a bug)."""
-        if not is_out_of_space(error):
-            return error
-        return TrainingError(
-            f"checkpoint step {self.global_step} not saved: no space left writing {tmp} "
-            f"({ckpt_io.one_line(error)}); removed the partial folder, {self._latest()}"
-        )
-
-    def _latest(self) -> str:
-        done = ckpt_io.list_checkpoints(self.run_dir)
-        return f"the latest checkpoint is still {done[-1][1]}" if done else "no checkpoint was saved yet"
+            self.checkpoints.save(self.global_step)
 
     @contextlib.contextmanager
     def session(self) -> Iterator[None]:
@@ -354,51 +233,8 @@ class Trainer:
         check_ema_supported(cfg, accelerator)
         return EMA(model, cfg.trainer.ema, accelerator.process_index, accelerator.num_processes)
 
-    def _averaged(self):
-        """The EMA weights in the model for the body (live weights restored exactly after), or
-        nothing to do when EMA is off."""
-        return self.ema.swapped() if self.ema is not None else contextlib.nullcontext()
-
     def _stop_if_nonfinite(self) -> None:
-        # Collective (every rank reaches it at the same steps): one diverged rank stops them all,
-        # before anything is logged or saved, so the last checkpoint stays the last good one.
-        suspect = self._suspect()
-        if float(self.accelerator.reduce(self._nonfinite, "sum")) == 0:
-            return
-        where = f"non-finite loss at or before step {self.global_step}"
-        if suspect is not None:
-            raise TrainingError(f"{where}, {_blame(suspect)}; stopping without saving (no checkpoint was changed)")
-        raise TrainingError(
-            f"{where}; stopping without saving (last valid checkpoint is kept; try a lower learning rate)"
-        )
-
-    def _suspect(self) -> Path | None:
-        """The checkpoint this run resumed from while the run is at its first check (a log or a
-        save) since: divergence found there likelier comes from the checkpoint than from training."""
-        if self._resumed_from is not None and self._first_check is None:
-            self._first_check = self.global_step
-        return self._resumed_from if self._first_check == self.global_step else None
-
-    def _nonfinite_state(self) -> str | None:
-        """Where the trainable weights or the EMA hold NaN/inf, as a phrase, else None: a policy
-        exported from them is refused by the loader, and a checkpoint of them only spreads the
-        damage. Collective: every rank checks the EMA shard it owns; the weights are whole on
-        every rank under ZeRO-1/2 (and gathered under ZeRO-3)."""
-        model = distributed.unwrap(self.model)
-        with distributed.gathered_parameters(self.accelerator, model):
-            weights = _nonfinite_names({n: p for n, p in model.named_parameters() if p.requires_grad})
-        ema = _nonfinite_names(self.ema.shadow) if self.ema is not None else []
-        local = torch.tensor([float(len(weights)), float(len(ema))], device=self.accelerator.device)
-        n_weights, n_ema = (int(v) for v in self.accelerator.reduce(local, "sum").tolist())
-        if n_weights == 0 and n_ema == 0:
-            return None
-        parts = []
-        if n_weights:
-            parts.append(f"the trained weights ({len(weights)} tensor(s), e.g. {weights[0]!r})" if weights
-                         else "the trained weights")
-        if n_ema:
-            parts.append(f"the EMA ({n_ema} tensor(s){f', e.g. {ema[0]!r}' if ema else ''})")
-        return "non-finite values in " + " and in ".join(parts)
+        self.watch.stop_if_nonfinite(self._nonfinite, self.global_step)
 
     def _forward(self, batch) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         losses = self._losses(self.model(batch))
@@ -427,30 +263,3 @@ class Trainer:
         action, video = out["action_loss"], out["video_loss"]
         total = action + self.cfg.trainer.loss_scale.future_video * video
         return {"action_loss": action, "video_loss": video, "total_loss": total}
-
-    def _export_policy(self, folder: Path) -> None:
-        """What inference needs (weights, config, PolicyIO, prompt cache), from rank 0."""
-        from dit4dit_npu.policy import folder as policy_folder
-
-        d = self.data
-        policy_folder.export_policy(
-            folder, distributed.unwrap(self.model), self.cfg, d.io, self.prompt_cache, d.split,
-            d.dataset_paths, self.global_step,
-        )
-
-
-def _blame(ckpt: Path) -> str:
-    return (
-        f"within the first steps after resuming from {ckpt}: that checkpoint is the likelier cause (a state that "
-        f"loads but diverges at once); move it aside (e.g. to {ckpt.with_name(ckpt_io.DAMAGED + ckpt.name)}) to "
-        "resume from the one before"
-    )
-
-
-def _nonfinite_names(tensors: dict[str, torch.Tensor]) -> list[str]:
-    """Names of the tensors holding NaN/inf (one host sync for all of them)."""
-    if not tensors:
-        return []
-    finite = torch.stack([torch.isfinite(t).all() for t in tensors.values()])
-    names = list(tensors)
-    return [names[i] for i in (~finite).nonzero().flatten().tolist()]

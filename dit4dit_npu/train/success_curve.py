@@ -1,17 +1,17 @@
 """Closed-loop success vs training steps, next to the held-out open-loop error at the same steps.
 
-    python bench/sim_success_curve.py --run runs/aloha_recipe [--episodes 50] [--seed 0] [--replan K] \
-        [--workers W] [--out docs/aloha_success_vs_steps.png]
+    python -m dit4dit_npu.train.success_curve --run runs/aloha_recipe [--episodes 50] [--seed 0] [--replan K] \
+        [--workers W] [--out docs/aloha_success_vs_steps.png]          (console script dit4dit-sim-success-curve)
 
 Evaluates every saved checkpoint of the run (``checkpoints/step_*/policy``) with
 ``python -m dit4dit_npu.sim.eval`` (in this process) on seeds S..S+N-1 (results kept in ``RUN/sim_curve/step_N/``:
 a rerun evaluates only what is missing), reads ``val/action_mse`` at the same steps from
 ``metrics.jsonl``, and plots both against the step: does the open-loop error predict success?
 Prints one row per checkpoint; the last line is the last checkpoint's ``success k/N = p% (95%
-Wilson CI)`` (a success rate, not the ``speedup: X.XX`` of the other benches).
+Wilson CI)``.
 
     python bench/sim_replay.py --smoke && \
-        python bench/sim_success_curve.py --smoke --run runs/sim_replay_smoke/replay1   # 96 s at load 11
+        python -m dit4dit_npu.train.success_curve --smoke --run runs/sim_replay_smoke/replay1   # 96 s at load 11
 
 ``--smoke`` evaluates one 16-step episode per checkpoint and writes the plot into the run folder
 (``RUN/sim_curve/``), never over the committed one in docs/.
@@ -25,6 +25,8 @@ import os
 import sys
 from pathlib import Path
 
+from dit4dit_npu.console import entry_point
+from dit4dit_npu.errors import DiT4DiTError
 from dit4dit_npu.files import atomic_write_json
 from dit4dit_npu.sim.success_rate import format_rate, wilson_interval
 from dit4dit_npu.train.metrics import read_metrics
@@ -45,7 +47,7 @@ def evaluate(policy: Path, out: Path, a: argparse.Namespace) -> dict:
         print("+ python -m dit4dit_npu.sim.eval", " ".join(argv), flush=True)
         code = sim_eval(argv)
         if code != 0:
-            raise SystemExit(f"error: the eval of {policy} exited with code {code}")
+            raise DiT4DiTError(f"the eval of {policy} exited with code {code}")
     return json.loads((out / "results.json").read_text())["summary"]
 
 
@@ -81,24 +83,28 @@ def plot(rows: list[dict], out: Path, title: str) -> None:
     plt.close(fig)
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+@entry_point
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m dit4dit_npu.train.success_curve", description=__doc__.splitlines()[0])
     p.add_argument("--run", type=Path, required=True, help="a training run folder (with checkpoints/)")
-    p.add_argument("--episodes", type=int, default=50)
+    p.add_argument("--episodes", type=int, default=50, help="episodes per checkpoint (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="first evaluation seed")
     p.add_argument("--replan", type=int, default=None, help="actions executed per query (default: whole chunk)")
-    p.add_argument("--workers", type=int, default=1)
+    p.add_argument("--workers", type=int, default=1, help="parallel eval processes (default: %(default)s)")
     p.add_argument("--max-steps", type=int, default=400, help="episode length (ACT: 400)")
-    p.add_argument("--out", type=Path, default=Path("docs/aloha_success_vs_steps.png"))
+    p.add_argument("--out", type=Path, default=Path("docs/aloha_success_vs_steps.png"), help="the plot (default: %(default)s)")
     p.add_argument("--smoke", action="store_true", help="one 16-step episode per checkpoint, plot in the run")
     p.add_argument("--label", default=None, help="the run's name in the plot's title (default: its folder name)")
-    a = p.parse_args()
+    a = p.parse_args(argv)
+    for name in ("episodes", "workers", "max_steps"):
+        if getattr(a, name) < 1:
+            raise DiT4DiTError(f"--{name.replace('_', '-')}: expected a positive integer, got {getattr(a, name)}")
     if a.smoke:
         a.episodes, a.max_steps, a.out = 1, 16, a.run / "sim_curve" / "smoke.png"
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     ckpts = sorted((a.run / "checkpoints").glob("step_*/policy"))
     if not ckpts:
-        raise SystemExit(f"error: no checkpoints/step_*/policy under {a.run}")
+        raise DiT4DiTError(f"--run: no checkpoints/step_*/policy under {a.run}")
     mse = {m["step"]: m["val/action_mse"] for m in read_metrics(a.run / "metrics.jsonl") if "val/action_mse" in m}
     suffix = ("" if a.replan is None else f"_replan{a.replan}") + ("" if a.max_steps == 400 else f"_len{a.max_steps}")
     rows = []

@@ -1,5 +1,5 @@
 """Activation memory of a DiT4DiT training step, measured on CPU with the real classes at reduced
-size and extrapolated to the real one (``bench/memory.py`` composes the plan).
+size and extrapolated to the real one (``memory_plan.py`` composes the plan).
 
 Every measurement runs the production code path (``CosmosBackbone.video_flow_matching_loss`` /
 ``.features``, ``FlowMatchingActionHead.loss``, ``models.cosmos.vae_latents``) under the bf16
@@ -39,6 +39,25 @@ from dit4dit_npu.config import Cosmos25Config, TinyCosmosConfig
 from dit4dit_npu.models import tiny as tiny_parts
 from dit4dit_npu.models.cosmos import CosmosBackbone, vae_latents
 from dit4dit_npu.weights.model_config import backbone_config, tiny_sizes
+
+# Cosmos-Predict2.5-2B's transformer, Wan2.1's VAE and Qwen2.5-VL-7B's text model
+# (cosmos25_tiny_recipe.md §1), as the tiny builder's sizes.
+FULL_SIZE = TinyCosmosConfig(
+    num_layers=28, num_attention_heads=16, attention_head_dim=128, text_embed_dim=1024, adaln_lora_dim=256,
+    vae_base_dim=96, text_hidden_size=3584, text_num_layers=28, text_num_heads=28,
+)
+QWEN_VOCAB = 152064  # Qwen2.5-VL's vocabulary (the embedding table's rows)
+
+
+def full_size_text_config(vocab_size: int, layers: int = 28, pad_id: int = 0, eos_id: int = 0) -> dict:
+    """Qwen2.5-VL-7B's language model (``Qwen2_5_VLTextConfig`` keyword arguments)."""
+    return dict(
+        vocab_size=vocab_size, hidden_size=3584, intermediate_size=18944, num_hidden_layers=layers,
+        num_attention_heads=28, num_key_value_heads=4, rope_theta=1e6, max_position_embeddings=2048,
+        rope_scaling={"mrope_section": [16, 24, 24], "rope_type": "default", "type": "default"},
+        bos_token_id=pad_id, eos_token_id=eos_id, pad_token_id=pad_id,
+    )
+
 
 PARAM_KEYS = ("Parameter", "Buffer")
 POINTS = ((1, 4, 12), (1, 8, 12), (2, 4, 12), (2, 8, 12))  # (batch, latent h, latent w); T_lat = 3
@@ -107,11 +126,9 @@ def _depth_fit(samples: dict[int, list[tuple[int, int, float]]]) -> DepthFit:
 
 
 def real_width_backbone(layers: int, extract_layer: int, widths: TinyCosmosConfig | None = None) -> CosmosBackbone:
-    """The real Cosmos-Predict2.5-2B transformer config (or ``widths``: bench/memory.py --smoke)
+    """The real Cosmos-Predict2.5-2B transformer config (or ``widths``: the planner's --smoke)
     with ``layers`` blocks (random weights), composed like the trained model; its VAE is a tiny
     one (the VAE is measured separately)."""
-    from _common import FULL_SIZE
-
     sizes = dataclasses.replace(widths or FULL_SIZE, num_layers=layers, vae_base_dim=8)
     transformer = tiny_parts.build_transformer(tiny_sizes(sizes))
     vae = tiny_parts.build_vae(tiny_sizes(sizes))
@@ -216,8 +233,6 @@ def measure_head(head: torch.nn.Module, spec, hidden: int, log: Callable[[str], 
 def measure_vae(vae: torch.nn.Module, frames: int, log: Callable[[str], None]) -> Fit:
     """Peak of one no-grad encode of a ``frames``-frame clip (B = 1), as c + pixels * b (Fit with
     batch 1: the caller scales the per-pixel part by the batch)."""
-    from _common import step_peak_mib  # the profiler's alloc/free high-water mark (CPU)
-
     rows = []
     for h, w in ((32, 96), (48, 144), (64, 192)):
         video = torch.rand(1, 3, frames, h, w) * 2 - 1
@@ -233,3 +248,31 @@ def _pixels_fit(rows: list[tuple[int, int, float]]) -> Fit:
     c, b = np.linalg.lstsq(x, y, rcond=None)[0]
     res = max(abs(x @ np.array([c, b]) - y) / y)
     return Fit(float(c), 0.0, float(b), float(res))
+
+
+def step_peak_mib(fn: Callable[[], object]) -> tuple[float, str]:
+    """Peak memory that ``fn`` adds on top of what was live before it (activations, gradients,
+    temporaries), in MiB, and how it was measured.
+
+    Accelerator: the caching allocator's peak minus what was allocated at the start. CPU: torch
+    keeps no allocator statistics there (and peak RSS is dominated by the ~1 GB of mapped torch
+    libraries), so we replay the profiler's per-allocation memory events (every torch CPU
+    alloc/free with its size and time) and take the high-water mark of their running sum.
+    """
+    if dev.device_type() != dev.CPU:
+        dev.synchronize()
+        base = dev.memory_stats()["allocated_gib"]
+        dev.reset_peak_memory()
+        fn()
+        dev.synchronize()
+        return (dev.memory_stats()["peak_allocated_gib"] - base) * 1024, "allocator peak"
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
+    live = peak = 0
+    for e in sorted(events, key=lambda e: e.start_ns()):
+        live += e.nbytes()
+        peak = max(peak, live)
+    return peak / 2**20, "profiler alloc/free events"

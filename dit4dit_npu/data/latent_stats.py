@@ -1,7 +1,8 @@
 """Latent statistics of the tiny random VAE on a config's training images, as config lines.
 
-    python bench/tiny_vae_stats.py --config configs/aloha/dit4dit_aloha_transfer_cube_tiny.yaml [--samples 256] [a.b=c ...]
-    python bench/tiny_vae_stats.py --smoke --config CFG [a.b=c ...]   # 4 frames: checks that it runs
+    python -m dit4dit_npu.data.latent_stats --config configs/aloha/dit4dit_aloha_transfer_cube_tiny.yaml \
+        [--samples 256] [a.b=c ...]                                    (console script dit4dit-data-latent-stats)
+    python -m dit4dit_npu.data.latent_stats --smoke --config CFG [a.b=c ...]   # 4 frames: checks that it runs
 
 The model normalizes VAE latents per channel, (z - mean) / std, with the statistics in the VAE's
 config: for the real Wan2.1 VAE, its published ones. A tiny *random* VAE's latents are far
@@ -20,28 +21,36 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-import numpy as np
-import torch
-
-from dit4dit_npu.config import load_config
-from dit4dit_npu.data import build_training_data
-from dit4dit_npu.models.cosmos import vae_latents
-from dit4dit_npu.models.dit4dit import video_input
-from dit4dit_npu.weights import build_vae
+from dit4dit_npu.console import entry_point
+from dit4dit_npu.errors import DiT4DiTError
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--config", required=True)
-    p.add_argument("--samples", type=int, default=256)
-    p.add_argument("--batch", type=int, default=16)
-    p.add_argument("--smoke", action="store_true", help="4 frames, batch 2: checks that the bench runs")
-    p.add_argument("overrides", nargs="*")
-    a = p.parse_args()
+@entry_point
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m dit4dit_npu.data.latent_stats", description=__doc__.splitlines()[0])
+    p.add_argument("--config", required=True, help="the run config whose tiny VAE and training images are used")
+    p.add_argument("--samples", type=int, default=256, help="training frames encoded (default: %(default)s)")
+    p.add_argument("--batch", type=int, default=16, help="frames per VAE encode (default: %(default)s)")
+    p.add_argument("--smoke", action="store_true", help="4 frames, batch 2: checks that the command runs")
+    p.add_argument("overrides", nargs="*", help="config overrides a.b=c")
+    a = p.parse_args(argv)
     if a.smoke:
         a.samples, a.batch = 4, 2
+    for name in ("samples", "batch"):
+        if getattr(a, name) < 1:
+            raise DiT4DiTError(f"--{name}: expected a positive integer, got {getattr(a, name)}")
+    from dit4dit_npu.config import load_config
+
+    cfg = load_config(a.config, a.overrides)  # a bad config is one line before torch is imported
+    import numpy as np
+    import torch
+
+    from dit4dit_npu.data.build import build_training_data
+    from dit4dit_npu.models.cosmos import vae_latents
+    from dit4dit_npu.models.dit4dit import video_input
+    from dit4dit_npu.weights import build_vae
+
     torch.set_num_threads(1)
-    cfg = load_config(a.config, a.overrides)
     tiny = dataclasses.replace(cfg.framework.cosmos25.tiny, vae_latents_mean=None, vae_latents_std=None)
     cfg = dataclasses.replace(
         cfg, framework=dataclasses.replace(cfg.framework, cosmos25=dataclasses.replace(cfg.framework.cosmos25, tiny=tiny))
@@ -78,7 +87,8 @@ def main() -> None:
     print(f"    vae_latents_std: [{fmt(f'{x:.4f}' for x in std.tolist())}]")
     own, real = share(mean.view(1, -1, 1, 1, 1), std.view(1, -1, 1, 1, 1))[2], share(real_mean, real_std)[2]
     print(f"speedup: {own / real:.2f}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -1,8 +1,8 @@
 """Per-card memory of the real DiT4DiT training run: does it fit a 64 GB Ascend die, a 141 GB H200?
 
-    python bench/memory.py --config configs/robotwin/dit4dit_robotwin.yaml [--zero 2|3] [--world-size 8]
-                           [--batch 4] [--instructions N] [--cards 64 141] [--threads 2]
-    python bench/memory.py --smoke   # seconds: the tiny config, activations measured at tiny widths
+    python -m dit4dit_npu.train.memory_plan --config configs/robotwin/dit4dit_robotwin.yaml [--zero 2|3]
+        [--world-size 8] [--batch 4] [--instructions N] [--cards 64 141] [--threads 2]   (dit4dit-memory-plan)
+    python -m dit4dit_npu.train.memory_plan --smoke   # seconds: the tiny config, activations measured at tiny widths
 
 The plan, per card, in GiB (card sizes are given in GB = 1e9 bytes, as vendors quote them):
 - parameters: counted from the real module shapes on the meta device (Cosmos-Predict2.5-2B
@@ -18,7 +18,7 @@ The plan, per card, in GiB (card sizes are given in GB = 1e9 bytes, as vendors q
 - the prompt cache: one 512 x 100352 bf16 embedding per instruction, on the card when the
   whole cache is <= 2 GiB (``dit4dit_npu/weights/prompt_cache.py``), else in host memory;
 - the step's working memory, measured on this CPU with the real classes and extrapolated
-  (``_activations.py``): the VAE encode (skipped with a latent cache), the no-grad feature pass,
+  (``activations.py``): the VAE encode (skipped with a latent cache), the no-grad feature pass,
   and the video + action passes' forward end and backward peak, with and without gradient
   checkpointing; the step's peak is the largest phase, plus the batch's prompt embeddings.
 Not modelled: the runtime's own reserve (context, communication workspaces) and allocator
@@ -38,18 +38,29 @@ import time
 from pathlib import Path
 
 import torch
-from _common import FULL_SIZE, QWEN_VOCAB, bench_spec, full_size_text_config
 
+from dit4dit_npu.batch import BatchSpec
 from dit4dit_npu.config import Config, TinyCosmosConfig, load_config
-from dit4dit_npu.console import run
+from dit4dit_npu.console import entry_point
+from dit4dit_npu.errors import DiT4DiTError
+from dit4dit_npu.train.activations import FULL_SIZE, QWEN_VOCAB, full_size_text_config
+from dit4dit_npu.train.distributed import resolve_path
+from dit4dit_npu.transforms.policy_io import config_spec
 from dit4dit_npu.weights.model_config import tiny_sizes
 from dit4dit_npu.weights.prompt_cache import PROMPT_CACHE_ON_DEVICE_BYTES
 
 os.environ.setdefault("KINETO_LOG_LEVEL", "5")  # quiet profiler sessions (set before torch loads kineto)
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
 GIB = 2**30
+TINY_CONFIG = "configs/robotwin/dit4dit_robotwin_tiny.yaml"  # --smoke's (a source checkout's configs/)
+# RoboTwin's aloha-agilex: 14 absolute joints of state and of action (the width without padding).
+ROBOTWIN_DIMS = 14
+
+
+def plan_spec(cfg: Config) -> BatchSpec:
+    """What the data side brings for ``cfg`` with RoboTwin's widths (the plan and the benches make
+    random batches of this shape; no dataset is read)."""
+    return config_spec(cfg, ROBOTWIN_DIMS, ROBOTWIN_DIMS)
 
 
 def meta_parts(cfg: Config) -> dict[str, torch.nn.Module]:
@@ -69,7 +80,7 @@ def meta_parts(cfg: Config) -> dict[str, torch.nn.Module]:
         }
         if cfg.framework.cosmos25.training != "video":
             hidden = FULL_SIZE.num_attention_heads * FULL_SIZE.attention_head_dim
-            parts["action_model"] = build_action_head(cfg, bench_spec(cfg), hidden)
+            parts["action_model"] = build_action_head(cfg, plan_spec(cfg), hidden)
     return parts
 
 
@@ -84,10 +95,12 @@ def zero_config(cfg: Config, stage: int) -> dict:
     path = cfg.trainer.deepspeed_config or "configs/deepspeed/zero2.json"
     if stage == 3 and "zero3" not in path:
         path = "configs/deepspeed/zero3.json"
-    p = Path(path) if Path(path).is_absolute() else REPO / path
+    p = resolve_path(path)  # as the trainer finds it
+    if not p.is_file():
+        raise DiT4DiTError(f"trainer.deepspeed_config: file not found: {p}")
     section = json.loads(p.read_text()).get("zero_optimization", {})
     section["stage"] = stage
-    return {"file": str(p.relative_to(REPO)) if p.is_relative_to(REPO) else str(p), **DeepSpeedZeroConfig(**section).model_dump()}
+    return {"file": path, **DeepSpeedZeroConfig(**section).model_dump()}
 
 
 def zero_rows(stage: int, world: int, groups: list[int], frozen: int, frozen_bytes: int, largest_leaf: int,
@@ -143,7 +156,7 @@ class StepShape:
 
     @classmethod
     def of(cls, cfg: Config, batch: int) -> StepShape:
-        spec = bench_spec(cfg)
+        spec = plan_spec(cfg)
         h, w = spec.frame_size
         t_lat = (spec.num_frames - 1 + 3) // 4 + 1
         return cls(batch, t_lat * (h // 16) * (w // 16), FULL_SIZE.num_layers, cfg.framework.cosmos25.extract_layer + 1,
@@ -186,18 +199,16 @@ def check(cfg: Config, fits: dict, head_fits: dict, batch: int, gc: bool,
     mark), against the plan's working memory for the same shape. On an accelerator: the full
     model at the real token count; on CPU: 3 blocks and 72 tokens (depth extrapolated from the
     1- and 2-block fits, the phases composed as in the plan)."""
-    from _activations import free_grads_on_accumulation, real_width_backbone
-    from _common import step_peak_mib
-
     from dit4dit_npu import device as dev
     from dit4dit_npu.models import DiT4DiT
     from dit4dit_npu.models.prompt_cache import PromptCache
     from dit4dit_npu.models.testing import make_batch
+    from dit4dit_npu.train.activations import free_grads_on_accumulation, real_width_backbone, step_peak_mib
     from dit4dit_npu.weights import build_action_head
     from dit4dit_npu.weights.model_config import dit4dit_config
 
     full = dev.device_type() != dev.CPU
-    spec = bench_spec(cfg)
+    spec = plan_spec(cfg)
     layers, (h, w) = (FULL_SIZE.num_layers, (spec.frame_size[0] // 8, spec.frame_size[1] // 8)) if full else (3, (8, 12))
     extract = cfg.framework.cosmos25.extract_layer if full else 1
     backbone = real_width_backbone(layers, extract, widths)
@@ -227,26 +238,34 @@ def check(cfg: Config, fits: dict, head_fits: dict, batch: int, gc: bool,
     return measured, max(step_phases(fits, head_fits, None, shape, gc, True, widths).values()), shape
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", default=str(REPO / "configs/robotwin/dit4dit_robotwin.yaml"))
-    p.add_argument("--zero", type=int, choices=(0, 2, 3), default=2)
-    p.add_argument("--world-size", type=int, default=8)
+@entry_point
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m dit4dit_npu.train.memory_plan", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", default="configs/robotwin/dit4dit_robotwin.yaml",
+                   help="the run config to plan (default: %(default)s)")
+    p.add_argument("--zero", type=int, choices=(0, 2, 3), default=2, help="DeepSpeed ZeRO stage (0: one card, no DeepSpeed)")
+    p.add_argument("--world-size", type=int, default=8, help="ranks of the run (default: %(default)s)")
     p.add_argument("--batch", type=int, default=None, help="per-card batch (default: the config's)")
     p.add_argument("--instructions", type=int, default=None, help="distinct instructions (default: one per dataset)")
     p.add_argument("--cards", type=float, nargs="+", default=[64, 141], help="card sizes in GB")
     p.add_argument("--latent-cache", action="store_true", help="plan a run from a latent cache (no VAE encode)")
     p.add_argument("--ema", action="store_true", help="plan trainer.ema on (also on when the config sets it)")
     p.add_argument("--check", action="store_true", help="also measure one real step and compare (see check())")
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--threads", type=int, default=2, help="CPU threads of the measurements (default: %(default)s)")
     p.add_argument("--json", type=Path, metavar="OUT.json",
                    help="also write the per-card totals (bytes) there (what `python -m dit4dit_npu.doctor` reads)")
-    p.add_argument("--smoke", action="store_true", help="a seconds-long run at tiny sizes (overrides the size options): checks that the bench works; its numbers mean nothing")
-    args = p.parse_args()
+    p.add_argument("--smoke", action="store_true", help="a seconds-long run at tiny sizes (overrides the size options): checks that the planner works; its numbers mean nothing")
+    args = p.parse_args(argv)
+    for name in ("world_size", "threads"):
+        if getattr(args, name) < 1:
+            raise DiT4DiTError(f"--{name.replace('_', '-')}: expected a positive integer, got {getattr(args, name)}")
+    if args.batch is not None and args.batch < 1:
+        raise DiT4DiTError(f"--batch: expected a positive integer, got {args.batch}")
     # the widths the activations are measured at (the plan is always for the real model's shapes)
     widths = FULL_SIZE
     if args.smoke:
-        args.config, args.threads, widths = str(REPO / "configs/robotwin/dit4dit_robotwin_tiny.yaml"), 1, TinyCosmosConfig()
+        args.config, args.threads, widths = str(resolve_path(TINY_CONFIG)), 1, TinyCosmosConfig()
     hidden = hidden_width(widths)
     torch.set_num_threads(args.threads)
     cfg = load_config(args.config)
@@ -267,14 +286,14 @@ def main() -> None:
              sum(q.numel() for q in parts["vae"].parameters() if q.numel() < thr))
     print("parameters (meta device): " + ", ".join(f"{k} {v:,}" for k, v in counts.items()))
 
-    from _activations import measure_head, measure_transformer, measure_vae
+    from dit4dit_npu.train.activations import measure_head, measure_transformer, measure_vae
 
     print("measuring activations on CPU (real classes, reduced size):")
     fits = measure_transformer(cfg.framework.cosmos25.max_sequence_length,
                                text_width(widths), print, widths)
     from dit4dit_npu.weights import build_action_head
 
-    head = measure_head(build_action_head(cfg, bench_spec(cfg), hidden), bench_spec(cfg), hidden, print)
+    head = measure_head(build_action_head(cfg, plan_spec(cfg), hidden), plan_spec(cfg), hidden, print)
     from diffusers import AutoencoderKLWan
 
     from dit4dit_npu.models import tiny as tiny_parts
@@ -303,7 +322,7 @@ def main() -> None:
     peak = {k: max(v.values()) for k, v in phases.items()}
     total = {k: resident + v for k, v in peak.items()}
 
-    spec = bench_spec(cfg)
+    spec = plan_spec(cfg)
     print(f"\n== per-card memory: ZeRO-{args.zero} ({ds['file']}), world size {args.world_size}, batch {batch}, "
           f"{spec.num_frames} frames of {spec.frame_size[0]}x{spec.frame_size[1]}"
           f"{', latent cache' if args.latent_cache else ''} ==")
@@ -338,7 +357,8 @@ def main() -> None:
                   f"{planned / GIB:.2f} GiB ({100 * (planned / measured - 1):+.1f}%)")
     print("speedup = per-card memory without / with gradient checkpointing (the real config enables it)")
     print(f"speedup: {total['no_gc'] / total['gc']:.2f}")
+    return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(run(main))  # user errors: one line, exit code 2 (dit4dit_npu.console)
+    raise SystemExit(main())

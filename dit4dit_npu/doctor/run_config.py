@@ -1,17 +1,7 @@
-"""``python -m dit4dit_npu.doctor`` (console script ``dit4dit-doctor``): is this host ready for the
-run? One line per check, PASS / WARN / FAIL / SKIP, exit code 1 on any FAIL (2 for bad arguments).
-
-    python -m dit4dit_npu.doctor --config configs/robotwin/dit4dit_robotwin.yaml --num-processes 16 \\
-        [--num-machines 2] [framework.cosmos25.base_model=/models/Cosmos-Predict2.5-2B ...]
-
-Run it on every node before a long run. The stack and host checks are the device layer's
-(``dit4dit_npu/device/doctor.py``: versions and their pairing, libraries, cards, a training step
-on each card, fused attention, a real all-reduce); the checks of a run config are here: it loads
-and its model builds, its data and base-model folders are readable, its run folder is writable
-and shared by the nodes, and the cards' free memory holds its memory plan (``bench/memory.py``).
-``--stack`` runs only the stack checks, without importing torch in this process
-(``scripts/setup_env.sh`` uses it before installing anything else). ``--policy DIR`` runs only the
-check of a policy folder: every file against its full content hash (``check_policy``).
+"""The doctor's checks of a run config: it loads and its model builds, its data and base-model
+folders are readable, its run folder is writable and shared by the nodes, and the cards' free
+memory holds its memory plan (the planner, ``python -m dit4dit_npu.train.memory_plan``, in a child
+process: it measures on the CPU for minutes).
 """
 
 from __future__ import annotations
@@ -25,66 +15,15 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from dit4dit_npu.console import entry_point
-from dit4dit_npu.device import doctor as checks
-from dit4dit_npu.device.doctor import FAIL, PASS, SKIP, WARN, Result
+from dit4dit_npu.device.probes import CheckFailed
+from dit4dit_npu.doctor import host
+from dit4dit_npu.doctor.results import FAIL, PASS, SKIP, WARN, Result
 from dit4dit_npu.errors import DiT4DiTError
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-MEMORY_PLAN = REPO_ROOT / "bench" / "memory.py"
+MEMORY_PLAN = "dit4dit_npu.train.memory_plan"  # run as python -m: it is part of the package
 # File systems that live on one machine: a run folder there is not seen by the other nodes.
 LOCAL_FILE_SYSTEMS = {"ext2", "ext3", "ext4", "xfs", "btrfs", "zfs", "f2fs", "tmpfs", "ramfs", "overlay", "vfat",
                       "exfat", "ntfs", "ntfs3", "squashfs"}
-
-
-def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
-    p = argparse.ArgumentParser(
-        prog="python -m dit4dit_npu.doctor", allow_abbrev=False,
-        description="Pre-flight checks of this host for a training run: one PASS/WARN/FAIL/SKIP line each, "
-                    "exit code 1 on any FAIL. Extra a.b=c arguments are config overrides.")
-    p.add_argument("--config", help="the run config to check (data, base model, run folder, memory plan)")
-    p.add_argument("--num-processes", type=int, metavar="N",
-                   help="processes per node the launch will start (default: one per visible card; 2 on a CPU host)")
-    p.add_argument("--num-machines", type=int, default=1, metavar="M", help="nodes of the run (default 1)")
-    p.add_argument("--timeout", type=float, default=120.0, metavar="S", help="seconds the all-reduce may take")
-    p.add_argument("--stack", action="store_true", help="only the software stack (Python, torch, torch_npu, CANN, "
-                                                        "libraries); imports no torch in this process")
-    p.add_argument("--policy", metavar="DIR", help="only check this policy folder: every file against its full "
-                                                   "content hash, its manifest and PolicyIO (no model is built)")
-    args, overrides = p.parse_known_args(argv)
-    for name in ("num_processes", "num_machines"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            raise DiT4DiTError(f"--{name.replace('_', '-')}: expected a positive integer, got {value}")
-    if overrides and args.config is None:
-        raise DiT4DiTError(f"config overrides ({' '.join(overrides)}) need --config")
-    return args, overrides
-
-
-@entry_point
-def main(argv: list[str] | None = None) -> int:
-    args, overrides = parse_args(argv)
-    failed = False
-    for result in run(args, overrides):
-        print(result.line(), flush=True)
-        failed |= result.status == FAIL
-    return 1 if failed else 0
-
-
-def run(args: argparse.Namespace, overrides: list[str]) -> Iterator[Result]:
-    if args.policy is not None:
-        yield check_policy(args.policy)
-        return
-    found = checks.Stack()
-    yield from checks.stack_checks(found, package_requirements=not args.stack)
-    if args.stack:
-        return
-    if not found.torch.ok:
-        for name in ("cards", "attention", "step", "collective", "config", "memory"):
-            yield Result(SKIP, name, "torch does not import (see above)")
-        return
-    yield from checks.host_checks(args.num_processes, args.timeout)
-    yield from config_checks(args, overrides)
 
 
 # --------------------------------------------------------------------------------------------
@@ -110,23 +49,6 @@ def config_checks(args: argparse.Namespace, overrides: list[str]) -> Iterator[Re
     yield check_data(cfg)
     yield check_run_folder(cfg, args.num_machines)
     yield check_memory(cfg, args)
-
-
-def check_policy(policy_dir: str) -> Result:
-    """A policy folder, checked fully: its manifest's own hash and every file's whole content hash
-    (loading checks large files by size and edges only), the manifest and PolicyIO parse. A
-    folder of a format without hashes is a WARN: nothing could be verified."""
-    import warnings
-
-    from dit4dit_npu.policy.folder import UnverifiedPolicyWarning, verify_policy
-
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UnverifiedPolicyWarning)  # the WARN line says it
-            verified, detail = verify_policy(policy_dir)
-    except DiT4DiTError as e:
-        return Result(FAIL, "policy", str(e))
-    return Result(PASS if verified else WARN, "policy", detail)
 
 
 def check_model(cfg, path: str) -> Result:
@@ -288,25 +210,22 @@ def file_system_type(path: Path) -> str | None:
 
 
 def check_memory(cfg, args: argparse.Namespace) -> Result:
-    from dit4dit_npu.device import api  # the probes where device/doctor.py reads them too
+    from dit4dit_npu.device import api  # the probes where doctor/host.py reads them too
 
     if api.device_type() == api.CPU:
         return Result(SKIP, "memory", "CPU host: no card memory to compare with the plan")
     n = args.num_processes or api.device_count()
     try:
         planned, how = memory_plan(cfg, n * args.num_machines)
-    except checks.CheckFailed as e:
+    except CheckFailed as e:
         return Result(WARN, "memory", f"no memory plan: {e}")
-    return checks.check_memory(planned, n, how)
+    return host.check_memory(planned, n, how)
 
 
 def memory_plan(cfg, world_size: int) -> tuple[float, str]:
-    """Per-card bytes that ``bench/memory.py`` plans for ``cfg`` on ``world_size`` ranks (it measures
-    the step's working memory on the CPU with the real classes: minutes)."""
+    """Per-card bytes that the planner (``train/memory_plan.py``) plans for ``cfg`` on ``world_size``
+    ranks (it measures the step's working memory on the CPU with the real classes: minutes)."""
     from dit4dit_npu.config import save_config
-
-    if not MEMORY_PLAN.is_file():
-        raise checks.CheckFailed(f"{MEMORY_PLAN} is missing (a source checkout of dit4dit-npu has it)")
     zero = 0
     if cfg.trainer.deepspeed_config:
         from dit4dit_npu.train.distributed import resolve_path
@@ -316,20 +235,17 @@ def memory_plan(cfg, world_size: int) -> tuple[float, str]:
     with tempfile.TemporaryDirectory() as tmp:
         config, out = Path(tmp) / "config.yaml", Path(tmp) / "plan.json"
         save_config(cfg, config)
-        command = [sys.executable, str(MEMORY_PLAN), "--config", str(config), "--zero", str(zero),
+        command = [sys.executable, "-m", MEMORY_PLAN, "--config", str(config), "--zero", str(zero),
                    "--world-size", str(world_size), "--json", str(out)]
         if cfg.datasets.vla_data.latent_cache:
             command.append("--latent-cache")
-        print(f"     memory: planning with {MEMORY_PLAN.relative_to(REPO_ROOT)} (measures on the CPU: minutes) ...",
+        print(f"     memory: planning with python -m {MEMORY_PLAN} (measures on the CPU: minutes) ...",
               file=sys.stderr, flush=True)
-        r = subprocess.run(command, capture_output=True, text=True, cwd=REPO_ROOT)
+        r = subprocess.run(command, capture_output=True, text=True)
         if r.returncode != 0 or not out.is_file():
             last = (r.stderr or r.stdout).strip().splitlines()[-1:] or ["no output"]
-            raise checks.CheckFailed(f"bench/memory.py failed: {last[0]}")
+            raise CheckFailed(f"the memory planner failed: {last[0]}")
         plan = json.loads(out.read_text())
     gc = "with" if plan["gradient_checkpointing"] else "without"
     return plan["per_card_bytes"], f"plan (ZeRO-{zero}, {world_size} ranks, batch {plan['batch']}, {gc} gradient checkpointing)"
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())
