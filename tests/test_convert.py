@@ -401,9 +401,10 @@ def test_custom_conventions_convert_without_hand_edits(run, tmp_path):
                      "image_size": [32, 32]},
     )
     io = json.loads((out / "policy_io.json").read_text())
-    assert io["state"] == [{"kind": "sincos"}] and io["camera_keys"] == ["cam_a", "cam_b"]
-    assert [s["kind"] for s in io["action"]] == ["normalize", "clip", "pad"]
-    assert io["action"][0]["dims"] == list(range(6))  # the statistics mask
+    state, action = (s["vector"] for s in io["steps"][3:])  # encode_state, encode_action
+    assert state == [{"kind": "sincos"}] and io["camera_keys"] == ["cam_a", "cam_b"]
+    assert [s["kind"] for s in action] == ["normalize", "clip", "pad"]
+    assert action[0]["dims"] == list(range(6))  # the statistics mask
     text = "\n".join(notices)
     assert "datasets.vla_data.action_clip: all (DiT4DiT's clients clip every dim" in text
     assert "datasets.vla_data.action_parts: 6:min_max,1:none" in text

@@ -197,7 +197,7 @@ def test_live_images_are_resized_the_policys_way(observations) -> None:
     # The server validates (and resizes) each request before batching it, with the same parsing
     # as the policy's own: an imported DiT4DiT policy resizes with torch bilinear, not swscale.
     fresh = load_policy()
-    fresh.io.resize_method = "torch_bilinear"
+    fresh.io.resize.method = "torch_bilinear"
     cams, (h, w) = fresh.camera_keys, fresh.image_size
     rng = np.random.default_rng(0)
     big = {**observations[0], **{k: rng.integers(0, 256, (2 * h, 2 * w, 3), dtype=np.uint8) for k in cams}}
@@ -205,5 +205,5 @@ def test_live_images_are_resized_the_policys_way(observations) -> None:
     with RunningServer(fresh) as srv, srv.client() as client:
         np.testing.assert_array_equal(client.infer({**big, "seed": 0})["actions"], expected)
         np.testing.assert_array_equal(client.infer({**_aloha(big, cams, True), "seed": 0})["actions"], expected)
-    fresh.io.resize_method = "swscale"
+    fresh.io.resize.method = "swscale"
     assert not np.allclose(fresh.predict_action(big, seed=0), expected, atol=1e-4)  # the method matters
