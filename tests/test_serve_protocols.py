@@ -100,7 +100,7 @@ def test_a_failing_request_in_a_batch_gets_its_own_error(policy: DiT4DiTPolicy, 
     requests = [{**absurd, "seed": 3}, *good, {**observations[4], "state": observations[4]["state"][:3]}]
     # The refused request's connection stays idle, so the window runs out: keep it short here.
     with caplog.at_level(logging.WARNING, logger="dit4dit_npu.serve"), RunningServer(
-        policy, max_batch=8, batch_window_ms=500, allow_out_of_range_state=True
+        policy, max_batch=8, batch_window_ms=500, allow_out_of_range=True
     ) as server:
         replies = concurrently(server, requests)
     assert isinstance(replies[0][0], ServerError) and "NaN/inf" in str(replies[0][0])
