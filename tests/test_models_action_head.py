@@ -12,7 +12,7 @@ B, S, D = 3, 8, 32  # batch, feature tokens, backbone hidden
 STATE, ACTION = 5, 6  # the batch's widths
 
 SMALL = ActionModelConfig(
-    input_embedding_dim=64, hidden_size=32, future_action_window_size=3, repeated_diffusion_steps=2,
+    input_embedding_dim=64, hidden_size=32, chunk_length=4, repeated_diffusion_steps=2,
     diffusion_model_cfg=DiffusionModelConfig(num_layers=2, output_dim=32, num_attention_heads=4, attention_head_dim=16),
 )
 

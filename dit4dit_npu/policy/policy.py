@@ -247,6 +247,7 @@ class DiT4DiTPolicy:
         inference_delay: Any = 0,
         execution_horizon: Any = None,
         max_guidance_weight: float = DEFAULT_MAX_GUIDANCE,
+        own_chunk: bool = False,
     ) -> np.ndarray:
         """Observation -> action chunk in robot units: (chunk, action_dim), or (B, chunk, action_dim)
         for batched input. Same ``seed`` (an int in [0, 2**63)) and input -> same output.
@@ -270,11 +271,13 @@ class DiT4DiTPolicy:
         guidance at step H - s. The new chunk is inpainted onto that prefix (its first d actions
         follow ``prev_chunk``, the next ones blend into the new plan); without ``prev_chunk`` the
         call is plain sampling, bit for bit. ``max_guidance_weight``: the paper's beta, in
-        [0, ``MAX_GUIDANCE_LIMIT``]."""
+        [0, ``MAX_GUIDANCE_LIMIT``]. ``own_chunk=True``: ``prev_chunk`` is the rest of a chunk this
+        policy returned (a control loop feeding back its own chunks): not range-checked."""
         seed = parse_seed(seed)  # before the (resizing) parse: a bad argument fails at once
         parsed = self.parse(obs, allow_out_of_range=allow_out_of_range)
         if prev_chunk is not None:
-            parsed = self.with_rtc(parsed, prev_chunk, inference_delay, execution_horizon, max_guidance_weight)
+            parsed = self.with_rtc(parsed, prev_chunk, inference_delay, execution_horizon, max_guidance_weight,
+                                   own_chunk=own_chunk)
         for line, category in zip(parsed.warnings, parsed.categories):
             warnings.warn(line, category, stacklevel=2)
         return self.predict_batch([parsed], seed=seed, noise=noise)[0]
