@@ -178,3 +178,14 @@ def test_offline_eval_of_a_cropping_policy_predicts_from_its_training_views(tmp_
     robot = policy.predict_action({**sent, "state": np.stack([s.state for s in samples]),
                                    "instruction": [s.instruction for s in samples]}, seed=3)
     np.testing.assert_allclose(pred, robot, rtol=0, atol=1e-5)
+
+
+def test_a_checkpoint_of_an_older_policy_io_format_resumes_and_a_change_is_still_named() -> None:
+    from dit4dit_npu.train.resume import _data_change
+
+    for io in (make_io(), make_io({"cam_a": CROP})):
+        saved = {"split": [], "policy_io": old_format(io)}  # what a checkpoint written before recorded
+        assert _data_change(saved, {"split": [], "policy_io": io.to_dict()}) is None
+    other = make_io({"cam_a": [0.0, 0.0, 0.5, 0.5]}).to_dict()
+    change = _data_change({"split": [], "policy_io": old_format(make_io({"cam_a": CROP}))}, {"split": [], "policy_io": other})
+    assert change is not None and change.startswith("PolicyIO steps differ")

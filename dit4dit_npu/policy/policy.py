@@ -15,11 +15,12 @@ model's batch and the predicted chunk back into robot units, exactly as the trai
 transformed: ``predict_action`` never returns normalized actions (the original returned normalized
 actions and left unnormalization to each client, SPEC 5.1, A19). Only ``predict_normalized``
 does, for the server's DiT4DiT protocol, whose clients un-normalize themselves.
-``predict_action(obs)`` is ``predict_parsed(io.parse_observation(obs))``; the server calls the two
-halves apart, parsing each request once on arrival. Neither ever returns NaN/inf
-(``NonFiniteActionError``), and neither acts on a state far outside the training range
-(``StateOutOfRangeError``) unless the caller allows it (``allow_out_of_range=True``: then a
-``StateRangeWarning`` says so).
+``predict_action(obs)`` is ``predict_batch([parse(obs)])`` (``with_rtc`` between them for
+real-time chunking): the server calls the parts apart (``contract.py``: its whole interface, with
+``describe``), parsing each request once on arrival. Nothing non-finite is ever returned
+(``NonFiniteActionError``), and no state or ``prev_chunk`` far outside the training range is acted
+on (``StateOutOfRangeError`` / ``PrevChunkOutOfRangeError``) unless the caller allows it
+(``allow_out_of_range=True``: then a ``StateRangeWarning`` / ``PrevChunkRangeWarning`` says so).
 
 The folder format is defined by ``folder.py`` (files) and ``manifest.py`` (policy.json).
 """

@@ -53,8 +53,8 @@ def parse_seed(value: Any) -> int | None:
 
 @dataclass
 class Observation:
-    """A parsed observation: what ``PolicyIO.parse_observation`` returns and
-    ``DiT4DiTPolicy.predict_parsed`` takes (single observations carry a batch axis of 1)."""
+    """A parsed observation: what ``PolicyIO.parse_observation`` returns (and ``DiT4DiTPolicy.parse``
+    wraps in a ParsedRequest); single observations carry a batch axis of 1."""
 
     views: np.ndarray  # uint8 (B, V, H, W, 3) at the model's image size, cameras in model order
     state: np.ndarray  # float64 (B, state_dim), robot units
