@@ -115,7 +115,7 @@ def original_config(root: Path, base: Path, p: dict, run: Path):
         f"framework.action_model.diffusion_model_cfg.num_attention_heads={TINY_DIT['num_attention_heads']}",
         f"framework.action_model.diffusion_model_cfg.attention_head_dim={TINY_DIT['attention_head_dim']}",
         "framework.action_model.hidden_size=96", f"framework.action_model.action_dim={p['A']}",
-        f"framework.action_model.state_dim={p['S']}", f"framework.action_model.future_action_window_size={p['fws']}",
+        f"framework.action_model.state_dim={p['S']}", f"framework.action_model.chunk_length={p['fws'] + 1}",
         f"framework.action_model.action_horizon={p['fws'] + 1}", f"datasets.vla_data.max_action_dim={p['A']}",
         f"datasets.vla_data.max_state_dim={p['S']}",
     ]

@@ -191,7 +191,7 @@ def main() -> None:
                 "datasets.vla_data.video_delta_indices=[0, 1, 2, 3, 4, 5, 6, 7, 8]",
                 "datasets.vla_data.action_video_freq_ratio=2",
                 "datasets.vla_data.val_fraction=0.0",
-                "framework.action_model.future_action_window_size=15",
+                "framework.action_model.chunk_length=16",
             ],
         )
         data = build_training_data(cfg)

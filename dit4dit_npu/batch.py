@@ -49,7 +49,7 @@ class BatchSpec:
 
     state_width: int  # encoded (e.g. sin/cos doubles it) and padded state dims; 0 = no state
     action_width: int  # padded action dims the head predicts
-    chunk_length: int  # action steps per chunk (DiT4DiT: future_action_window_size + 1)
+    chunk_length: int  # action steps per chunk (DiT4DiT: future_action_window_size + 1, converted at its import/export)
     num_frames: int  # T of a training clip (inference always sends T = 1)
     frame_size: tuple[int, int]  # (H, W) of the tiled frame
 

@@ -97,7 +97,7 @@ class _FormerName(argparse.Action):
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
                  option_string: str | None = None) -> None:
         print(f"notice: {option_string} is deprecated, use {self.new}", file=sys.stderr)
-        setattr(namespace, self.dest, values)
+        setattr(namespace, self.dest, self.const if self.nargs == 0 else values)  # a switch: its value
 
 
 def former_names(parser: argparse.ArgumentParser, action: argparse.Action, *names: str) -> None:
@@ -107,7 +107,8 @@ def former_names(parser: argparse.ArgumentParser, action: argparse.Action, *name
     for name in names:
         parser.add_argument(
             name, dest=action.dest, nargs=action.nargs, type=action.type, metavar=action.metavar,
-            default=argparse.SUPPRESS, help=argparse.SUPPRESS, action=_FormerName, new=action.option_strings[0],
+            const=action.const, default=argparse.SUPPRESS, help=argparse.SUPPRESS, action=_FormerName,
+            new=action.option_strings[0],
         )
 
 

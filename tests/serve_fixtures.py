@@ -68,9 +68,9 @@ class SlowPolicy:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.policy, name)
 
-    def predict_parsed(self, observation: Any, seed: int | None = None, **kwargs: Any) -> np.ndarray:
+    def predict_batch(self, requests: Any, seed: int | None = None, **kwargs: Any) -> list[np.ndarray]:
         time.sleep(self.delay_s)
-        return self.policy.predict_parsed(observation, seed=seed, **kwargs)
+        return self.policy.predict_batch(requests, seed=seed, **kwargs)
 
 
 def concurrently(server: RunningServer, requests: list[dict[str, Any]], rounds: int = 1) -> list[list[Any]]:
@@ -146,3 +146,17 @@ def sample_observations(policy: Any, n: int = 8) -> list[dict[str, Any]]:
     ds = shared_tiny_setup().data.val_dataset
     step = max(1, len(ds) // n)
     return [observation_from_sample(policy.camera_keys, ds.raw_sample(i * step)) for i in range(n)]
+
+
+def in_training_range(policy: Any, chunk: np.ndarray) -> np.ndarray:
+    """``chunk`` clipped to the training action range: the tiny test policy is untrained, so its
+    own chunks stray past that range, where a prev_chunk a robot sends is refused."""
+    stats = policy.io.stats["action"]
+    return np.clip(chunk, stats.min, stats.max).astype(np.float32)
+
+
+def own_chunk_action(policy: Any, obs: dict[str, Any], seed: int, prev_chunk: np.ndarray, **rtc: Any) -> np.ndarray:
+    """The policy's RTC call onto the rest of a chunk it returned itself, as a server's session
+    makes it (``own_chunk``: not range-checked), through the server's interface."""
+    parsed = policy.with_rtc(policy.parse(obs), prev_chunk, own_chunk=True, **rtc)
+    return policy.predict_batch([parsed], seed=seed)[0]

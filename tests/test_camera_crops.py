@@ -58,9 +58,8 @@ def test_crop_box_covers_the_fraction_at_any_resolution() -> None:
 def test_live_frames_are_cut_like_training_frames_at_any_resolution() -> None:
     io = make_io({"cam_a": CROP})
     frames = {"cam_a": marker_frame(64, 64, 0.5, 0.75), "cam_b": marker_frame(64, 64, 0.5, 0.5)}
-    # the training path: a decoder that resizes when asked for a size, else gives whole frames
-    decoded = lambda key, size: (frames[key] if size is None else resize_rgb(frames[key], size))[None]  # noqa: E731
-    views = io.camera_views(decoded)
+    # the training path: a decoder that gives whole frames, as stored, in RGB
+    views = io.camera_views(lambda key: frames[key][None])
     assert views.shape == (1, 2, 16, 16, 3)
     live = io.parse_observation({**frames, "state": np.zeros(3), "instruction": "go"})
     np.testing.assert_array_equal(live.views, views)
@@ -77,19 +76,42 @@ def test_live_frames_are_cut_like_training_frames_at_any_resolution() -> None:
                               "instruction": "go"})
 
 
-def test_crops_travel_in_policy_io_format_2_and_a_policy_io_without_stays_format_1(tmp_path: Path) -> None:
+def old_format(io: PolicyIO) -> dict:
+    """policy_io.json as the releases before the steps wrote it: format 1 (no crops) or 2."""
+    d = io.to_dict()
+    crops = {"camera_crops": io.camera_crops} if io.camera_crops else {}
+    return {
+        "format": "dit4dit_npu.policy_io/2" if crops else "dit4dit_npu.policy_io/1",
+        "camera_keys": d["camera_keys"], "image_size": list(io.image_size), "view_layout": io.view_layout,
+        "clip_offsets": d["clip_offsets"], "chunk_length": d["chunk_length"], "source_sizes": d["source_sizes"],
+        "resize_method": io.resize_method, **crops, "stats": d["stats"],
+        "state": io.state.to_config(), "action": io.action.to_config(),
+    }
+
+
+def test_crops_travel_in_the_crop_step_and_formats_1_and_2_still_load(tmp_path: Path) -> None:
     io = make_io({"cam_a": CROP})
     io.save(tmp_path / "io.json")
     saved = json.loads((tmp_path / "io.json").read_text())
-    assert saved["format"] == "dit4dit_npu.policy_io/2" and saved["camera_crops"] == {"cam_a": CROP}
+    assert saved["format"] == "dit4dit_npu.policy_io/3"
+    assert [s["step"] for s in saved["steps"]] == ["crop_views", "resize_views", "tile_views", "encode_state",
+                                                   "encode_action"]
+    assert saved["steps"][0] == {"step": "crop_views", "crops": {"cam_a": CROP}}
     back = PolicyIO.load(tmp_path / "io.json")
     assert back == io and back.camera_crops == {"cam_a": CROP}
-    plain = make_io().to_dict()
-    assert plain["format"] == "dit4dit_npu.policy_io/1" and "camera_crops" not in plain
+    for old in (old_format(io), old_format(make_io())):  # folders written before the steps
+        assert PolicyIO.from_dict(old).to_dict() == (io if "camera_crops" in old else make_io()).to_dict()
+    plain = old_format(make_io())
+    assert plain["format"] == "dit4dit_npu.policy_io/1"
     with pytest.raises(PolicyIOError, match="camera_crops in a 'dit4dit_npu.policy_io/1' file"):
         PolicyIO.from_dict({**plain, "camera_crops": {"cam_a": CROP}})
     with pytest.raises(PolicyIOError, match=r"camera_crops.cam_a: expected 0 <= top"):
-        PolicyIO.from_dict({**saved, "camera_crops": {"cam_a": [0.5, 0.5, 0.6, 0.5]}})
+        PolicyIO.from_dict({**old_format(io), "camera_crops": {"cam_a": [0.5, 0.5, 0.6, 0.5]}})
+    bad = {**saved, "steps": [{"step": "crop_views", "crops": {"cam_a": [0.5, 0.5, 0.6, 0.5]}}, *saved["steps"][1:]]}
+    with pytest.raises(PolicyIOError, match=r"camera_crops.cam_a: expected 0 <= top"):
+        PolicyIO.from_dict(bad)
+    with pytest.raises(PolicyIOError, match=r"malformed PolicyIO: steps \['resize_views', .*expected exactly"):
+        PolicyIO.from_dict({**saved, "steps": saved["steps"][1:]})
 
 
 @pytest.mark.parametrize(
@@ -156,3 +178,14 @@ def test_offline_eval_of_a_cropping_policy_predicts_from_its_training_views(tmp_
     robot = policy.predict_action({**sent, "state": np.stack([s.state for s in samples]),
                                    "instruction": [s.instruction for s in samples]}, seed=3)
     np.testing.assert_allclose(pred, robot, rtol=0, atol=1e-5)
+
+
+def test_a_checkpoint_of_an_older_policy_io_format_resumes_and_a_change_is_still_named() -> None:
+    from dit4dit_npu.train.resume import _data_change
+
+    for io in (make_io(), make_io({"cam_a": CROP})):
+        saved = {"split": [], "policy_io": old_format(io)}  # what a checkpoint written before recorded
+        assert _data_change(saved, {"split": [], "policy_io": io.to_dict()}) is None
+    other = make_io({"cam_a": [0.0, 0.0, 0.5, 0.5]}).to_dict()
+    change = _data_change({"split": [], "policy_io": old_format(make_io({"cam_a": CROP}))}, {"split": [], "policy_io": other})
+    assert change is not None and change.startswith("PolicyIO steps differ")

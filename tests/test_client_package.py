@@ -120,6 +120,6 @@ def test_client_installs_into_a_fresh_venv_without_torch_and_serves(tmp_path: Pa
     np.testing.assert_array_equal(got["first"], first)
     np.testing.assert_array_equal(got["openpi"], first)
     np.testing.assert_array_equal(
-        got["rtc"], policy.predict_action(obs, seed=2, prev_chunk=first[3:], inference_delay=2)
+        got["rtc"], policy.predict_action(obs, seed=2, prev_chunk=first[3:], inference_delay=2, own_chunk=True)
     )
     assert got["normalized"].shape == (1, policy.chunk_length, io.spec.action_width)

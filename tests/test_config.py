@@ -17,7 +17,7 @@ def test_real_and_tiny_configs_load():
     assert real.datasets.vla_data.max_action_dim is None  # no padding: the 14 robot dims
     assert real.framework.cosmos25.extract_layer == 17
     assert real.datasets.vla_data.video_delta_indices == list(range(8))
-    assert real.framework.action_model.future_action_window_size == 7
+    assert real.framework.action_model.chunk_length == 8
     tiny = load_config(TINY)
     assert tiny.framework.cosmos25.base_model == "tiny"
 
@@ -161,7 +161,7 @@ def test_state_noise_is_a_training_setting_and_its_old_spelling_still_reads_with
         ("datasets.vla_data.data_mix=[{path: a, weight: 0}]", "datasets.vla_data.data_mix[0].weight: got 0.0, expected a number > 0"),
         ("datasets.vla_data.video_delta_indices=[0, 2, 2]", "datasets.vla_data.video_delta_indices: got [0, 2, 2], expected strictly increasing frame offsets"),
         ("framework.action_model.num_inference_timesteps=0", "framework.action_model.num_inference_timesteps: got 0, expected >= 1"),
-        ("framework.action_model.future_action_window_size=-1", "framework.action_model.future_action_window_size: got -1, expected >= 0 (the chunk is window + 1 steps)"),
+        ("framework.action_model.chunk_length=0", "framework.action_model.chunk_length: got 0, expected >= 1 (actions per chunk)"),
         ("framework.action_model.diffusion_model_cfg.dropout=1.0", "framework.action_model.diffusion_model_cfg.dropout: got 1.0, expected in [0, 1)"),
     ],
 )

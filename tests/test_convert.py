@@ -129,7 +129,7 @@ def our_model(num_layers: int = BLOCKS):
         "framework.cosmos25.extract_layer=1", "framework.action_model.action_model_type=DiT-B",
         f"framework.action_model.diffusion_model_cfg.num_layers={num_layers}", "framework.action_model.hidden_size=32",
         "framework.action_model.diffusion_model_cfg.output_dim=32", "framework.action_model.max_seq_len=64",
-        f"framework.action_model.future_action_window_size={CHUNK - 1}", "trainer.mixed_precision='no'",
+        f"framework.action_model.chunk_length={CHUNK}", "trainer.mixed_precision='no'",
     ]
     cfg = load_config(None, overrides)
     from dit4dit_npu.batch import BatchSpec
@@ -186,9 +186,10 @@ def test_cli_converts_every_tensor_to_its_place(run, tmp_path, capfd):
     c = info["model"]["framework"]["cosmos25"]
     assert info["format_version"] == 4 and info["step"] == 7 and c["base_model"] == str(run["base"].resolve())
     io = json.loads((out / "policy_io.json").read_text())
-    assert io["resize_method"] == "torch_bilinear"
-    assert io["state"] == [{"kind": "sincos", "groups": [1] * 8}]
-    assert [s["kind"] for s in io["action"]] == ["normalize", "binarize", "clip", "pad"]
+    steps = {s["step"]: s for s in io["steps"]}
+    assert steps["resize_views"]["method"] == "torch_bilinear"
+    assert steps["encode_state"]["vector"] == [{"kind": "sincos", "groups": [1] * 8}]
+    assert [s["kind"] for s in steps["encode_action"]["vector"]] == ["normalize", "binarize", "clip", "pad"]
     assert (c["condition_latent"], c["round_timesteps"], c["feature_noise_seed"]) == ("sample", True, None)
 
     from dit4dit_npu import DiT4DiTPolicy
@@ -403,9 +404,10 @@ def test_custom_conventions_convert_without_hand_edits(run, tmp_path):
                      "image_size": [32, 32]},
     )
     io = json.loads((out / "policy_io.json").read_text())
-    assert io["state"] == [{"kind": "sincos"}] and io["camera_keys"] == ["cam_a", "cam_b"]
-    assert [s["kind"] for s in io["action"]] == ["normalize", "clip", "pad"]
-    assert io["action"][0]["dims"] == list(range(6))  # the statistics mask
+    state, action = (s["vector"] for s in io["steps"][3:])  # encode_state, encode_action
+    assert state == [{"kind": "sincos"}] and io["camera_keys"] == ["cam_a", "cam_b"]
+    assert [s["kind"] for s in action] == ["normalize", "clip", "pad"]
+    assert action[0]["dims"] == list(range(6))  # the statistics mask
     text = "\n".join(notices)
     assert "datasets.vla_data.action_clip: all (DiT4DiT's clients clip every dim" in text
     assert "datasets.vla_data.action_parts: 6:min_max,1:none" in text

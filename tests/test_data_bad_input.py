@@ -308,9 +308,9 @@ def test_decode_pass_finds_a_corrupt_payload(ds_copy: Path, capsys) -> None:
 @pytest.mark.parametrize(
     "override, message",
     [
-        ("framework.action_model.future_action_window_size=15",
+        ("framework.action_model.chunk_length=16",
          "episode 0 has 12 frames, fewer than the action chunk (16 steps = "
-         "framework.action_model.future_action_window_size + 1): every sample of it would train on padding"),
+         "framework.action_model.chunk_length): every sample of it would train on padding"),
         ("datasets.vla_data.video_delta_indices=[0, 4, 8, 12, 16]",
          "episode 0 has 12 frames, fewer than the video clip spans (17 frames: clip offsets [0, 8, 16]): every "
          "sample of it would train on padding"),

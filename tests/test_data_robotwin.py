@@ -27,7 +27,7 @@ def make_cfg(root: Path, *extra: str):
             "datasets.vla_data.video_delta_indices=[0, 1, 2, 3, 4, 5, 6, 7]",
             "datasets.vla_data.action_video_freq_ratio=2",
             "datasets.vla_data.val_fraction=0.25",
-            "framework.action_model.future_action_window_size=7",
+            "framework.action_model.chunk_length=8",
             "seed=3",
             *extra,
         ],

@@ -4,6 +4,7 @@ as the online path, stale caches refused with one line, resumable encode, and a 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import shutil
 import subprocess
@@ -199,3 +200,20 @@ def test_training_reads_the_cache(root):
     assert [x["step"] for x in rows] == [1, 2] and all(x["video_loss"] > 0 for x in rows)
     assert (run / "checkpoints/step_000002/policy/model.safetensors").is_file()
     shutil.rmtree(root / "runs")
+
+
+def test_a_cache_of_frames_resized_at_decode_is_stale(root):
+    """Caches written before every camera took the PolicyIO's one path (RGB as stored, then its
+    resize step) hold other pixels: their manifests have no view_path, and they are refused."""
+    manifest = Path(config(root).datasets.vla_data.latent_cache) / "manifest.json"
+    before = manifest.read_text()
+    old = json.loads(before)
+    assert old["key"]["view_path"] == "rgb as stored, then swscale resize"
+    del old["key"]["view_path"]
+    manifest.write_text(json.dumps(old))
+    try:
+        with pytest.raises(DatasetError, match=r"is stale \(view_path: the cache has 'resized at decode', this run "
+                                               r"'rgb as stored, then swscale resize'\); re-encode"):
+            cached_data(config(root))
+    finally:
+        manifest.write_text(before)

@@ -243,3 +243,14 @@ def test_freeze_modules_of_another_kind_is_refused_not_read_as_nothing(libero_ya
         with pytest.raises(ConfigError, match="trainer.freeze_modules: got .*, expected a list of module paths"):
             load_config(libero_yaml, [f"trainer.freeze_modules={value}"])
     assert load_config(libero_yaml, ["trainer.freeze_modules=null"]).trainer.freeze_modules == []
+
+
+def test_the_chunk_length_is_one_number_and_the_window_converts_at_the_boundary():
+    """Ours: framework.action_model.chunk_length. DiT4DiT's (and this project's earlier)
+    future_action_window_size is the chunk minus one: converted once, here, with a notice."""
+    notices: list[list[str]] = []
+    cfg = load_config(None, ["framework.action_model.future_action_window_size=15"], on_notices=notices.append)
+    assert cfg.framework.action_model.chunk_length == 16
+    assert notices == [["framework.action_model.future_action_window_size: 15 -> framework.action_model.chunk_length: "
+                        "16 (DiT4DiT's window is the chunk minus its first step)"]]
+    assert load_config(None, ["framework.action_model.chunk_length=16"]).framework.action_model.chunk_length == 16

@@ -14,7 +14,7 @@ STATE, ACTION = 5, 6  # the batch's widths
 
 # the run-config section (its checks) and the head's record derived from it (weights/model_config.py)
 SMALL_SECTION = ActionModelConfig(
-    input_embedding_dim=64, hidden_size=32, future_action_window_size=3, repeated_diffusion_steps=2,
+    input_embedding_dim=64, hidden_size=32, chunk_length=4, repeated_diffusion_steps=2,
     diffusion_model_cfg=DiffusionModelConfig(num_layers=2, output_dim=32, num_attention_heads=4, attention_head_dim=16),
 )
 SMALL = head_config(SMALL_SECTION)

@@ -162,8 +162,8 @@ def test_model_config_errors_name_the_run_key():
     cfg = small_config()
     with pytest.raises(ConfigError, match=r"^datasets\.vla_data\.image_size .*24x32 must be divisible by 16"):
         build_dit4dit(cfg, small_spec(cfg, frame_size=(24, 32)))
-    with pytest.raises(ConfigError, match=r"^framework\.action_model\.future_action_window_size: .* 4 steps .* 6"):
-        build_dit4dit(cfg, small_spec(small_config("framework.action_model.future_action_window_size=5")))
+    with pytest.raises(ConfigError, match=r"^framework\.action_model\.chunk_length: .* 4 steps .* 6"):
+        build_dit4dit(cfg, small_spec(small_config("framework.action_model.chunk_length=6")))
     with pytest.raises(ConfigError, match=r"^framework\.cosmos25\.tiny\.attention_head_dim: got 10"):
         small_config("framework.cosmos25.tiny.attention_head_dim=10")  # refused where it is declared
 

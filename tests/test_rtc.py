@@ -154,18 +154,24 @@ def obs(policy):
     return sample_observations(policy, 2)
 
 
+def in_training_range(policy, chunk):
+    from serve_fixtures import in_training_range
+
+    return in_training_range(policy, chunk)
+
+
 def test_policy_without_prefix_is_plain_sampling_bit_for_bit(policy, obs):
     plain = policy.predict_action(obs[0], seed=2)
     assert np.array_equal(policy.predict_action(obs[0], seed=2, prev_chunk=None, inference_delay=3), plain)
     h = policy.chunk_length
-    prev = policy.predict_action(obs[0], seed=1)
+    prev = in_training_range(policy, policy.predict_action(obs[0], seed=1))
     # a horizon that leaves nothing to follow (H - s = 0) is plain sampling too
     assert np.array_equal(policy.predict_action(obs[0], seed=2, prev_chunk=prev[2:], execution_horizon=h), plain)
 
 
 def test_policy_follows_the_executed_prefix_in_robot_units(policy, obs):
     h = policy.chunk_length
-    prev = policy.predict_action(obs[0], seed=1)
+    prev = in_training_range(policy, policy.predict_action(obs[0], seed=1))
     plain = policy.predict_action(obs[0], seed=2)
     rest, d = prev[2:], 3  # 2 actions executed, 3 more will be while this chunk is computed
     new = policy.predict_action(obs[0], seed=2, prev_chunk=rest, inference_delay=d)
@@ -180,7 +186,7 @@ def test_policy_follows_the_executed_prefix_in_robot_units(policy, obs):
 
 
 def test_policy_batches_rows_of_different_prefixes(policy, obs):
-    prev = [policy.predict_action(o, seed=1) for o in obs]
+    prev = [in_training_range(policy, policy.predict_action(o, seed=1)) for o in obs]
     singles = [
         policy.predict_action(obs[0], seed=5, prev_chunk=prev[0][2:], inference_delay=2),
         policy.predict_action(obs[1], seed=5, prev_chunk=prev[1][2:], inference_delay=4),
@@ -197,7 +203,7 @@ def test_policy_batches_rows_of_different_prefixes(policy, obs):
 def test_explicit_noise_with_a_prefix(policy, obs):
     h, w = policy.chunk_length, policy.io.spec.action_width
     noise = {"action": np.random.default_rng(0).standard_normal((1, h, w)).astype(np.float32)}
-    prev = policy.predict_action(obs[0], seed=1)
+    prev = in_training_range(policy, policy.predict_action(obs[0], seed=1))
     a = policy.predict_action(obs[0], seed=7, noise=noise, prev_chunk=prev[4:], inference_delay=2)
     b = policy.predict_action(obs[0], seed=8, noise=noise, prev_chunk=prev[4:], inference_delay=2)
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)  # the start is the given noise, not the seed's
@@ -229,3 +235,45 @@ def test_chunk_prefix_pads_to_the_chunk_and_weights_each_row():
     assert p.actions.shape == (2, 6, 5) and p.weights.shape == (2, 6)
     np.testing.assert_allclose(p.weights[0], prefix_weights(6, 1, 3).numpy())
     np.testing.assert_allclose(p.weights[1], [1, 1, 1, 0, 0, 0])
+
+
+# --------------------------------------------------------------------------- RTC inputs checked like the state
+
+
+def test_prev_chunk_in_degrees_is_refused_naming_it_and_the_opt_out_warns(policy, obs):
+    from dit4dit_npu.policy import PrevChunkOutOfRangeError, PrevChunkRangeWarning
+
+    stats = policy.io.stats["action"]
+    names = policy.manifest.data.action_names or [f"action[{j}]" for j in range(policy.action_dim)]
+    degrees = np.degrees(in_training_range(policy, policy.predict_action(obs[0], seed=1))[2:])  # 57x
+    with pytest.raises(PrevChunkOutOfRangeError) as e:
+        policy.predict_action(obs[0], seed=2, prev_chunk=degrees, inference_delay=1)
+    line = str(e.value)
+    assert "\n" not in line and line.startswith("prev_chunk far outside the training range")
+    from dit4dit_npu.policy.contract import out_of_range_dims
+
+    j = out_of_range_dims(stats, degrees)[0]  # the first joint it names, with its farthest value and range
+    v = degrees[np.abs(degrees[:, j] - (stats.min[j] + stats.max[j]) / 2).argmax(), j]
+    assert f"{names[j]} = {v:.4g} (trained on [{stats.min[j]:.4g}, {stats.max[j]:.4g}])" in line
+    assert line.endswith("refused (allow_out_of_range=True acts on it anyway)")
+    with pytest.warns(PrevChunkRangeWarning, match="prev_chunk far outside the training range"):
+        out = policy.predict_action(obs[0], seed=2, prev_chunk=degrees, inference_delay=1, allow_out_of_range=True)
+    assert out.shape == (policy.chunk_length, policy.action_dim) and np.isfinite(out).all()
+
+
+def test_huge_rtc_inputs_get_messages_that_name_them(policy, obs):
+    from dit4dit_npu.policy import NonFiniteActionError, PrevChunkOutOfRangeError, PrevChunkRangeWarning
+
+    prev = in_training_range(policy, policy.predict_action(obs[0], seed=1))[2:]
+    huge = np.full_like(prev, 1e30)
+    with pytest.raises(PrevChunkOutOfRangeError, match=r"prev_chunk far outside .* = 1e\+30 \(trained on"):
+        policy.predict_action(obs[0], seed=2, prev_chunk=huge, inference_delay=1)
+    with pytest.warns(PrevChunkRangeWarning), pytest.raises(NonFiniteActionError) as e:
+        policy.predict_action(obs[0], seed=2, prev_chunk=huge, inference_delay=1, allow_out_of_range=True)
+    assert "real-time chunking inputs drove it there (prev_chunk spans [1e+30, 1e+30]" in str(e.value)
+    assert "outside the training data" not in str(e.value) and "damaged" not in str(e.value)
+    with pytest.raises(PolicyInputError, match=r"max_guidance_weight: expected a number in \[0, 100\] \(the paper's "
+                       r"beta, default 5; .*\), got 1e\+30"):
+        policy.predict_action(obs[0], seed=2, prev_chunk=prev, inference_delay=1, max_guidance_weight=1e30)
+    out = policy.predict_action(obs[0], seed=2, prev_chunk=prev, inference_delay=1, max_guidance_weight=100)
+    assert np.isfinite(out).all()  # the bound itself is a working setting

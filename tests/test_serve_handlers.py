@@ -141,7 +141,7 @@ def test_non_finite_actions_are_refused_in_each_kinds_format(policy: DiT4DiTPoli
     # One owner of the check (the policy), whatever the kind: robot units and normalized alike.
     obs = observations[0]
     absurd = {**obs, "state": np.full(policy.state_dim, 1e30)}
-    with RunningServer(policy, allow_out_of_range_state=True) as srv:
+    with RunningServer(policy, allow_out_of_range=True) as srv:
         with srv.raw() as ws:
             ws.send(msgpack_numpy.packb(absurd))
             reply = ws.recv(timeout=TIMEOUT)
@@ -216,13 +216,56 @@ def test_a_state_far_outside_the_training_range_is_refused_or_answered_with_a_wa
     with RunningServer(policy) as srv, srv.client() as client:
         with pytest.raises(ServerError) as e:
             client.infer({**degrees, "seed": 0})
-        assert str(e.value) == (f"{expected}; refused (a server started with --allow-out-of-range-state answers it, "
+        assert str(e.value) == (f"{expected}; refused (a server started with --allow-out-of-range answers it, "
                                 "with this warning in the reply)")
         assert "warnings" not in client.infer(obs) and client.get_server_metadata()["out_of_range_state"] == "refused"
-    with RunningServer(policy, allow_out_of_range_state=True) as srv, srv.client() as client:
+    with RunningServer(policy, allow_out_of_range=True) as srv, srv.client() as client:
         with pytest.warns(StateRangeWarning):
             want = policy.predict_action(degrees, seed=0, allow_out_of_range=True)
         reply = client.infer({**degrees, "seed": 0})
         assert reply["warnings"] == [expected]
         np.testing.assert_array_equal(reply["actions"], want)
         assert "warnings" not in client.infer(obs)
+
+
+def test_one_flag_allows_out_of_range_inputs_and_its_former_spelling_says_so(capsys) -> None:
+    from dit4dit_npu.serve.cli import parse_args
+
+    assert parse_args(["--policy", "p"]).allow_out_of_range is False
+    assert parse_args(["--policy", "p", "--allow-out-of-range"]).allow_out_of_range is True
+    assert capsys.readouterr().err == ""
+    assert parse_args(["--policy", "p", "--allow-out-of-range-state"]).allow_out_of_range is True
+    assert capsys.readouterr().err == "notice: --allow-out-of-range-state is deprecated, use --allow-out-of-range\n"
+
+
+class InterfaceOnly:
+    """The policy's server interface and nothing else (no ``io``, no ``metadata``): a server that
+    reached past it would fail here."""
+
+    def __init__(self, policy: DiT4DiTPolicy) -> None:
+        self._p = policy
+        self.max_added_instructions = None
+        self.parse, self.with_rtc, self.predict_batch = policy.parse, policy.with_rtc, policy.predict_batch
+        self.predict_normalized, self.describe = policy.predict_normalized, policy.describe
+
+
+def test_the_server_needs_only_the_policys_small_interface(policy, observations) -> None:
+    from serve_fixtures import dit4dit_example
+
+    obs = observations[0]
+    with RunningServer(InterfaceOnly(policy)) as srv, srv.client() as client:
+        meta = client.get_server_metadata()
+        assert (meta["camera_keys"], meta["chunk_length"], meta["action_shape"]) == (
+            policy.camera_keys, policy.chunk_length, [policy.chunk_length, policy.action_dim])
+        out = client.infer({**obs, "seed": 3})
+        np.testing.assert_array_equal(out["actions"], policy.predict_action(obs, seed=3))
+        again = client.infer({**obs, "seed": 4}, rtc={"executed": 2, "inference_delay": 1})
+        assert again["actions"].shape == (policy.chunk_length, policy.action_dim)
+        stats = meta["policy_io"]["stats"]["state"]
+        d4d = Dit4DitProtocolClient(srv.uri)
+        try:
+            example = dit4dit_example(obs, policy.camera_keys, np.array(stats["min"]), np.array(stats["max"]))
+            reply = d4d.predict_action({"examples": [example], "seed": 5})
+            assert reply["data"]["normalized_actions"].shape == (1, policy.chunk_length, policy.describe().action_width)
+        finally:
+            d4d.close()

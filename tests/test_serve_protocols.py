@@ -100,7 +100,7 @@ def test_a_failing_request_in_a_batch_gets_its_own_error(policy: DiT4DiTPolicy, 
     requests = [{**absurd, "seed": 3}, *good, {**observations[4], "state": observations[4]["state"][:3]}]
     # The refused request's connection stays idle, so the window runs out: keep it short here.
     with caplog.at_level(logging.WARNING, logger="dit4dit_npu.serve"), RunningServer(
-        policy, max_batch=8, batch_window_ms=500, allow_out_of_range_state=True
+        policy, max_batch=8, batch_window_ms=500, allow_out_of_range=True
     ) as server:
         replies = concurrently(server, requests)
     assert isinstance(replies[0][0], ServerError) and "NaN/inf" in str(replies[0][0])
@@ -197,7 +197,7 @@ def test_live_images_are_resized_the_policys_way(observations) -> None:
     # The server validates (and resizes) each request before batching it, with the same parsing
     # as the policy's own: an imported DiT4DiT policy resizes with torch bilinear, not swscale.
     fresh = load_policy()
-    fresh.io.resize_method = "torch_bilinear"
+    fresh.io.resize.method = "torch_bilinear"
     cams, (h, w) = fresh.camera_keys, fresh.image_size
     rng = np.random.default_rng(0)
     big = {**observations[0], **{k: rng.integers(0, 256, (2 * h, 2 * w, 3), dtype=np.uint8) for k in cams}}
@@ -205,5 +205,5 @@ def test_live_images_are_resized_the_policys_way(observations) -> None:
     with RunningServer(fresh) as srv, srv.client() as client:
         np.testing.assert_array_equal(client.infer({**big, "seed": 0})["actions"], expected)
         np.testing.assert_array_equal(client.infer({**_aloha(big, cams, True), "seed": 0})["actions"], expected)
-    fresh.io.resize_method = "swscale"
+    fresh.io.resize.method = "swscale"
     assert not np.allclose(fresh.predict_action(big, seed=0), expected, atol=1e-4)  # the method matters

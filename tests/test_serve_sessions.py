@@ -13,9 +13,16 @@ from typing import Any
 import numpy as np
 import pytest
 from dit4dit_client import ServerError
-from serve_fixtures import TIMEOUT, RunningServer, load_policy, sample_observations
+from serve_fixtures import (
+    TIMEOUT,
+    RunningServer,
+    in_training_range,
+    load_policy,
+    own_chunk_action,
+    sample_observations,
+)
 
-from dit4dit_npu.policy import DiT4DiTPolicy
+from dit4dit_npu.policy import DiT4DiTPolicy, PrevChunkRangeWarning
 
 
 @pytest.fixture(scope="module")
@@ -41,14 +48,14 @@ def test_rtc_on_the_session_chunk_equals_the_policys_rtc_call(server, policy, ob
         assert first["chunk_id"] == 1 and "rtc" not in first
         out = client.infer({**obs, "seed": 2}, rtc={"executed": 3, "inference_delay": 2, "chunk_id": 1})
     assert out["chunk_id"] == 2 and out["rtc"] == {"inference_delay": 2, "executed": 3, "prefix_steps": 5}
-    expected = policy.predict_action(obs, seed=2, prev_chunk=first["actions"][3:], inference_delay=2)
+    expected = own_chunk_action(policy, obs, 2, first["actions"][3:], inference_delay=2)
     np.testing.assert_array_equal(out["actions"], expected)
     assert not np.array_equal(out["actions"], policy.predict_action(obs, seed=2))  # it did guide
 
 
 def test_explicit_prev_chunk_needs_no_session(server, policy, observations) -> None:
     obs = observations[1]
-    prev = policy.predict_action(obs, seed=5)[2:]
+    prev = in_training_range(policy, policy.predict_action(obs, seed=5)[2:])  # as a robot sends it
     with server.client() as client:
         out = client.infer({**obs, "seed": 6}, rtc={"prev_chunk": prev, "inference_delay": 1})
     np.testing.assert_array_equal(out["actions"], policy.predict_action(obs, seed=6, prev_chunk=prev, inference_delay=1))
@@ -64,10 +71,10 @@ def test_two_clients_do_not_see_each_others_chunk(server, policy, observations) 
         a_out = a.infer({**a_obs, "seed": 14}, rtc={"executed": 4, "inference_delay": 2})["actions"]
         b_out = b.infer({**b_obs, "seed": 14}, rtc={"executed": 4, "inference_delay": 2})["actions"]
     np.testing.assert_array_equal(
-        a_out, policy.predict_action(a_obs, seed=14, prev_chunk=a_chunk[4:], inference_delay=2)
+        a_out, own_chunk_action(policy, a_obs, 14, a_chunk[4:], inference_delay=2)
     )
     np.testing.assert_array_equal(
-        b_out, policy.predict_action(b_obs, seed=14, prev_chunk=b_chunk[4:], inference_delay=2)
+        b_out, own_chunk_action(policy, b_obs, 14, b_chunk[4:], inference_delay=2)
     )
 
 
@@ -116,7 +123,7 @@ def test_rtc_requests_batch_with_each_other(server, policy, observations) -> Non
             c.close()
     assert {r["server_timing"]["batch_size"] for r in replies} == {len(clients)}
     for i, (obs, chunk, r) in enumerate(zip(observations, chunks, replies)):
-        single = policy.predict_action(obs, seed=4, prev_chunk=chunk[2 + i % 2 :], inference_delay=1 + i)
+        single = own_chunk_action(policy, obs, 4, chunk[2 + i % 2 :], inference_delay=1 + i)
         np.testing.assert_allclose(r["actions"], single, rtol=1e-5, atol=1e-5)
 
 
@@ -142,7 +149,7 @@ def test_bad_rtc_fields_are_one_line_and_the_connection_lives_on(server, policy,
         ({"executed": 1, "inference_delay": 1, "chunk_id": 99}, "rtc.chunk_id: 99 is not this connection's last chunk"),
         ({"executed": 1, "prev_chunk": np.zeros((3, a), np.float32)}, "rtc: give exactly one of executed"),
         ({"executed": 1, "delay": 2}, r"rtc: unknown key\(s\) \['delay'\]"),
-        ({"executed": 1, "control_hz": -5}, "rtc.control_hz: expected a rate > 0"),
+        ({"executed": 1, "control_hz": -5}, "rtc.control_hz: expected the robot's control rate in Hz, > 0 and at most 1000"),
         ("yes", "rtc: expected a dict"),
     ]
     with server.client() as client:
@@ -154,5 +161,28 @@ def test_bad_rtc_fields_are_one_line_and_the_connection_lives_on(server, policy,
         # refused requests never replaced the chunk: executed still counts from the first one
         out = client.infer({**obs, "seed": 2}, rtc={"executed": 1, "inference_delay": 1, "chunk_id": 1})
     np.testing.assert_array_equal(
-        out["actions"], policy.predict_action(obs, seed=2, prev_chunk=first["actions"][1:], inference_delay=1)
+        out["actions"], own_chunk_action(policy, obs, 2, first["actions"][1:], inference_delay=1)
     )
+
+
+def test_prev_chunk_in_degrees_is_refused_by_the_server_unless_it_allows_out_of_range(policy, observations) -> None:
+    obs = observations[0]
+    degrees = np.degrees(in_training_range(policy, policy.predict_action(obs, seed=1))[2:])
+    rtc = {"prev_chunk": degrees, "inference_delay": 1}
+    with RunningServer(policy) as srv, srv.client() as client:
+        with pytest.raises(ServerError) as e:
+            client.infer({**obs, "seed": 2}, rtc=rtc)
+        line = str(e.value)
+        assert "\n" not in line and line.startswith("rtc.prev_chunk far outside the training range")
+        assert " (trained on [" in line and "--allow-out-of-range answers it" in line
+        with pytest.raises(ServerError, match=r"rtc.max_guidance_weight: expected a number in \[0, 100\]"):
+            client.infer({**obs, "seed": 2}, rtc={"prev_chunk": degrees / 57.3, "inference_delay": 1,
+                                                  "max_guidance_weight": 1e30})
+        assert client.infer({**obs, "seed": 3})["chunk_id"] >= 1  # the connection lives on
+    with RunningServer(policy, allow_out_of_range=True) as srv, srv.client() as client:
+        out = client.infer({**obs, "seed": 2}, rtc=rtc)
+        assert len(out["warnings"]) == 1 and out["warnings"][0].startswith("prev_chunk far outside the training range")
+        assert client.get_server_metadata()["out_of_range_state"] == "answered with warnings"
+    with pytest.warns(PrevChunkRangeWarning):
+        expected = policy.predict_action(obs, seed=2, prev_chunk=degrees, inference_delay=1, allow_out_of_range=True)
+    np.testing.assert_array_equal(out["actions"], expected)  # the same call the policy makes

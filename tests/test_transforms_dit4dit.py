@@ -91,7 +91,7 @@ def test_steps_serialize_in_policy_io(tmp_path):
     order = (0, 1, 2, 3, 4, 5, 7, 8, 9, 10, 11, 12, 6, 13)
     joints = [i for i in range(14) if i not in (6, 13)]
     pipe = VectorPipeline([Normalize("min_max", st, dims=joints), Binarize((6, 13)), Reorder(order), Pad(14, 16)], 14)
-    io = PolicyIO(["cam"], (32, 32), "width", [0, 1], 4, {"state": st, "action": st}, pipe, pipe,
+    io = PolicyIO.compose(["cam"], (32, 32), "width", [0, 1], 4, {"state": st, "action": st}, pipe, pipe,
                   resize_method="torch_bilinear")
     io.save(tmp_path / "io.json")
     back = PolicyIO.load(tmp_path / "io.json")
@@ -99,7 +99,7 @@ def test_steps_serialize_in_policy_io(tmp_path):
     x = np.linspace(0, 1, 14)
     np.testing.assert_array_equal(back.action.forward(x), io.action.forward(x))
     with pytest.raises(PolicyIOError, match="resize_method"):
-        PolicyIO(["cam"], (32, 32), "width", [0], 4, {"state": st, "action": st}, pipe, pipe, resize_method="area")
+        PolicyIO.compose(["cam"], (32, 32), "width", [0], 4, {"state": st, "action": st}, pipe, pipe, resize_method="area")
 
 
 def test_torch_bilinear_resize_hand_values():
@@ -116,7 +116,7 @@ def test_torch_bilinear_resize_hand_values():
 def test_policy_io_resizes_live_images_with_its_method():
     st = stats(np.zeros(2), np.ones(2))
     pipe = VectorPipeline([Normalize("min_max", st)], 2)
-    io = PolicyIO(["cam"], (2, 4), "width", [0], 1, {"state": st, "action": st}, pipe, pipe,
+    io = PolicyIO.compose(["cam"], (2, 4), "width", [0], 1, {"state": st, "action": st}, pipe, pipe,
                   resize_method="torch_bilinear")
     img = np.zeros((2, 2, 3), np.uint8)
     img[:, 1] = 255
@@ -207,8 +207,8 @@ def test_dim_order_and_parts_that_do_not_fit():
 def test_clip_step_serializes():
     io = conv_io(action_parts=RAW_LAST, gripper_dims=[3], action_clip="all", state_parts=[(2, "sincos"), (2, "none")])
     back = PolicyIO.from_dict(io.to_dict())
-    assert back == io and [s["kind"] for s in io.to_dict()["action"]] == ["normalize", "binarize", "clip"]
-    assert io.to_dict()["state"][-1] == {"kind": "sincos", "groups": [2, 2], "keep": [1]}
+    assert back == io and [s["kind"] for s in io.to_dict()["steps"][4]["vector"]] == ["normalize", "binarize", "clip"]
+    assert io.to_dict()["steps"][3]["vector"][-1] == {"kind": "sincos", "groups": [2, 2], "keep": [1]}
     a = np.array([1.5, -0.3, 0.2, 0.49])
     np.testing.assert_array_equal(back.decode_actions(a), io.decode_actions(a))
 

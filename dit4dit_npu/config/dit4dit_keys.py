@@ -137,6 +137,15 @@ def _dtype_to_precision(value: Any) -> str:
     raise MigrationError(f"framework.cosmos25.torch_dtype: got {value!r}, expected bfloat16 or float32")
 
 
+def _window_to_chunk(value: Any) -> int:
+    """DiT4DiT's (and this project's earlier) future_action_window_size -> the chunk length: the
+    one +1 of the project's configs."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise MigrationError(f"framework.action_model.future_action_window_size: got {value!r}, expected int "
+                             "(the chunk length minus one)")
+    return value + 1
+
+
 UNUSED = "unused in DiT4DiT too"
 _REFERENCE = "the reference-faithful paths are built in bench/reference.py, not switched on in the model"
 
@@ -166,7 +175,11 @@ TABLE: dict[str, Moved | Fixed | Ignored | Removed] = {
     "framework.action_model.state_dim": Moved(
         "datasets.vla_data.max_state_dim", note="the head's width is the padded encoded-state width"
     ),
-    "framework.action_model.action_horizon": Fixed(None, "the chunk is future_action_window_size + 1 here"),
+    "framework.action_model.action_horizon": Fixed(None, "the chunk is framework.action_model.chunk_length here"),
+    "framework.action_model.future_action_window_size": Moved(
+        "framework.action_model.chunk_length", _window_to_chunk,
+        "DiT4DiT's window is the chunk minus its first step",
+    ),
     "framework.action_model.past_action_window_size": Ignored(),
     "framework.action_model.num_target_vision_tokens": Ignored(),
     "framework.action_model.diffusion_model_cfg.cross_attention_dim": Fixed(
@@ -215,4 +228,6 @@ IGNORED_IN_ORIGINAL = {
     "framework.action_model.repeated_diffusion_steps": "it used trainer.repeated_diffusion_steps",
 }
 # Keys ours and DiT4DiT's share, with the same meaning: no notice.
-SAME = {"datasets.vla_data.data_mix", "trainer.freeze_modules"}
+# (future_action_window_size also: earlier configs of this project have it; it is not a sign of
+# a DiT4DiT config.)
+SAME = {"datasets.vla_data.data_mix", "trainer.freeze_modules", "framework.action_model.future_action_window_size"}

@@ -231,8 +231,9 @@ class ActionModelConfig:
     input_embedding_dim: int | None = None
     # hidden width of the state encoder and action decoder MLPs
     hidden_size: int = 2560
-    # the head predicts future_action_window_size + 1 steps (``chunk_length``)
-    future_action_window_size: int = 7
+    # actions per predicted chunk: the one number (DiT4DiT's future_action_window_size is this
+    # minus one; config/migrate.py converts its configs, convert/ its checkpoints)
+    chunk_length: int = 8
     add_pos_embed: bool = True
     max_seq_len: int = 1024
     # flow matching: t = Beta(alpha, beta) / noise_s, integer timestep floor(t * buckets)
@@ -245,11 +246,6 @@ class ActionModelConfig:
     # source of truth (the original had two and silently read the trainer's, SPEC A10).
     repeated_diffusion_steps: int = 4
     diffusion_model_cfg: DiffusionModelConfig = field(default_factory=DiffusionModelConfig)
-
-    @property
-    def chunk_length(self) -> int:
-        """Action steps per chunk (the current step + the future window)."""
-        return self.future_action_window_size + 1
 
     # The DiT's sizes: the explicit key, else the action_model_type preset.
     @property
@@ -267,8 +263,7 @@ class ActionModelConfig:
     def check(self, key: str) -> None:
         require(self.repeated_diffusion_steps >= 1, f"{key}.repeated_diffusion_steps", self.repeated_diffusion_steps,
                 ">= 1")
-        require(self.future_action_window_size >= 0, f"{key}.future_action_window_size",
-                self.future_action_window_size, ">= 0 (the chunk is window + 1 steps)")
+        require(self.chunk_length >= 1, f"{key}.chunk_length", self.chunk_length, ">= 1 (actions per chunk)")
         require(self.num_inference_timesteps >= 1, f"{key}.num_inference_timesteps", self.num_inference_timesteps,
                 ">= 1")
         if self.add_pos_embed and self.chunk_length > self.max_seq_len:

@@ -227,17 +227,17 @@ def migrate(raw: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
             notices.append(f"{dst}: {_fmt(value)} from {src} replaces {_fmt(ours[dst])}")
         ours[dst] = value
     horizon = fixed.get("framework.action_model.action_horizon")
-    fws = ours.get("framework.action_model.future_action_window_size", 7)
-    # a non-int window is the schema's to report (with its key and type); only ints are compared
-    if horizon is not None and isinstance(fws, int) and not isinstance(fws, bool):
+    chunk = ours.get("framework.action_model.chunk_length", 8)
+    # a non-int chunk is the schema's to report (with its key and type); only ints are compared
+    if horizon is not None and isinstance(chunk, int) and not isinstance(chunk, bool):
         if not isinstance(horizon, int) or isinstance(horizon, bool):
             raise MigrationError(
                 f"framework.action_model.action_horizon: got {_fmt(horizon)}, expected int "
-                f"(future_action_window_size + 1 = {fws + 1})"
+                f"(future_action_window_size + 1 = {chunk})"
             )
-        if horizon != fws + 1:
+        if horizon != chunk:
             raise MigrationError(
-                f"framework.action_model.action_horizon ({horizon}) != future_action_window_size + 1 ({fws + 1}): "
+                f"framework.action_model.action_horizon ({horizon}) != future_action_window_size + 1 ({chunk}): "
                 "DiT4DiT draws action_horizon steps of noise but predicts future_action_window_size + 1"
             )
     _migrate_learning_rates(ours, notices, original)

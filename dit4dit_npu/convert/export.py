@@ -198,7 +198,7 @@ def run_config(cfg: Any, io: PolicyIO, kind: str, base: str, width: int) -> dict
                 "action_model_type": kind, "hidden_size": a.hidden_size, "add_pos_embed": a.add_pos_embed,
                 "max_seq_len": a.max_seq_len, "action_dim": spec.action_width, "state_dim": spec.state_width,
                 # its constructor reads past_action_window_size (chunk = past + 1 + future): ours has none
-                "future_action_window_size": a.future_action_window_size, "past_action_window_size": 0,
+                "future_action_window_size": a.chunk_length - 1, "past_action_window_size": 0,
                 "action_horizon": a.chunk_length,
                 "noise_beta_alpha": a.noise_beta_alpha, "noise_beta_beta": a.noise_beta_beta, "noise_s": a.noise_s,
                 "num_timestep_buckets": a.num_timestep_buckets, "num_inference_timesteps": a.num_inference_timesteps,

@@ -13,8 +13,8 @@ What the latents depend on, and how each is keyed (a change of any one is refuse
   data file, whose timestamps pick the frames, and its camera videos: size, mtime and a hash of
   their first and last MiB recorded per episode, see ``source_problem``) and each sample's frame
   rows (stored per episode, compared with what the dataset would read now);
-- how the frames become the VAE input: cameras, image size, view layout, clip offsets (the
-  manifest's ``CacheKey``);
+- how the frames become the VAE input: cameras, crops, image size and resize path, view layout,
+  clip offsets (the manifest's ``CacheKey``);
 - the VAE: its weights and the dtype it runs in (``weights.vae_identity``, in the key).
 
 The latents themselves are fingerprinted too: each episode file records the sha256 of its latent
@@ -72,12 +72,16 @@ class CacheKey:
     vae: str  # weights.vae_identity: weights + the dtype the VAE runs in
     # PolicyIO.camera_crops as sorted (camera, crop) pairs; a manifest without them: no crops
     camera_crops: tuple[tuple[str, tuple[float, ...]], ...] = ()
+    # How frames become views: caches written before the views took the PolicyIO's one path
+    # (frames resized inside the decoder's YUV->RGB pass) hold other pixels, and have no such key.
+    view_path: str = "resized at decode"
 
     @classmethod
     def of(cls, io: Any, vae: str) -> CacheKey:
         """The key of a PolicyIO's clips (cameras, crops, size, layout, offsets) encoded by ``vae``."""
         crops = tuple(sorted((k, tuple(float(v) for v in c)) for k, c in io.camera_crops.items()))
-        return cls(tuple(io.camera_keys), tuple(io.image_size), io.view_layout, tuple(io.clip_offsets), vae, crops)
+        path = f"rgb as stored, then {io.resize_method} resize"  # PolicyIO.view: the live images' path
+        return cls(tuple(io.camera_keys), tuple(io.image_size), io.view_layout, tuple(io.clip_offsets), vae, crops, path)
 
     def to_dict(self) -> dict[str, Any]:
         d = {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}

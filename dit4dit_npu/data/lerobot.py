@@ -249,11 +249,11 @@ class LeRobotDataset(torch.utils.data.Dataset):
         size = None if as_stored else size_hw if size_hw is not None else self.image_size
         return self.decoder.decode(self.root / vid["path"], ts.tolist(), self.tolerance_s, size)
 
-    def frame_source(self, rows: Sequence[int] | np.ndarray) -> Callable[[str, tuple[int, int] | None], np.ndarray]:
-        """``frames_of(key, size)`` for ``PolicyIO.camera_views``: camera ``key``'s frames at
-        ``rows``, resized to ``size`` as they decode, or (None) whole as stored, to be cropped as
-        a live camera frame is (the dataset's own image_size must not shrink them first)."""
-        return lambda key, size: self.frames_at(rows, key, size, as_stored=size is None)
+    def frame_source(self, rows: Sequence[int] | np.ndarray) -> Callable[[str], np.ndarray]:
+        """``frames_of(key)`` for ``PolicyIO.camera_views``: camera ``key``'s frames at ``rows``,
+        decoded to RGB as stored (the dataset's own image_size must not resize them): the
+        PolicyIO's crop and resize steps then treat them as a live camera's frames."""
+        return lambda key: self.frames_at(rows, key, as_stored=True)
 
     # -- lerobot __getitem__ -----------------------------------------------------------------
 

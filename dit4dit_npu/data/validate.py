@@ -195,7 +195,7 @@ def episode_length_problems(
         if n < chunk_length:
             problems.append(
                 f"{ds.root}: episode {shortest} has {n} frames, fewer than the action chunk ({chunk_length} steps = "
-                "framework.action_model.future_action_window_size + 1): every sample of it would train on padding"
+                "framework.action_model.chunk_length): every sample of it would train on padding"
             )
         elif n < clip:
             problems.append(

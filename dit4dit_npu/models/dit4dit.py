@@ -60,7 +60,7 @@ class DiT4DiT(nn.Module):
         if action_model is not None:
             if action_model.chunk_length != spec.chunk_length:
                 raise ConfigError(
-                    f"framework.action_model.future_action_window_size: the head predicts {action_model.chunk_length} "
+                    f"framework.action_model.chunk_length: the head predicts {action_model.chunk_length} "
                     f"steps but the batches bring chunks of {spec.chunk_length}"
                 )
             widths = (action_model.state_width, action_model.action_width)

@@ -13,12 +13,17 @@ from dit4dit_npu.policy.manifest import FORMAT_VERSION, PolicyManifest
 from dit4dit_npu.policy.policy import (
     DiT4DiTPolicy,
     NonFiniteActionError,
+    OutOfRangeError,
+    OutOfRangeWarning,
     PolicyInputError,
+    PrevChunkOutOfRangeError,
+    PrevChunkRangeWarning,
     StateOutOfRangeError,
     StateRangeWarning,
 )
 
 __all__ = [
     "FORMAT_VERSION", "DiT4DiTPolicy", "NonFiniteActionError", "PolicyInputError", "PolicyLoadError",
-    "PolicyManifest", "StateOutOfRangeError", "StateRangeWarning", "UnverifiedPolicyWarning", "export_policy",
+    "OutOfRangeError", "OutOfRangeWarning", "PolicyManifest", "PrevChunkOutOfRangeError", "PrevChunkRangeWarning",
+    "StateOutOfRangeError", "StateRangeWarning", "UnverifiedPolicyWarning", "export_policy",
 ]

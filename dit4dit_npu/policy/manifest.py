@@ -53,7 +53,8 @@ MixedPrecision = typing.get_type_hints(TrainerConfig)["mixed_precision"]
 # Keys of the framework section another file of the folder owns: never written to the manifest,
 # refused in it. The chunk length is policy_io.json's; the prompt cache is the folder's own file.
 OWNED_ELSEWHERE = {
-    ("action_model", "future_action_window_size"): "the chunk length is policy_io.json's chunk_length",
+    ("action_model", "chunk_length"): "the chunk length is policy_io.json's chunk_length",
+    ("action_model", "future_action_window_size"): "the chunk length is policy_io.json's chunk_length",  # its old name
     ("cosmos25", "prompt_cache"): "the policy's prompts are its prompt_cache.safetensors",
 }
 # Training-only keys that folders written before they moved to the trainer section carry in their
@@ -111,7 +112,7 @@ class PolicyManifest:
     def to_json(self) -> dict[str, Any]:
         out = {"format_version": FORMAT_VERSION, **dataclasses.asdict(self)}
         for (section, key), _ in OWNED_ELSEWHERE.items():
-            del out["model"]["framework"][section][key]
+            out["model"]["framework"][section].pop(key, None)  # (a former name is in no dataclass)
         return out
 
 
@@ -150,7 +151,7 @@ def typed_manifest(raw: dict[str, Any], chunk_length: int) -> PolicyManifest:
     except ConfigError as e:
         # the loader's words for a run config ("config key", a section's prefix "a.b.: ...")
         raise ManifestError(str(e).replace("config key", "key").replace(".: ", ": ")) from None
-    manifest.model.framework.action_model.future_action_window_size = chunk_length - 1
+    manifest.model.framework.action_model.chunk_length = chunk_length
     try:
         validate(inference_config(manifest.model))  # the framework's range checks, as at training
     except ConfigError as e:  # it names run-config keys: framework.* is model.framework.* here

@@ -15,11 +15,12 @@ model's batch and the predicted chunk back into robot units, exactly as the trai
 transformed: ``predict_action`` never returns normalized actions (the original returned normalized
 actions and left unnormalization to each client, SPEC 5.1, A19). Only ``predict_normalized``
 does, for the server's DiT4DiT protocol, whose clients un-normalize themselves.
-``predict_action(obs)`` is ``predict_parsed(io.parse_observation(obs))``; the server calls the two
-halves apart, parsing each request once on arrival. Neither ever returns NaN/inf
-(``NonFiniteActionError``), and neither acts on a state far outside the training range
-(``StateOutOfRangeError``) unless the caller allows it (``allow_out_of_range=True``: then a
-``StateRangeWarning`` says so).
+``predict_action(obs)`` is ``predict_batch([parse(obs)])`` (``with_rtc`` between them for
+real-time chunking): the server calls the parts apart (``contract.py``: its whole interface, with
+``describe``), parsing each request once on arrival. Nothing non-finite is ever returned
+(``NonFiniteActionError``), and no state or ``prev_chunk`` far outside the training range is acted
+on (``StateOutOfRangeError`` / ``PrevChunkOutOfRangeError``) unless the caller allows it
+(``allow_out_of_range=True``: then a ``StateRangeWarning`` / ``PrevChunkRangeWarning`` says so).
 
 The folder format is defined by ``folder.py`` (files) and ``manifest.py`` (policy.json).
 """
@@ -30,6 +31,8 @@ import logging
 import threading
 import warnings
 from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +42,22 @@ import torch
 from dit4dit_npu import device as dev
 from dit4dit_npu.batch import Batch
 from dit4dit_npu.models.rtc import DEFAULT_MAX_GUIDANCE
+from dit4dit_npu.policy.contract import (
+    RANGE_LIMIT,
+    STATE_RANGE_LIMIT,
+    OutOfRangeError,
+    OutOfRangeWarning,
+    ParsedRequest,
+    PolicyDescription,
+    PrevChunkOutOfRangeError,
+    PrevChunkRangeWarning,
+    StateOutOfRangeError,
+    StateRangeWarning,
+    concat_requests,
+    out_of_range_dims,
+    range_problem,
+    split_rows,
+)
 from dit4dit_npu.policy.folder import load_policy_folder
 from dit4dit_npu.policy.manifest import FORMAT_VERSION, PolicyManifest, inference_config
 from dit4dit_npu.policy.rtc import ChunkPrefix, chunk_prefix
@@ -47,30 +66,20 @@ from dit4dit_npu.transforms.policy_io import NonFiniteActionError, PolicyIO
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DiT4DiTPolicy", "NonFiniteActionError", "PolicyInputError", "StateOutOfRangeError", "StateRangeWarning"]
+__all__ = [
+    "STATE_RANGE_LIMIT", "DiT4DiTPolicy", "NonFiniteActionError", "OutOfRangeError", "OutOfRangeWarning",
+    "PolicyInputError", "PrevChunkOutOfRangeError", "PrevChunkRangeWarning", "StateOutOfRangeError",
+    "StateRangeWarning",
+]
 
-# A live state whose min-max position (training range -> [-1, 1]) exceeds this in some dim is
-# implausible: it lies more than a whole training range beyond either edge. A robot in its normal
-# workspace never gets there (its training data covered it); a state in other units (degrees for
-# radians: x57) or another joint order does, and the model's actions there are extrapolation.
-STATE_RANGE_LIMIT = 3.0
-
-
-class StateOutOfRangeError(PolicyInputError):
-    """A state far outside the training range, refused (``allow_out_of_range=True`` acts on it)."""
+# Real-time chunking's guidance strength (the paper's beta, default 5) and the robot's control
+# rate have stated bounds: beyond them a value is a unit or typing mistake, never a setting.
+MAX_GUIDANCE_LIMIT = 100.0  # 20x the paper's beta: more only copies prev_chunk harder (1e30 overflows)
 
 
-class StateRangeWarning(UserWarning):
-    """A state far outside the training range that the caller allowed."""
-
-
-def state_out_of_range(stats: Any, state: np.ndarray, limit: float = STATE_RANGE_LIMIT) -> list[int]:
-    """Dims of ``state`` (..., D) whose min-max normalized value exceeds ``limit`` in magnitude,
-    whatever the policy's state encoding (dims constant in training are skipped)."""
-    center, half = (stats.min + stats.max) / 2, (stats.max - stats.min) / 2
-    live = half > 0
-    z = np.abs(state.reshape(-1, len(half))[:, live] - center[live]) / half[live]
-    return np.flatnonzero(live)[(z > limit).any(0)].tolist()
+def state_out_of_range(stats: Any, state: np.ndarray, limit: float = RANGE_LIMIT) -> list[int]:
+    """Dims of ``state`` (..., D) far outside the training range (``contract.out_of_range_dims``)."""
+    return out_of_range_dims(stats, state, limit)
 
 
 class DiT4DiTPolicy:
@@ -160,24 +169,22 @@ class DiT4DiTPolicy:
     def chunk_length(self) -> int:
         return self.io.chunk_length
 
+    def describe(self) -> PolicyDescription:
+        """What this policy takes and returns, each fact once (what a server sends on connect)."""
+        io, spec = self.io, self.io.spec
+        return PolicyDescription(
+            format_version=FORMAT_VERSION, step=self.manifest.step, base_model=self.manifest.base_model,
+            camera_keys=self.camera_keys, image_size=self.image_size, source_image_sizes=io.source_sizes,
+            camera_crops=io.camera_crops, state_dim=self.state_dim, action_dim=self.action_dim,
+            chunk_length=self.chunk_length, instructions=sorted(self.prompt_cache.instructions),
+            frame_size=spec.frame_size, view_layout=io.view_layout, state_width=spec.state_width,
+            action_width=spec.action_width, policy_io=io.to_dict(),
+        )
+
     @property
     def metadata(self) -> dict[str, Any]:
-        """What a client needs to build observations (sent by the server on connect)."""
-        return {
-            "policy": "dit4dit_npu",
-            "format_version": FORMAT_VERSION,
-            "camera_keys": self.camera_keys,
-            "image_size": list(self.image_size),
-            "source_image_sizes": self.io.source_sizes,
-            "camera_crops": self.io.camera_crops,  # cut out of whole frames by the policy itself
-            "state_dim": self.state_dim,
-            "action_dim": self.action_dim,
-            "chunk_length": self.chunk_length,
-            "step": self.manifest.step,
-            "base_model": self.manifest.base_model,
-            "instructions": sorted(self.prompt_cache.instructions),
-            "observation_keys": [*self.camera_keys, "state", "instruction"],
-        }
+        """What a client needs to build observations: ``describe().metadata()``."""
+        return self.describe().metadata()
 
     # ------------------------------------------------------------------ instructions
 
@@ -243,14 +250,16 @@ class DiT4DiTPolicy:
         inference_delay: Any = 0,
         execution_horizon: Any = None,
         max_guidance_weight: float = DEFAULT_MAX_GUIDANCE,
+        own_chunk: bool = False,
     ) -> np.ndarray:
         """Observation -> action chunk in robot units: (chunk, action_dim), or (B, chunk, action_dim)
         for batched input. Same ``seed`` (an int in [0, 2**63)) and input -> same output.
 
-        A state more than a whole training range beyond it in some dim (``STATE_RANGE_LIMIT``) is
-        refused with ``StateOutOfRangeError`` naming the dims, values and ranges; with
-        ``allow_out_of_range=True`` the actions are returned and a ``StateRangeWarning`` carries the
-        same line.
+        A state (or a ``prev_chunk``) more than a whole training range beyond it in some dim
+        (``contract.RANGE_LIMIT``) is refused with ``StateOutOfRangeError``
+        (``PrevChunkOutOfRangeError``) naming the input, the dims, values and ranges; with
+        ``allow_out_of_range=True`` the actions are returned and a ``StateRangeWarning``
+        (``PrevChunkRangeWarning``) carries the same line.
 
         ``noise``: the call's random draws given explicitly, for an exact replay or a comparison
         with another implementation: a dict (or ``InferenceNoise``) with ``action`` (B,
@@ -264,19 +273,95 @@ class DiT4DiTPolicy:
         of them execute before this chunk arrives; ``execution_horizon`` s (default H - L) ends the
         guidance at step H - s. The new chunk is inpainted onto that prefix (its first d actions
         follow ``prev_chunk``, the next ones blend into the new plan); without ``prev_chunk`` the
-        call is plain sampling, bit for bit. ``max_guidance_weight``: the paper's beta."""
+        call is plain sampling, bit for bit. ``max_guidance_weight``: the paper's beta, in
+        [0, ``MAX_GUIDANCE_LIMIT``]. ``own_chunk=True``: ``prev_chunk`` is the rest of a chunk this
+        policy returned (a control loop feeding back its own chunks): not range-checked."""
         seed = parse_seed(seed)  # before the (resizing) parse: a bad argument fails at once
-        observation = self.io.parse_observation(obs)
-        prefix = None
+        parsed = self.parse(obs, allow_out_of_range=allow_out_of_range)
         if prev_chunk is not None:
-            prefix = chunk_prefix(
-                prev_chunk, inference_delay, execution_horizon, chunk_length=self.chunk_length,
-                action_dim=self.action_dim, rows=observation.rows, batched=observation.batched,
-                max_guidance_weight=max_guidance_weight,
+            parsed = self.with_rtc(parsed, prev_chunk, inference_delay, execution_horizon, max_guidance_weight,
+                                   own_chunk=own_chunk)
+        for line, category in zip(parsed.warnings, parsed.categories):
+            warnings.warn(line, category, stacklevel=2)
+        return self.predict_batch([parsed], seed=seed, noise=noise)[0]
+
+    # ------------------------------------------------------------------ the server's interface
+
+    def parse(self, obs: Any, allow_out_of_range: bool = False) -> ParsedRequest:
+        """A robot observation (ours or openpi's layout, single or batched) -> a checked request:
+        images cropped and resized by the PolicyIO, the state range checked (refused, or with
+        ``allow_out_of_range`` carried as a warning line). The one parse of an observation."""
+        parsed = ParsedRequest(self.io.parse_observation(obs), allow_out_of_range=allow_out_of_range)
+        problem = self.state_range_problem(parsed.observation.state)
+        return parsed if problem is None else self._out_of_range(parsed, problem, StateOutOfRangeError,
+                                                                 StateRangeWarning)
+
+    def with_rtc(
+        self,
+        parsed: ParsedRequest,
+        prev_chunk: Any,
+        inference_delay: Any = 0,
+        execution_horizon: Any = None,
+        max_guidance_weight: Any = DEFAULT_MAX_GUIDANCE,
+        own_chunk: bool = False,
+    ) -> ParsedRequest:
+        """``parsed`` with real-time chunking onto ``prev_chunk`` (see ``predict_action``): checked
+        (shapes, delays, ``max_guidance_weight`` in [0, MAX_GUIDANCE_LIMIT]) and range-checked
+        against the training actions like the state, under the request's ``allow_out_of_range``.
+        ``own_chunk``: ``prev_chunk`` is the rest of a chunk this policy returned (a server's
+        session): in its units by construction, so not range-checked."""
+        beta = max_guidance_weight
+        if isinstance(beta, bool | np.bool_) or not isinstance(beta, int | float | np.floating | np.integer) or not (
+            0 <= beta <= MAX_GUIDANCE_LIMIT
+        ):
+            raise PolicyInputError(
+                f"max_guidance_weight: expected a number in [0, {MAX_GUIDANCE_LIMIT:g}] (the paper's beta, default "
+                f"{DEFAULT_MAX_GUIDANCE:g}; larger values only make the new chunk copy prev_chunk harder, and huge "
+                f"ones overflow the guidance step), got {max_guidance_weight!r:.40}"
             )
-        return self.predict_parsed(
-            observation, seed=seed, noise=noise, allow_out_of_range=allow_out_of_range, prefix=prefix
+        o = parsed.observation
+        prefix = chunk_prefix(
+            prev_chunk, inference_delay, execution_horizon, chunk_length=self.chunk_length, action_dim=self.action_dim,
+            rows=o.rows, batched=o.batched, max_guidance_weight=float(beta),
         )
+        parsed = replace(parsed, prefix=prefix)
+        if own_chunk:
+            return parsed
+        names = list(self.manifest.data.action_names or [f"action[{j}]" for j in range(self.action_dim)])
+        problem = range_problem("prev_chunk", self.io.stats["action"], prefix.actions, names,
+                                "guidance would pull the new chunk there; check the robot's units (degrees for "
+                                "radians?) and joint order")
+        return parsed if problem is None else self._out_of_range(parsed, problem, PrevChunkOutOfRangeError,
+                                                                 PrevChunkRangeWarning)
+
+    @staticmethod
+    def _out_of_range(parsed: ParsedRequest, problem: str, error: type[OutOfRangeError],
+                      category: type[OutOfRangeWarning]) -> ParsedRequest:
+        """The one opt-out: refuse, or carry the line as a warning of ``category``."""
+        if not parsed.allow_out_of_range:
+            raise error(problem)
+        return parsed.allowed(problem, category)
+
+    def predict_batch(
+        self, requests: Sequence[ParsedRequest], seed: int | None = None, noise: Any = None
+    ) -> list[np.ndarray]:
+        """Checked requests (``parse``, ``with_rtc``) -> one model call for all their rows -> one
+        robot-unit chunk per request ((chunk, action_dim), or with the batch axis it was sent
+        with). Requests of one call are all RTC or none, with one guidance strength (the server
+        groups them so). Raises ``NonFiniteActionError`` rather than return NaN/inf."""
+        seed = parse_seed(seed)
+        merged = concat_requests(list(requests))
+        observation, prefix = merged.observation, merged.prefix
+        # Inference mode for plain sampling; RTC differentiates the head (rtc.py), which inference
+        # tensors cannot take part in, so it runs under no_grad with autograd re-enabled inside.
+        with torch.inference_mode() if prefix is None else torch.no_grad():
+            batch = self.io.encode_parsed(observation)
+            self.add_instructions(batch.instruction)
+            guidance = prefix.to_guidance(self.io) if prefix is not None else None
+            with self._lock:
+                normalized = self.model.predict_action(batch, seed=seed, noise=noise, guidance=guidance)
+            actions = self._finite(self.io.decode_actions(normalized), "predict_action", prefix)
+        return split_rows(actions, requests)
 
     def predict_parsed(
         self,
@@ -286,43 +371,38 @@ class DiT4DiTPolicy:
         allow_out_of_range: bool = False,
         prefix: ChunkPrefix | None = None,
     ) -> np.ndarray:
-        """``predict_action`` for an observation already parsed by ``io.parse_observation`` (checked,
-        resized) and a real-time-chunking ``prefix`` already checked by ``rtc.chunk_prefix``: the
-        server parses each request once, on arrival, and batches the parsed ones
-        (``concat_observations``, ``concat_prefixes``). Raises ``NonFiniteActionError`` rather
-        than return NaN/inf."""
-        seed = parse_seed(seed)
-        if prefix is not None and prefix.rows != observation.rows:
-            raise PolicyInputError(f"prev_chunk: {prefix.rows} rows for an observation of {observation.rows}")
+        """``predict_action`` for an observation already parsed by ``io.parse_observation`` and a
+        prefix already checked by ``rtc.chunk_prefix`` (offline evaluation feeds the dataset's
+        views this way): the state range is checked here, as ``parse`` does."""
+        parsed = ParsedRequest(observation, allow_out_of_range=allow_out_of_range)
         problem = self.state_range_problem(observation.state)
         if problem is not None:
-            if not allow_out_of_range:
-                raise StateOutOfRangeError(f"{problem}; refused (allow_out_of_range=True acts on it anyway)")
-            warnings.warn(problem, StateRangeWarning, stacklevel=3)
-        # Inference mode for plain sampling; RTC differentiates the head (rtc.py), which inference
-        # tensors cannot take part in, so it runs under no_grad with autograd re-enabled inside.
-        with torch.inference_mode() if prefix is None else torch.no_grad():
-            batch = self.io.encode_parsed(observation)
-            self.add_instructions(batch.instruction)
-            guidance = prefix.to_guidance(self.io) if prefix is not None else None
-            with self._lock:
-                normalized = self.model.predict_action(batch, seed=seed, noise=noise, guidance=guidance)
-            actions = self._finite(self.io.decode_actions(normalized), "predict_action")
-        return actions if observation.batched else actions[0]
+            parsed = self._out_of_range(parsed, problem, StateOutOfRangeError, StateRangeWarning)
+            warnings.warn(problem, StateRangeWarning, stacklevel=2)
+        if prefix is not None and prefix.rows != observation.rows:
+            raise PolicyInputError(f"prev_chunk: {prefix.rows} rows for an observation of {observation.rows}")
+        return self.predict_batch([replace(parsed, prefix=prefix)], seed=seed, noise=noise)[0]
 
-    def _finite(self, actions: np.ndarray, call: str) -> np.ndarray:
+    def _finite(self, actions: np.ndarray, call: str, prefix: ChunkPrefix | None = None) -> np.ndarray:
         """Nothing non-finite reaches a robot or a client: raise instead of returning NaN/inf.
         The one check, for both outputs (robot units and normalized, whose padded dims follow
-        the real ones)."""
+        the real ones). With real-time chunking inputs in play, they are what it names."""
         bad = ~np.isfinite(actions)
         if bad.any():
             joints = np.flatnonzero(bad.reshape(-1, actions.shape[-1]).any(0)).tolist()
             names = list(self.manifest.data.action_names or [f"action[{j}]" for j in range(self.action_dim)])
             names += [f"padding[{j}]" for j in range(len(names), actions.shape[-1])]
+            head = (f"{call} produced {int(bad.sum())} NaN/inf value(s) of {bad.size} (joints "
+                    f"{[names[j] for j in joints[:6]]}); refusing to return them: ")
+            if prefix is not None:
+                lo, hi = float(prefix.actions.min()), float(prefix.actions.max())
+                raise NonFiniteActionError(
+                    head + f"the real-time chunking inputs drove it there (prev_chunk spans [{lo:.4g}, {hi:.4g}], "
+                    f"max_guidance_weight {prefix.max_guidance_weight:g}); send prev_chunk in the robot units the "
+                    "policy was trained on, or call without prev_chunk"
+                )
             raise NonFiniteActionError(
-                f"{call} produced {int(bad.sum())} NaN/inf value(s) of {bad.size} (joints "
-                f"{[names[j] for j in joints[:6]]}); refusing to return them: the observation is far outside "
-                "the training data, or the policy's weights/normalizer are damaged"
+                head + "the observation is far outside the training data, or the policy's weights/normalizer are damaged"
             )
         return actions
 
@@ -331,22 +411,10 @@ class DiT4DiTPolicy:
         outside the training range, their values and ranges; None when it is plausible."""
         if not self.io.state_dim:
             return None
-        stats = self.io.stats["state"]
-        dims = state_out_of_range(stats, state)
-        if not dims:
-            return None
         names = self.manifest.data.state_names or [f"state[{j}]" for j in range(self.io.state_dim)]
-        rows = np.asarray(state, np.float64).reshape(-1, self.io.state_dim)
-        center = (stats.min + stats.max) / 2
-        parts = []
-        for j in dims[:4]:
-            v = rows[np.abs(rows[:, j] - center[j]).argmax(), j]  # the farthest row's value
-            parts.append(f"{names[j]} = {v:.4g} (trained on [{stats.min[j]:.4g}, {stats.max[j]:.4g}])")
-        more = f" and {len(dims) - 4} more dim(s)" if len(dims) > 4 else ""
-        return (
-            f"state far outside the training range (beyond it by more than its width) in {', '.join(parts)}{more}: "
-            "actions there are extrapolation; check the robot's units (degrees for radians?) and joint order"
-        )
+        return range_problem("state", self.io.stats["state"], state, names,
+                             "actions there are extrapolation; check the robot's units (degrees for radians?) and "
+                             "joint order")
 
     @torch.inference_mode()
     def predict_video(self, obs: dict[str, Any] | Observation, steps: int = 2, seed: int | None = None) -> np.ndarray:

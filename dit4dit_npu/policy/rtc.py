@@ -19,7 +19,6 @@ concatenated, so rows of different lengths and delays share one model call.
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -63,8 +62,10 @@ def chunk_prefix(
     batched: bool,
     max_guidance_weight: float = DEFAULT_MAX_GUIDANCE,
 ) -> ChunkPrefix:
-    """Check one RTC request for an observation of ``rows`` rows (``batched``: it had a batch
-    axis). Raises ``PolicyInputError`` with one line naming the argument."""
+    """Check one RTC request's shapes and steps for an observation of ``rows`` rows (``batched``:
+    it had a batch axis). Raises ``PolicyInputError`` with one line naming the argument. The
+    policy's ``with_rtc`` calls it, after checking ``max_guidance_weight``'s bounds, and checks
+    the values against the training range."""
     try:
         chunk = np.asarray(prev_chunk, dtype=np.float64)
     except (TypeError, ValueError):
@@ -96,9 +97,6 @@ def chunk_prefix(
             f"(chunk length {chunk_length} minus the steps of prev_chunk it follows, at least inference_delay), "
             f"got {execution_horizon}"
         )
-    beta = max_guidance_weight
-    if isinstance(beta, bool | np.bool_) or not isinstance(beta, numbers.Real) or not 0 <= beta < np.inf:
-        raise PolicyInputError(f"max_guidance_weight: expected a finite number >= 0, got {max_guidance_weight!r}")
     # pad with the last action (any finite value works: its weight is 0) so normalization sees robot values
     padded = np.concatenate([chunk, np.repeat(chunk[:, -1:], chunk_length - length, axis=1)], axis=1)
     weights = np.stack([prefix_weights(chunk_length, int(d), int(e)).numpy() for d, e in zip(delays, ends)])

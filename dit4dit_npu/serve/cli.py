@@ -10,7 +10,6 @@ import argparse
 import asyncio
 import logging
 import time
-import warnings
 
 from dit4dit_npu.console import entry_point, former_names, require
 from dit4dit_npu.serve.server import (
@@ -48,9 +47,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-decoded-mb", type=float, default=None,
                    help="most MiB a request's images may take once decoded and resized to the model size, checked "
                    "before decoding (default: twice --max-message-mb)")
-    p.add_argument("--allow-out-of-range-state", action="store_true",
-                   help="answer states far outside the training range (refused by default) with a warning in the "
-                   "reply's 'warnings'")
+    allow = p.add_argument("--allow-out-of-range", action="store_true",
+                           help="answer states and rtc prev_chunks far outside the training range (refused by "
+                           "default) with a warning in the reply's 'warnings'")
+    former_names(p, allow, "--allow-out-of-range-state")
     p.add_argument("--batch-window-ms", type=float, default=DEFAULT_BATCH_WINDOW_MS,
                    help="how long the first request of a batch waits for others to join (default: %(default)g)")
     p.add_argument("--max-new-instructions", type=int, default=DEFAULT_MAX_NEW_INSTRUCTIONS,
@@ -84,11 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     check_port(args.host, args.port)  # before the (minutes-long at full size) model load
     import torch  # only once we need it
 
-    from dit4dit_npu.policy import DiT4DiTPolicy, StateRangeWarning
-
-    # An allowed out-of-range state is reported to its client in the reply; the policy's own
-    # warning of it would repeat that on the server's stderr for every request.
-    warnings.filterwarnings("ignore", category=StateRangeWarning)
+    from dit4dit_npu.policy import DiT4DiTPolicy
 
     t0 = time.perf_counter()
     policy = DiT4DiTPolicy.from_pretrained(
@@ -102,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         max_new_instructions=args.max_new_instructions, refuse_new_instructions=args.refuse_new_instructions,
         max_rows=args.max_rows,
         max_decoded_bytes=None if args.max_decoded_mb is None else int(args.max_decoded_mb * 2**20),
-        allow_out_of_range_state=args.allow_out_of_range_state,
+        allow_out_of_range=args.allow_out_of_range,
     )
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         logger.warning("binding %s: the server has no authentication; expose it on trusted networks only",

@@ -28,39 +28,41 @@ from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
-from dit4dit_npu.policy.rtc import ChunkPrefix, concat_prefixes
+from dit4dit_npu.policy.contract import OutOfRangeError, ParsedRequest, PolicyDescription
 from dit4dit_npu.serve import protocol
 from dit4dit_npu.serve.batching import Timing
 from dit4dit_npu.serve.session import Session
-from dit4dit_npu.transforms.observation import Observation, concat_observations
+from dit4dit_npu.transforms.observation import PolicyInputError
 
 Reply = dict[str, Any] | str
 
 
 class ServablePolicy(Protocol):
-    """What the handlers need from a policy (DiT4DiTPolicy satisfies it). Both predictions raise
-    ``NonFiniteActionError`` rather than return NaN/inf: that check has one owner, the policy."""
+    """What the handlers need from a policy (DiT4DiTPolicy satisfies it; ``policy/contract.py``):
+    they never read its PolicyIO. Both predictions raise ``NonFiniteActionError`` rather than
+    return NaN/inf, and ``parse`` / ``with_rtc`` run every input check (once): that is the
+    policy's."""
 
-    io: Any  # PolicyIO: parses observations; cameras, sizes, widths
     max_added_instructions: int | None
 
-    @property
-    def metadata(self) -> dict[str, Any]: ...
+    def describe(self) -> PolicyDescription: ...
 
-    def state_range_problem(self, state: np.ndarray) -> str | None: ...
+    def parse(self, obs: Any, allow_out_of_range: bool = False) -> ParsedRequest: ...
 
-    def predict_parsed(
-        self,
-        observation: Observation,
-        seed: int | None = None,
-        noise: Any = None,
-        allow_out_of_range: bool = False,
-        prefix: ChunkPrefix | None = None,
-    ) -> np.ndarray: ...
+    def with_rtc(
+        self, parsed: ParsedRequest, prev_chunk: Any, inference_delay: Any = 0, execution_horizon: Any = None,
+        max_guidance_weight: Any = ..., own_chunk: bool = False,
+    ) -> ParsedRequest: ...
+
+    def predict_batch(self, requests: Sequence[ParsedRequest], seed: int | None = None) -> list[np.ndarray]: ...
 
     def predict_normalized(
         self, frames: np.ndarray, state: np.ndarray | None, instructions: list[str], seed: int | None = None
     ) -> np.ndarray: ...
+
+
+# How a server's refusal of an out-of-range input names its opt-out (serve/cli.py's flag).
+SERVER_OPT_OUT = "a server started with --allow-out-of-range answers it, with this warning in the reply"
 
 
 @dataclass(eq=False)  # one per socket: compared and hashed by identity
@@ -85,7 +87,7 @@ class Call:
     its rows, so only equal seeds can share one and still get their single-call answers; the
     group keeps apart calls that cannot be one model call (RTC vs plain, guidance strength)."""
 
-    payload: Any  # what the handler's ``run`` takes: an ObservationCall, protocol.ModelInputs
+    payload: Any  # what the handler's ``run`` takes: a ParsedRequest, protocol.ModelInputs
     seed: int | None
     warnings: tuple[str, ...] = ()  # sent back with the reply ("warnings"), e.g. an allowed out-of-range state
     group: Hashable = None
@@ -93,18 +95,6 @@ class Call:
     @property
     def rows(self) -> int:
         return self.payload.rows
-
-
-@dataclass(frozen=True)
-class ObservationCall:
-    """A parsed observation and its checked real-time-chunking prefix (None: plain sampling)."""
-
-    observation: Observation
-    prefix: ChunkPrefix | None = None
-
-    @property
-    def rows(self) -> int:
-        return self.observation.rows
 
 
 @dataclass(frozen=True)
@@ -189,6 +179,7 @@ class ObservationRequest(Handler):
         allow_out_of_range: bool,
     ) -> None:
         self._policy, self._gate, self._limits, self._allow = policy, gate, limits, allow_out_of_range
+        self._desc = policy.describe()
 
     def claims(self, msg: dict[Any, Any]) -> bool:
         return True
@@ -197,36 +188,28 @@ class ObservationRequest(Handler):
         obs = dict(msg)
         seed = protocol.parse_seed(obs.pop("seed", None))
         rtc = obs.pop(protocol.RTC, None)
-        io = self._policy.io
         if self._limits is not None:
-            protocol.check_observation_size(obs, self._limits, len(io.camera_keys), io.image_size)
-        observation = io.parse_observation(obs)  # the one parse (and resize) of it
-        self._gate.check(observation.instructions)
-        problem = self._policy.state_range_problem(observation.state)
-        if problem is not None and not self._allow:
-            raise protocol.RequestError(
-                f"{problem}; refused (a server started with --allow-out-of-range-state answers it, with this warning "
-                "in the reply)"
-            )
-        warnings = (problem,) if problem else ()
+            protocol.check_observation_size(obs, self._limits, len(self._desc.camera_keys), self._desc.image_size)
+        try:
+            parsed = self._policy.parse(obs, allow_out_of_range=self._allow)  # the one parse (and resize)
+        except OutOfRangeError as e:
+            raise protocol.RequestError(f"{e.problem}; refused ({SERVER_OPT_OUT})") from None
+        self._gate.check(parsed.observation.instructions)
         if rtc is None:
             if conn.session is not None:
                 conn.session.pending = None
-            return Call(ObservationCall(observation), seed, warnings)
-        prefix = conn.session.prefix(rtc, observation, io.chunk_length, io.action_dim)
-        return Call(ObservationCall(observation, prefix), seed, warnings, group=("rtc", prefix.max_guidance_weight))
+            return Call(parsed, seed, parsed.warnings)
+        inputs = conn.session.rtc_inputs(rtc, parsed.observation)
+        try:
+            parsed = self._policy.with_rtc(parsed, **inputs)
+        except OutOfRangeError as e:
+            raise protocol.RequestError(f"rtc.{e.problem}; refused ({SERVER_OPT_OUT})") from None
+        except PolicyInputError as e:
+            raise protocol.RequestError(f"rtc.{e}") from None
+        return Call(parsed, seed, parsed.warnings, group=("rtc", parsed.prefix.max_guidance_weight))
 
-    def run(self, payloads: Sequence[ObservationCall], seed: int | None) -> list[np.ndarray]:
-        if len(payloads) == 1:
-            p = payloads[0]
-            return [self._policy.predict_parsed(p.observation, seed=seed, allow_out_of_range=self._allow, prefix=p.prefix)]
-        prefixes = [p.prefix for p in payloads]
-        prefix = None if prefixes[0] is None else concat_prefixes(prefixes)  # a group is all RTC or none
-        out = self._policy.predict_parsed(
-            concat_observations([p.observation for p in payloads]), seed=seed, allow_out_of_range=self._allow,
-            prefix=prefix,
-        )
-        return _split(out, [(p.rows, p.observation.batched) for p in payloads])
+    def run(self, payloads: Sequence[ParsedRequest], seed: int | None) -> list[np.ndarray]:
+        return self._policy.predict_batch(payloads, seed=seed)
 
     def reply(self, msg: dict[Any, Any], result: np.ndarray, timing: Timing, conn: Connection) -> Reply:
         actions = np.asarray(result, dtype=np.float32)
@@ -269,10 +252,10 @@ class Dit4DitInfer(Handler):
 
     def __init__(self, policy: ServablePolicy, gate: InstructionGate, limits: protocol.RequestLimits | None) -> None:
         self._policy, self._gate, self._limits = policy, gate, limits
-        io = policy.io
-        h, w = io.image_size
-        layout = f"views {', '.join(io.camera_keys)} each {h}x{w}, tiled by {io.view_layout!r}"
-        self._space = protocol.ModelSpace(io.frame_size, io.spec.state_width, layout)
+        d = policy.describe()
+        h, w = d.image_size
+        layout = f"views {', '.join(d.camera_keys)} each {h}x{w}, tiled by {d.view_layout!r}"
+        self._space = protocol.ModelSpace(d.frame_size, d.state_width, layout)
 
     def claims(self, msg: dict[Any, Any]) -> bool:
         return protocol.is_dit4dit(msg)
@@ -285,7 +268,8 @@ class Dit4DitInfer(Handler):
     def run(self, payloads: Sequence[protocol.ModelInputs], seed: int | None) -> list[np.ndarray]:
         merged = payloads[0] if len(payloads) == 1 else protocol.concat_model_inputs(payloads)
         out = self._policy.predict_normalized(merged.frames, merged.state, merged.instructions, seed=seed)
-        return _split(out, [(p.rows, True) for p in payloads])
+        bounds = np.cumsum([0, *(p.rows for p in payloads)])  # DiT4DiT's examples always have a batch axis
+        return [out[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
 
     def reply(self, msg: dict[Any, Any], result: np.ndarray, timing: Timing, conn: Connection) -> Reply:
         return protocol.dit4dit_result(msg, result)
@@ -334,13 +318,3 @@ class Handlers:
         raise protocol.RequestError(
             f"no request kind has the keys {sorted(map(str, msg))[:8]}; this server answers {[str(h.name) for h in self]}"
         )
-
-
-def _split(out: np.ndarray, parts: Sequence[tuple[int, bool]]) -> list[np.ndarray]:
-    """Batched output rows -> one result per (rows, batched) request; a request sent without a
-    batch axis gets its result without one."""
-    results, start = [], 0
-    for rows, batched in parts:
-        results.append(out[start : start + rows] if batched else out[start])
-        start += rows
-    return results

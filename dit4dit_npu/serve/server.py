@@ -105,32 +105,37 @@ class PolicyServer:
         refuse_new_instructions: bool = False,
         max_rows: int | None = None,
         max_decoded_bytes: int | None = None,
-        allow_out_of_range_state: bool = False,
+        allow_out_of_range: bool = False,
+        allow_out_of_range_state: bool | None = None,
         input_errors: tuple[type[BaseException], ...] = (ValueError,),
     ) -> None:
         """``max_rows`` (default ``max_batch``) and ``max_decoded_bytes`` (default
         ``DECODED_PER_MESSAGE_BYTE`` x ``max_message_bytes``) cap one request, checked before it is
-        decoded and resized; ``allow_out_of_range_state`` answers states far outside the training
-        range (refused by default) with a warning in the reply."""
+        decoded and resized; ``allow_out_of_range`` answers states and RTC ``prev_chunk``s far outside
+        the training range (refused by default) with a warning in the reply
+        (``allow_out_of_range_state``: its former name)."""
+        if allow_out_of_range_state is not None:
+            allow_out_of_range = allow_out_of_range or allow_out_of_range_state
         self._host = host
         self._port = port
         self._max_bytes = max_message_bytes
         # Exceptions whose message is the user's answer (bad input: the policy raises ValueError
         # subclasses); anything else is logged with its traceback and reported as internal.
         self._input_errors = input_errors
-        known = frozenset(policy.metadata["instructions"]) if refuse_new_instructions else None
+        description = policy.describe()
+        known = frozenset(description.instructions) if refuse_new_instructions else None
         limits = RequestLimits(
             max_rows=max_batch if max_rows is None else max_rows,
             max_decoded_bytes=DECODED_PER_MESSAGE_BYTE * max_message_bytes if max_decoded_bytes is None else max_decoded_bytes,
         )
-        self._handlers = Handlers.for_policy(policy, InstructionGate(known), limits, allow_out_of_range_state)
+        self._handlers = Handlers.for_policy(policy, InstructionGate(known), limits, allow_out_of_range)
         if max_new_instructions is not None and not refuse_new_instructions:
             policy.max_added_instructions = max_new_instructions
         self._metadata = server_metadata(
-            policy.metadata, policy.io,
+            description,
             max_message_bytes=max_message_bytes, max_batch=max_batch, batch_window_ms=batch_window_ms,
             new_instructions="refused" if refuse_new_instructions else max_new_instructions,
-            limits=limits, out_of_range_state="answered with warnings" if allow_out_of_range_state else "refused",
+            limits=limits, out_of_range_state="answered with warnings" if allow_out_of_range else "refused",
         )
         # One inference worker: the model is not re-entrant and one device computes one call at a
         # time. Decoding and validation run on their own threads, beside a running model call.

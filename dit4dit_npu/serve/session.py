@@ -28,13 +28,15 @@ from typing import Any
 import numpy as np
 
 from dit4dit_npu.models.rtc import DEFAULT_MAX_GUIDANCE
-from dit4dit_npu.policy.rtc import ChunkPrefix, chunk_prefix
 from dit4dit_npu.serve.protocol import RequestError
-from dit4dit_npu.transforms.observation import Observation, PolicyInputError
+from dit4dit_npu.transforms.observation import Observation
 
 RTC_KEYS = (
     "executed", "prev_chunk", "inference_delay", "execution_horizon", "max_guidance_weight", "control_hz", "chunk_id",
 )
+# A robot's control loop that takes action chunks runs at tens to hundreds of Hz; a rate above
+# this is a unit mistake (Hz for a period in us?) and would make the delay estimate absurd.
+MAX_CONTROL_HZ = 1000.0
 LATENCY_WINDOW = 5  # requests whose latency the delay estimate takes the maximum of (the paper's Q)
 
 
@@ -48,8 +50,10 @@ class Session:
     # are answered one at a time, so there is at most one)
     pending: dict[str, Any] | None = None
 
-    def prefix(self, rtc: Any, observation: Observation, chunk_length: int, action_dim: int) -> ChunkPrefix:
-        """The checked RTC request of an observation. Raises ``RequestError`` naming the field."""
+    def rtc_inputs(self, rtc: Any, observation: Observation) -> dict[str, Any]:
+        """An observation's ``rtc`` field -> the arguments of the policy's ``with_rtc`` (``executed``
+        resolved to the rest of this connection's last chunk, a missing delay estimated); the
+        policy checks them. Raises ``RequestError`` naming the field."""
         self.pending = None
         if not isinstance(rtc, dict):
             raise RequestError(f"rtc: expected a dict with some of {list(RTC_KEYS)}, got {type(rtc).__name__}")
@@ -60,24 +64,23 @@ class Session:
             raise RequestError("rtc: give exactly one of executed (this connection's last chunk) or prev_chunk")
         if rtc.get("control_hz") is not None:
             hz = rtc["control_hz"]
-            if isinstance(hz, bool) or not isinstance(hz, int | float) or not 0 < hz < math.inf:
-                raise RequestError(f"rtc.control_hz: expected a rate > 0 in Hz, got {hz!r:.40}")
+            if isinstance(hz, bool) or not isinstance(hz, int | float) or not 0 < hz <= MAX_CONTROL_HZ:
+                raise RequestError(
+                    f"rtc.control_hz: expected the robot's control rate in Hz, > 0 and at most {MAX_CONTROL_HZ:g} "
+                    f"(the inference delay is estimated as latency x rate; faster loops than that do not take "
+                    f"action chunks), got {hz!r:.40}"
+                )
             self.control_hz = float(hz)
         executed = rtc.get("executed")
         prev = rtc["prev_chunk"] if executed is None else self._rest(executed, rtc.get("chunk_id"), observation)
         delay = rtc.get("inference_delay")
         if delay is None:
             delay = self._estimated_delay(np.shape(prev)[-2] if np.ndim(prev) >= 2 else None)
-        beta = rtc.get("max_guidance_weight", DEFAULT_MAX_GUIDANCE)
-        try:
-            prefix = chunk_prefix(
-                prev, delay, rtc.get("execution_horizon"), chunk_length=chunk_length, action_dim=action_dim,
-                rows=observation.rows, batched=observation.batched, max_guidance_weight=beta,
-            )
-        except PolicyInputError as e:
-            raise RequestError(f"rtc.{e}") from None
-        self.pending = {"inference_delay": delay, "executed": executed, "prefix_steps": int(np.shape(prev)[-2])}
-        return prefix
+        self.pending = {"inference_delay": delay, "executed": executed, "prefix_steps": int(np.shape(prev)[-2])
+                        if np.ndim(prev) >= 2 else 0}
+        return {"prev_chunk": prev, "inference_delay": delay, "execution_horizon": rtc.get("execution_horizon"),
+                "max_guidance_weight": rtc.get("max_guidance_weight", DEFAULT_MAX_GUIDANCE),
+                "own_chunk": executed is not None}  # the rest of what this server sent: the policy's units
 
     def _rest(self, executed: Any, chunk_id: Any, observation: Observation) -> np.ndarray:
         if self.chunk is None:

@@ -140,7 +140,7 @@ class FolderPolicy:
         try:
             return self._policy.predict_action(
                 _policy_observation(obs, self.metadata["camera_keys"]), seed=self._seed,
-                allow_out_of_range=self._allow, **(rtc or {})
+                allow_out_of_range=self._allow, **(rtc or {}), own_chunk=True,  # the rest of its own chunk
             )
         except PolicyInputError as e:
             raise SimError(f"policy {self.name} rejected the scene's observation: {e}") from None

@@ -31,6 +31,7 @@ from dit4dit_npu.config import Config, ConfigError
 from dit4dit_npu.files import hash_files
 from dit4dit_npu.train import checkpoint as ckpt_io
 from dit4dit_npu.train.errors import TrainingError
+from dit4dit_npu.transforms.policy_io import PolicyIO, PolicyIOError
 
 RNG_FILE = "state/random_states_{rank}.pkl"  # accelerate's name for each rank's RNG state
 RNG_MISSING = "is missing (the RNG state: the run would not continue exactly)"
@@ -230,7 +231,7 @@ def _data_change(saved: dict[str, Any], now: dict[str, Any]) -> str | None:
                 added = sorted(set(b.get(part, [])) - set(a.get(part, [])))
                 gone = sorted(set(a.get(part, [])) - set(b.get(part, [])))
                 return f"data_mix[{i}] {part} episodes differ (new: {added[:5]}, gone: {gone[:5]})"
-    io_a, io_b = saved.get("policy_io", {}), now["policy_io"]
+    io_a, io_b = _current_format(saved.get("policy_io", {})), now["policy_io"]
     for feature in sorted(set(io_a.get("stats", {})) | set(io_b.get("stats", {}))):
         sa, sb = io_a.get("stats", {}).get(feature, {}), io_b.get("stats", {}).get(feature, {})
         for stat in sorted(set(sa) | set(sb)):
@@ -240,6 +241,15 @@ def _data_change(saved: dict[str, Any], now: dict[str, Any]) -> str | None:
         if key != "stats" and io_a.get(key) != io_b.get(key):
             return f"PolicyIO {key} differs (checkpoint {io_a.get(key)!r}, now {io_b.get(key)!r})"
     return None
+
+
+def _current_format(io: dict[str, Any]) -> dict[str, Any]:
+    """A checkpoint's PolicyIO in today's policy_io.json format (older ones state the same
+    settings as top-level keys); one that does not parse is compared as it is."""
+    try:
+        return PolicyIO.from_dict(io).to_dict() if io else io
+    except PolicyIOError:
+        return io
 
 
 def _first_difference(a: Any, b: Any) -> str:

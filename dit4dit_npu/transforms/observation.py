@@ -10,22 +10,21 @@ last, as openpi's ALOHA clients send them:
     {"images": {"cam_high": uint8 (3, H, W) or (H, W, 3), ...}, "state": ..., "prompt": str}
 
 A short name maps to the camera key ``observation.images.<name>`` (LeRobot's naming, which the
-training config's camera keys use). Images of another size are resized (the training resize
-path), but only when their aspect ratio matches the training videos': a distorted view is
-something the model never saw. A camera with a crop (``PolicyIO.camera_crops``) is cut to its
+training config's camera keys use). Every image goes through the PolicyIO's crop and resize
+steps (the training frames' path); one of another size than the model's is accepted only when its
+aspect ratio matches the training videos': a distorted view is something the model never saw. A camera with a crop (``PolicyIO.camera_crops``) is cut to its
 region of interest first: every image sent is a whole camera frame, at any resolution.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from dit4dit_npu.errors import DiT4DiTError
-from dit4dit_npu.transforms.images import crop_rgb, resize_rgb
 
 STATE, INSTRUCTION = "state", "instruction"
 PROMPT = "prompt"  # openpi's name for the instruction
@@ -54,8 +53,8 @@ def parse_seed(value: Any) -> int | None:
 
 @dataclass
 class Observation:
-    """A parsed observation: what ``PolicyIO.parse_observation`` returns and
-    ``DiT4DiTPolicy.predict_parsed`` takes (single observations carry a batch axis of 1)."""
+    """A parsed observation: what ``PolicyIO.parse_observation`` returns (and ``DiT4DiTPolicy.parse``
+    wraps in a ParsedRequest); single observations carry a batch axis of 1."""
 
     views: np.ndarray  # uint8 (B, V, H, W, 3) at the model's image size, cameras in model order
     state: np.ndarray  # float64 (B, state_dim), robot units
@@ -80,15 +79,16 @@ def concat_observations(parts: Sequence[Observation]) -> Observation:
 def parse_observation(
     obs: Any,
     cameras: Sequence[str],
-    image_size: tuple[int, int],
     state_dim: int,
+    view: Callable[[str, np.ndarray], np.ndarray],
+    image_size: tuple[int, int],
     source_sizes: dict[str, list[list[int]]] | None = None,
-    resize_method: str = "swscale",
-    crops: dict[str, Sequence[float]] | None = None,
+    crops: Collection[str] = (),
 ) -> Observation:
-    """``resize_method`` (images.RESIZE_METHODS): how images of another size are resized, the
-    way the policy's training frames were (PolicyIO.resize_method); ``crops``: camera -> the
-    region [top, left, height, width] (fractions) cut out before the resize, as in training."""
+    """``view(key, image)``: the PolicyIO's path from a camera image to the model's view (its crop
+    and resize steps, as for training frames), applied to every image; ``image_size`` and
+    ``source_sizes`` (the training videos' sizes) decide which sizes are accepted; ``crops``: the
+    cameras the policy crops itself (sent whole, at the training videos' aspect ratio)."""
     if not isinstance(obs, dict):
         raise PolicyInputError(f"observation must be a dict, got {type(obs).__name__}")
     obs, names = _canonical_keys(obs, cameras)
@@ -97,9 +97,7 @@ def parse_observation(
     batched: bool | None = None
     for key in cameras:
         name = names.get(key, key)  # errors name the key the client sent
-        imgs, is_batch = _images(
-            name, obs[key], image_size, (source_sizes or {}).get(key), resize_method, (crops or {}).get(key)
-        )
+        imgs, is_batch = _images(name, obs[key], image_size, (source_sizes or {}).get(key), key in crops)
         if batched is None:
             batched = is_batch
         elif is_batch != batched or len(imgs) != len(views[0]):
@@ -108,7 +106,7 @@ def parse_observation(
                 f"{names.get(cameras[0], cameras[0])} has "
                 f"{len(views[0])} ({'batched' if batched else 'single'}); every camera needs the same batch size"
             )
-        views.append(imgs)
+        views.append(np.stack([view(key, x) for x in imgs]))
     b, batched = len(views[0]), bool(batched)
     return Observation(
         views=np.stack(views, axis=1),
@@ -164,13 +162,9 @@ def _check_keys(obs: dict[str, Any], cameras: Sequence[str]) -> None:
 
 
 def _images(
-    key: str,
-    value: Any,
-    size: tuple[int, int],
-    source_sizes: list[list[int]] | None,
-    method: str,
-    crop: Sequence[float] | None = None,
+    key: str, value: Any, size: tuple[int, int], source_sizes: list[list[int]] | None, cropped: bool
 ) -> tuple[np.ndarray, bool]:
+    """The checked uint8 (B, h, w, 3) images of one camera (not yet cropped or resized)."""
     img = np.asarray(value)
     if img.dtype != np.uint8:
         hint = " (scale [0, 1] floats with (x * 255).round().astype(np.uint8))" if img.dtype.kind == "f" else ""
@@ -184,12 +178,8 @@ def _images(
     if len(imgs) == 0 or min(imgs.shape[1:3]) < 2:
         raise PolicyInputError(f"{key}: empty image or batch, shape {img.shape}")
     h, w = imgs.shape[1:3]
-    if crop is not None:  # a whole frame at any resolution: the aspect is the training videos'
-        _check_aspect(key, h, w, size, source_sizes, cropped=True)
-        imgs = np.stack([resize_rgb(crop_rgb(x, crop), size, method) for x in imgs])
-    elif (h, w) != tuple(size):
-        _check_aspect(key, h, w, size, source_sizes)
-        imgs = np.stack([resize_rgb(np.ascontiguousarray(x), size, method) for x in imgs])
+    if cropped or (h, w) != tuple(size):  # a cropped camera: a whole frame at the videos' aspect
+        _check_aspect(key, h, w, size, source_sizes, cropped=cropped)
     return imgs, batched
 
 

@@ -1,16 +1,14 @@
 """PolicyIO: every transform between robot data and model tensors, in both directions.
 
 One object, built once from the training data's statistics and the config, saved with every
-checkpoint and policy folder (``policy_io.json``), and called by the dataset (``encode_sample``),
-the policy and the server (``parse_observation`` / ``encode_parsed`` / ``decode_actions``) and
-evaluation alike, so training and deployment cannot drift apart. It owns:
-
-- camera_keys: which observation keys, in which order, cropped to which region, at which size,
-  tiled how (``images.py``);
-- state: raw robot state -> encoded (normalized / sin-cos / raw) and zero-padded (``vector.py``);
-- action: raw chunk -> normalized and zero-padded, the real-dims mask, and the inverse for
-  predicted chunks;
-- the clip (frame offsets of a training sample) and the chunk length.
+checkpoint and policy folder (``policy_io.json``), and called by the dataset (``camera_views``,
+``encode_sample``: training samples and the latent cache), the policy (``parse_observation`` /
+``encode_parsed`` / ``decode_actions``) and evaluation alike, so training and deployment cannot
+drift apart. It is an ordered list of steps (``steps.py``: CropViews, ResizeViews, TileViews,
+EncodeState, EncodeAction, each serializing itself) plus the facts they share: the cameras in
+model order, the clip (frame offsets of a training sample), the chunk length (the one number;
+DiT4DiT's ``future_action_window_size`` is it minus one, converted only at import and export),
+the raw statistics and the training videos' sizes.
 
 The model reads its input widths from ``spec`` (a ``BatchSpec``), never from a second copy.
 """
@@ -29,77 +27,108 @@ import torch
 
 from dit4dit_npu.batch import Batch, BatchSpec
 from dit4dit_npu.config import Config, ConfigError
-from dit4dit_npu.config.schema import crop_problem
 from dit4dit_npu.errors import DiT4DiTError
 from dit4dit_npu.transforms import encodings
 from dit4dit_npu.transforms.feature_stats import FeatureStats
-from dit4dit_npu.transforms.images import (
-    RESIZE_METHODS,
-    VIEW_LAYOUTS,
-    crop_box,
-    crop_rgb,
-    resize_rgb,
-    tile_views,
-    tiled_size,
-)
+from dit4dit_npu.transforms.images import crop_box
 from dit4dit_npu.transforms.observation import ASPECT_TOLERANCE, Observation, parse_observation
+from dit4dit_npu.transforms.steps import (
+    CROPS_KEY,
+    ORDER,
+    CropViews,
+    EncodeAction,
+    EncodeState,
+    IOStep,
+    PolicyIOError,
+    ResizeViews,
+    TileViews,
+    steps_from_dicts,
+)
 from dit4dit_npu.transforms.vector import NORM_MODES, Normalize, TooNarrowError, VectorPipeline, padded
 
-FORMAT = "dit4dit_npu.policy_io/1"
-# 2 adds camera_crops. A PolicyIO without crops is written as 1, byte for byte as before, so it
-# still loads in releases that know only 1; one with crops is 2, which those refuse instead of
-# silently feeding uncropped frames.
-FORMAT_CROPS = "dit4dit_npu.policy_io/2"
-CROPS_KEY = "datasets.vla_data.camera_crops"
+# 3: the transforms as an ordered list of steps (``steps.py``), each writing itself. 1 (no crops)
+# and 2 (camera_crops) kept each setting as a top-level key; both are still read.
+FORMAT = "dit4dit_npu.policy_io/3"
+FORMAT_1, FORMAT_2 = "dit4dit_npu.policy_io/1", "dit4dit_npu.policy_io/2"
 STATE_MODES = (*NORM_MODES, "sincos", "none")
-
-
-class PolicyIOError(DiT4DiTError, ValueError):
-    """A PolicyIO that cannot be built or read (one line naming the setting or file)."""
 
 
 class NonFiniteActionError(DiT4DiTError, RuntimeError):
     """The model computed NaN/inf actions: they are never returned to a robot."""
 
 
-@dataclass
+@dataclass(eq=False)
 class PolicyIO:
     camera_keys: list[str]
-    image_size: tuple[int, int]  # (H, W) of each view
-    view_layout: str
     clip_offsets: list[int]  # frame offsets of a training clip; 0 = the observation
-    chunk_length: int
+    chunk_length: int  # action steps per chunk: the one number (DiT4DiT's window is this - 1)
     stats: dict[str, FeatureStats]  # raw "state" / "action" statistics of the training data
-    state: VectorPipeline
-    action: VectorPipeline
+    steps: list[IOStep]  # exactly steps.ORDER: crop, resize, tile, state, action
     # camera -> [[H, W], ...] of the training videos (the live-image aspect-ratio check)
     source_sizes: dict[str, list[list[int]]] = field(default_factory=dict)
-    # How live images of another size are resized (images.RESIZE_METHODS): "swscale" is this
-    # project's decode-time path; "torch_bilinear" is DiT4DiT's (set by its checkpoint import).
-    resize_method: str = "swscale"
-    # camera -> [top, left, height, width], fractions of its frame: the region of interest cut out
-    # of every frame of that camera before the resize (training frames and live images alike)
-    camera_crops: dict[str, list[float]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.image_size = (int(self.image_size[0]), int(self.image_size[1]))
-        if self.view_layout not in VIEW_LAYOUTS:
-            raise PolicyIOError(f"view_layout {self.view_layout!r}: expected one of {list(VIEW_LAYOUTS)}")
-        if self.resize_method not in RESIZE_METHODS:
-            raise PolicyIOError(f"resize_method {self.resize_method!r}: expected one of {list(RESIZE_METHODS)}")
+        if [type(s) for s in self.steps] != list(ORDER):
+            raise PolicyIOError(f"steps {[type(s).__name__ for s in self.steps]}: expected {[c.__name__ for c in ORDER]}")
+        self.crop, self.resize, self.tile, self.state_step, self.action_step = self.steps
         if not self.camera_keys:
             raise PolicyIOError("camera_keys: expected at least one camera")
         if not self.clip_offsets or self.clip_offsets[0] != 0:
             raise PolicyIOError(f"clip_offsets {self.clip_offsets}: must start with 0 (the observation frame)")
         if self.chunk_length < 1:
             raise PolicyIOError(f"chunk_length {self.chunk_length}: expected >= 1")
-        self.camera_crops = {str(k): [float(v) for v in c] for k, c in dict(self.camera_crops).items()}
-        for key, crop in self.camera_crops.items():
-            if key not in self.camera_keys:
-                raise PolicyIOError(f"{CROPS_KEY}: {key!r} is not one of the camera_keys {self.camera_keys}")
-            problem = crop_problem(crop)
-            if problem:
-                raise PolicyIOError(f"{CROPS_KEY}.{key}: {problem}")
+        self.crop.check_cameras(self.camera_keys)
+
+    @classmethod
+    def compose(
+        cls,
+        camera_keys: Sequence[str],
+        image_size: Sequence[int],
+        view_layout: str,
+        clip_offsets: Sequence[int],
+        chunk_length: int,
+        stats: dict[str, FeatureStats],
+        state: VectorPipeline,
+        action: VectorPipeline,
+        source_sizes: dict[str, list[list[int]]] | None = None,
+        resize_method: str = "swscale",
+        camera_crops: dict[str, Sequence[float]] | None = None,
+    ) -> PolicyIO:
+        """The steps from their settings (what formats 1 and 2 stored as top-level keys)."""
+        steps = [
+            CropViews({k: list(v) for k, v in (camera_crops or {}).items()}),
+            ResizeViews(tuple(image_size), resize_method),
+            TileViews(view_layout),
+            EncodeState(state),
+            EncodeAction(action),
+        ]
+        return cls([str(k) for k in camera_keys], [int(o) for o in clip_offsets], int(chunk_length), dict(stats),
+                   steps, dict(source_sizes or {}))
+
+    # The steps' settings, read where a caller needs one (each has one owner: its step).
+    @property
+    def image_size(self) -> tuple[int, int]:
+        return self.resize.size
+
+    @property
+    def resize_method(self) -> str:
+        return self.resize.method
+
+    @property
+    def view_layout(self) -> str:
+        return self.tile.layout
+
+    @property
+    def camera_crops(self) -> dict[str, list[float]]:
+        return self.crop.crops
+
+    @property
+    def state(self) -> VectorPipeline:
+        return self.state_step.pipeline
+
+    @property
+    def action(self) -> VectorPipeline:
+        return self.action_step.pipeline
 
     # ------------------------------------------------------------------ construction
 
@@ -150,18 +179,10 @@ class PolicyIO:
                 f"datasets.vla_data.{key} is {e.width} but the encoded {e.name} has {e.encoded} dims "
                 f"({e.in_dim} raw); set {key} >= {e.encoded}, or leave it null for no padding"
             ) from None
-        io = cls(
-            camera_keys=list(camera_keys),
-            image_size=tuple(image_size),
-            view_layout=view_layout,
-            clip_offsets=[int(o) for o in clip_offsets],
-            chunk_length=int(chunk_length),
-            stats={"state": state_stats, "action": action_stats},
-            state=state,
-            action=action,
-            source_sizes=dict(source_sizes or {}),
-            resize_method=resize_method,
-            camera_crops={k: list(v) for k, v in (camera_crops or {}).items()},
+        io = cls.compose(
+            camera_keys, image_size, view_layout, clip_offsets, chunk_length,
+            {"state": state_stats, "action": action_stats}, state, action,
+            source_sizes=source_sizes, resize_method=resize_method, camera_crops=camera_crops,
         )
         io.check_crop_aspects()
         if warn:
@@ -242,7 +263,7 @@ class PolicyIO:
 
     @property
     def frame_size(self) -> tuple[int, int]:
-        return tiled_size(self.image_size, len(self.camera_keys), self.view_layout)
+        return self.tile.frame_size(self.image_size, len(self.camera_keys))
 
     @property
     def spec(self) -> BatchSpec:
@@ -262,35 +283,32 @@ class PolicyIO:
 
     # ------------------------------------------------------------------ robot -> model
 
+    def view(self, key: str, image: np.ndarray) -> np.ndarray:
+        """One camera image, uint8 (h, w, 3) RGB at any size -> the model's view of it (CropViews,
+        then ResizeViews): the one path of every camera's frames, in training and live use."""
+        return self.resize(self.crop(key, image))
+
     def frames(self, views: np.ndarray) -> torch.Tensor:
-        """uint8 (..., V, H, W, 3) at ``image_size`` -> uint8 (..., 3, H', W') tiled."""
+        """uint8 (..., V, H, W, 3) at ``image_size`` -> uint8 (..., 3, H', W') tiled (TileViews)."""
         if tuple(views.shape[-3:-1]) != self.image_size or views.shape[-4] != len(self.camera_keys):
             raise ValueError(
                 f"views: expected (..., {len(self.camera_keys)}, {self.image_size[0]}, {self.image_size[1]}, 3), "
                 f"got {views.shape}"
             )
-        return torch.from_numpy(np.ascontiguousarray(tile_views(views, self.view_layout)))
+        return torch.from_numpy(np.ascontiguousarray(self.tile(views)))
 
-    def camera_views(self, frames_of: Callable[[str, tuple[int, int] | None], np.ndarray]) -> np.ndarray:
+    def camera_views(self, frames_of: Callable[[str], np.ndarray]) -> np.ndarray:
         """uint8 (N, V, H, W, 3) views at ``image_size``, cameras in model order, from a decoder:
-        ``frames_of(key, size)`` -> uint8 (N, h, w, 3) frames of camera ``key``, resized to ``size``
-        as they decode (None: the whole frame, then cropped and resized as a live image is)."""
-        views = []
-        for key in self.camera_keys:
-            crop = self.camera_crops.get(key)
-            if crop is None:
-                views.append(frames_of(key, self.image_size))
-            else:
-                frames = frames_of(key, None)
-                views.append(np.stack([resize_rgb(crop_rgb(f, crop), self.image_size, self.resize_method) for f in frames]))
-        return np.stack(views, axis=1)
+        ``frames_of(key)`` -> uint8 (N, h, w, 3) frames of camera ``key`` as stored, in RGB; each
+        then goes through ``view`` as a live image does."""
+        return np.stack([np.stack([self.view(key, f) for f in frames_of(key)]) for key in self.camera_keys], axis=1)
 
     def encode_state(self, state: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(self.state.forward(state).astype(np.float32))
+        return torch.from_numpy(self.state_step(state).astype(np.float32))
 
     def normalize_actions(self, actions: np.ndarray) -> np.ndarray:
         """Raw (..., action_dim) -> normalized, padded (..., action_width), float64."""
-        return self.action.forward(actions)
+        return self.action_step(actions)
 
     def encode_sample(
         self, views: np.ndarray | None, state: np.ndarray, actions: np.ndarray, instruction: str
@@ -312,10 +330,8 @@ class PolicyIO:
         """A robot observation dict (ours or openpi's layout, single or batched) -> checked arrays,
         images resized to ``image_size`` the policy's way. The one place a wire or robot
         observation is read: the policy and the server both call it, once per observation."""
-        return parse_observation(
-            obs, self.camera_keys, self.image_size, self.state_dim, self.source_sizes, self.resize_method,
-            self.camera_crops,
-        )
+        return parse_observation(obs, self.camera_keys, self.state_dim, self.view, self.image_size,
+                                 self.source_sizes, self.camera_crops)
 
     def encode_parsed(self, o: Observation) -> Batch:
         """A parsed observation -> the inference Batch (T = 1): views tiled, state encoded and padded."""
@@ -336,46 +352,41 @@ class PolicyIO:
         """Model output (..., action_width), normalized -> robot units (..., action_dim) float32."""
         if isinstance(normalized, torch.Tensor):
             normalized = normalized.detach().float().cpu().numpy()
-        return self.action.inverse(normalized).astype(np.float32)
+        return self.action_step.inverse(normalized).astype(np.float32)
 
     # ------------------------------------------------------------------ serialization
 
     def to_dict(self) -> dict[str, Any]:
-        crops = {"camera_crops": self.camera_crops} if self.camera_crops else {}
         return {
-            "format": FORMAT_CROPS if crops else FORMAT,
+            "format": FORMAT,
             "camera_keys": list(self.camera_keys),
-            "image_size": list(self.image_size),
-            "view_layout": self.view_layout,
             "clip_offsets": list(self.clip_offsets),
             "chunk_length": self.chunk_length,
             "source_sizes": self.source_sizes,
-            "resize_method": self.resize_method,
-            **crops,
             "stats": {k: s.to_dict() for k, s in self.stats.items()},
-            "state": self.state.to_config(),
-            "action": self.action.to_config(),
+            "steps": [s.to_dict() for s in self.steps],
         }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> PolicyIO:
-        if not isinstance(d, dict) or d.get("format") not in (FORMAT, FORMAT_CROPS):
+        formats = (FORMAT, FORMAT_1, FORMAT_2)
+        if not isinstance(d, dict) or d.get("format") not in formats:
             got = d.get("format") if isinstance(d, dict) else type(d).__name__
-            raise PolicyIOError(f"not a PolicyIO (format {got!r}, expected {FORMAT!r} or {FORMAT_CROPS!r})")
-        if d["format"] == FORMAT and "camera_crops" in d:
-            raise PolicyIOError(f"malformed PolicyIO: camera_crops in a {FORMAT!r} file (crops are {FORMAT_CROPS!r})")
+            raise PolicyIOError(f"not a PolicyIO (format {got!r}, expected one of {list(formats)})")
+        if d["format"] == FORMAT_1 and "camera_crops" in d:
+            raise PolicyIOError(f"malformed PolicyIO: camera_crops in a {FORMAT_1!r} file (crops are {FORMAT_2!r})")
         try:
             stats = {k: FeatureStats.from_dict(v) for k, v in d["stats"].items()}
-            return cls(
-                camera_keys=list(d["camera_keys"]),
+            common = dict(camera_keys=list(d["camera_keys"]), clip_offsets=list(d["clip_offsets"]),
+                          chunk_length=int(d["chunk_length"]), stats=stats, source_sizes=d.get("source_sizes") or {})
+            if d["format"] == FORMAT:
+                return cls(**common, steps=steps_from_dicts(d["steps"], stats))
+            return cls.compose(  # formats 1 and 2: the same settings as top-level keys
+                **common,
                 image_size=tuple(d["image_size"]),
                 view_layout=d["view_layout"],
-                clip_offsets=list(d["clip_offsets"]),
-                chunk_length=int(d["chunk_length"]),
-                stats=stats,
                 state=VectorPipeline.from_config(d["state"], stats["state"]),
                 action=VectorPipeline.from_config(d["action"], stats["action"]),
-                source_sizes=d.get("source_sizes") or {},
                 resize_method=d.get("resize_method", "swscale"),
                 camera_crops=d.get("camera_crops") or {},
             )
