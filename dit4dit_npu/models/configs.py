@@ -84,6 +84,11 @@ class TinyCosmosConfig:
     # training images with bench/tiny_vae_stats.py.
     vae_latents_mean: list[float] | None = None
     vae_latents_std: list[float] | None = None
+    # A safetensors file of fitted weights for the tiny VAE (``dit4dit-fit-tiny-vae``: fitted to a
+    # dataset's frames by reconstruction, a stand-in for the real pretrained Wan VAE), loaded over
+    # the random init; null = the random VAE. Its content (not its path) keys the tiny-model cache
+    # and the latent caches' VAE identity. Measure vae_latents_mean/std again for it.
+    vae_weights: str | None = None
 
     def check(self, key: str) -> None:
         for name in ("vae_latents_mean", "vae_latents_std"):
