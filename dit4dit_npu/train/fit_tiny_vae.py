@@ -1,7 +1,7 @@
 """Fit the tiny VAE to a config's training frames: a stand-in for the real stack's pretrained Wan VAE.
 
     dit4dit-fit-tiny-vae --config configs/aloha/dit4dit_aloha_transfer_cube_tiny.yaml \\
-        --out configs/aloha/tiny_vae_transfer_cube.safetensors [--steps 1500] [--frames 512] [a.b=c ...]
+        --out configs/aloha/tiny_vae_transfer_cube.safetensors [--steps 500] [--frames 384] [a.b=c ...]
     dit4dit-fit-tiny-vae --smoke --config CFG --out DIR/vae.safetensors [a.b=c ...]   # 4 frames, 3 steps
 
 The tiny VAE of ``framework.cosmos25.tiny`` is random and frozen: its latents may hide what the
@@ -154,7 +154,7 @@ def round_trip_png(path: Path, frames: torch.Tensor, before: torch.nn.Module, af
             ax.set_xticks([])
             ax.set_yticks([])
             if col == 0:
-                ax.set_ylabel(title, fontsize=9)
+                ax.set_title(title, loc="left", fontsize=9)
     fig.suptitle("tiny VAE round trip: frame -> encode -> decode (posterior mean)", fontsize=10)
     fig.tight_layout()
     with atomic_path(path) as tmp:
@@ -168,12 +168,14 @@ def main(argv: list[str] | None = None) -> int:
                                 epilog="overrides: a.b=c (the run config's keys)")
     p.add_argument("--config", required=True)
     p.add_argument("--out", type=Path, required=True, help="the fitted weights (.safetensors)")
-    p.add_argument("--steps", type=int, default=1500)
-    p.add_argument("--frames", type=int, default=512, help="training clips to fit on (evenly spaced)")
-    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--steps", type=int, default=500)
+    p.add_argument("--frames", type=int, default=384, help="training clips to fit on (evenly spaced)")
+    p.add_argument("--batch", type=int, default=2, help="clips per step (5-frame clips: ~3 s a step on a shared core)")
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--show", type=int, default=4, help="held-out frames (evenly spaced) in the PNG and the error")
     p.add_argument("--png", type=Path, default=None, help="default: OUT with .png")
+    p.add_argument("--init", type=Path, default=None,
+                   help="start from these fitted weights (a fit continued), not the random init")
     p.add_argument("--smoke", action="store_true", help="4 clips, 3 steps: checks that the command runs")
     p.add_argument("overrides", nargs="*")
     a = p.parse_args(argv)
@@ -188,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from dit4dit_npu.data import build_training_data
     from dit4dit_npu.weights import build_vae
+    from dit4dit_npu.weights.tiny_cache import load_vae_weights
 
     data = build_training_data(cfg)
     t0 = time.perf_counter()
@@ -199,6 +202,8 @@ def main(argv: list[str] | None = None) -> int:
           "frames", flush=True)
     before = build_vae(cfg).float()
     vae = build_vae(cfg).float()
+    if a.init is not None:
+        load_vae_weights(vae, a.init)
     mse_before = reconstruction_mse(before, shown, a.batch)
     t0 = time.perf_counter()
     fit(vae, train, a.steps, a.batch, a.lr, cfg.seed)
