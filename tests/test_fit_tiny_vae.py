@@ -67,3 +67,15 @@ def test_a_missing_or_mismatched_file_is_one_line(fitted, tmp_path: Path, capsys
 
     assert main(["--smoke", "--config", str(TINY_YAML), "--out", str(tmp_path / "v.pt"), *data]) == 2
     assert "--out: expected a .safetensors file" in capsys.readouterr().err
+
+
+def test_an_exported_policy_records_the_fitted_file_absolute(fitted, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Like a base-model folder: a policy loads from anywhere, not only from where training ran."""
+    from dit4dit_npu.policy.manifest import manifest_of_run
+
+    out, data, _ = fitted
+    monkeypatch.chdir(out.parent)
+    cfg = load_config(TINY_YAML, [*data, f"framework.cosmos25.tiny.vae_weights={out.name}"])
+    manifest = manifest_of_run(cfg, {}, [], 2, None, None)
+    assert manifest.framework.cosmos25.tiny.vae_weights == str(out.resolve())
+    assert cfg.framework.cosmos25.tiny.vae_weights == out.name  # the run's config is left as it was
