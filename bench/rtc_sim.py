@@ -87,6 +87,12 @@ def run_cell(policy: str, mode: str, delay_ms: float, a: argparse.Namespace, out
     return summary
 
 
+def jerk(value: float | None) -> str:
+    # None: the episodes had no step of that kind (sim/execution.py's boundary_jerk): no boundary
+    # past step 3, or no interior step (with --replan 3 every step is within 3 of a boundary)
+    return "–" if value is None else f"{value:,.0f}"
+
+
 def table(cells: list[dict]) -> str:
     rows = [
         "| policy | delay | mode | success | boundary jerk (rad/s³) | interior jerk (rad/s³) | boundary / interior | wall |",
@@ -99,10 +105,10 @@ def table(cells: list[dict]) -> str:
             continue
         s = c["summary"]
         lo, hi = s["wilson95"]
-        ratio = s["boundary_jerk"] / s["interior_jerk"] if s["boundary_jerk"] and s["interior_jerk"] else math.nan
+        ratio = f"{s['boundary_jerk'] / s['interior_jerk']:.2f}" if s["boundary_jerk"] and s["interior_jerk"] else "–"
         rows.append(
-            f"{head} {s['successes']}/{s['episodes']} ({100 * lo:.0f}–{100 * hi:.0f}%) | {s['boundary_jerk']:,.0f} | "
-            f"{s['interior_jerk']:,.0f} | {ratio:.2f} | {s['wall_s']:.0f} s |"
+            f"{head} {s['successes']}/{s['episodes']} ({100 * lo:.0f}–{100 * hi:.0f}%) | {jerk(s['boundary_jerk'])} | "
+            f"{jerk(s['interior_jerk'])} | {ratio} | {s['wall_s']:.0f} s |"
         )
     return "\n".join(rows)
 
@@ -122,7 +128,7 @@ def plot(cells: list[dict], path: Path) -> None:
                 continue
             x = [c["delay_ms"] for c in done]
             row[0].plot(x, [c["summary"]["success_rate"] for c in done], "o-", label=mode)
-            row[1].plot(x, [c["summary"]["boundary_jerk"] for c in done], "o-", label=mode)
+            row[1].plot(x, [c["summary"]["boundary_jerk"] or math.nan for c in done], "o-", label=mode)  # None: no boundary
         row[0].set(title=f"{label}: success", xlabel="inference delay (ms)", ylim=(-0.05, 1.05))
         row[1].set(title=f"{label}: jerk at chunk boundaries", xlabel="inference delay (ms)", ylabel="rad/s³")
         row[0].legend()

@@ -13,6 +13,20 @@
 #   STEPS=6000 WORKERS=2 bash scripts/aloha_recipe.sh  # WORKERS: eval processes (one per free core)
 #   SMOKE=1 bash scripts/aloha_recipe.sh       # the same commands, tiny: 1 demo at 32x48, 2 steps,
 #                                              # one 16-step episode per checkpoint
+#   OBJECTIVE=joint VAE=fitted bash scripts/aloha_recipe.sh   # see below; SMOKE=1 works with each
+#
+# What is trained (docs/simulation.md, "Fitted tiny VAE and OBJECTIVE="):
+#   OBJECTIVE=no_video (default) today's recipe: one-frame clips, video loss 0, the action loss
+#                      into the backbone (the config's choices)
+#   OBJECTIVE=joint    5-frame clips (the observation + 4 frames up to 16 steps = one action chunk
+#                      ahead), the video flow-matching loss on the future latent frame (weight
+#                      VIDEO_WEIGHT, default 1.0) and the action loss alongside; features detached
+#                      from the action loss (the paper's default) unless BACKPROP=1 (no_video
+#                      needs it: nothing else trains its backbone)
+#   VAE=random (default) the tiny config's random frozen VAE; VAE=fitted: VAE_WEIGHTS (default
+#                      configs/aloha/tiny_vae_transfer_cube.safetensors, dit4dit-fit-tiny-vae on
+#                      sim frames; refitted on the demos when missing), its own latent statistics
+#   TASK=transfer_cube (the only task so far)
 #
 # Measured on the project's shared 2-core CPU machine: see RUNTIME in README.md (Closed-loop
 # simulation) and docs/sim_recipe_log.md.
@@ -23,24 +37,55 @@ export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE
 PY="${PY:-.venv/bin/python}"
 CONFIG=configs/aloha/dit4dit_aloha_transfer_cube_tiny.yaml
 WORKERS="${WORKERS:-1}"
+OBJECTIVE="${OBJECTIVE:-no_video}" TASK="${TASK:-transfer_cube}" VAE="${VAE:-random}"
+case "$TASK" in
+    transfer_cube) ;;
+    insertion) echo "error: TASK=insertion: not supported by this recipe yet (issue 32 item 6); TASK=transfer_cube" >&2; exit 2 ;;
+    *) echo "error: TASK=$TASK: expected transfer_cube" >&2; exit 2 ;;
+esac
+case "$OBJECTIVE" in no_video|joint) ;; *) echo "error: OBJECTIVE=$OBJECTIVE: expected no_video or joint" >&2; exit 2 ;; esac
+case "$VAE" in random|fitted) ;; *) echo "error: VAE=$VAE: expected random or fitted" >&2; exit 2 ;; esac
+if [ "$OBJECTIVE" = joint ]; then BACKPROP="${BACKPROP:-0}"; else BACKPROP="${BACKPROP:-1}"; fi
+case "$BACKPROP" in 0|1) ;; *) echo "error: BACKPROP=$BACKPROP: expected 0 or 1" >&2; exit 2 ;; esac
+if [ "$OBJECTIVE" = no_video ] && [ "$BACKPROP" = 0 ]; then
+    echo "error: BACKPROP=0 with OBJECTIVE=no_video: the action loss is all that trains its backbone" >&2; exit 2
+fi
 if [ "${SMOKE:-0}" = 1 ]; then
-    DEMOS=1 SIZE=32x48 STEPS=2 EVERY=1 EPISODES=1 EPISODE_STEPS=16 RUN_ID="${RUN_ID:-aloha_recipe_smoke}"
+    DEMOS=1 SIZE=32x48 STEPS=2 EVERY=1 EPISODES=1 EPISODE_STEPS=16 RUN="aloha_recipe_smoke"
     # one demo trains (nothing held out); 32x48 is the smallest size three side-by-side views allow
     EXTRA=(datasets.vla_data.val_fraction=0.0 trainer.eval_samples=0 datasets.vla_data.per_device_batch_size=2
            trainer.num_warmup_steps=0 "datasets.vla_data.image_size=[32, 48]")
 else
-    DEMOS=50 SIZE=240x320 STEPS="${STEPS:-15000}" EPISODES=50 EPISODE_STEPS=400 RUN_ID="${RUN_ID:-aloha_recipe}"
+    DEMOS=50 SIZE=240x320 STEPS="${STEPS:-15000}" EPISODES=50 EPISODE_STEPS=400 RUN="aloha_recipe"
     EVERY=$((STEPS / 3)) EXTRA=()
 fi
+# Today's recipe keeps its names (run aloha_recipe, its cache and statistics); every other setting
+# gets its own run, latent cache and statistics, named by what changes them.
+VARIANT=""
+if [ "$OBJECTIVE" = joint ]; then
+    VARIANT="_joint_bp${BACKPROP}"
+    # The chunk's 16 steps ahead as 5 frames (1 + 4: one future latent frame of the causal VAE,
+    # the cheapest clip that has one); the latent cache makes the VAE's 5x cost a one-off.
+    EXTRA+=("datasets.vla_data.video_delta_indices=[0, 4, 8, 12, 16]" datasets.vla_data.action_video_freq_ratio=1
+            "framework.cosmos25.backprop_action_to_backbone=$([ "$BACKPROP" = 1 ] && echo true || echo false)"
+            "trainer.loss_scale.future_video=${VIDEO_WEIGHT:-1.0}")
+    if [ "${VIDEO_WEIGHT:-1.0}" != 1.0 ]; then VARIANT+="_vw${VIDEO_WEIGHT}"; fi
+fi
+if [ "$VAE" = fitted ]; then VARIANT+="_fittedvae"; fi
+RUN_ID="${RUN_ID:-$RUN$VARIANT}"
 # The recipe's choices (one-frame clips, the action loss into the backbone, the cam_high crop, state
 # noise) are the config's own, each with its reason there; the measurements are in
 # docs/sim_recipe_log.md.
-DATA_ROOT=data/aloha
+DATA_ROOT="${DATA_ROOT:-data/aloha}"  # (tests: a temp folder)
 DATA="$DATA_ROOT/transfer_cube_${SIZE}_recipe"
-CACHE="${DATA}_latents"
+if [ "$VAE" = fitted ]; then
+    # the committed fit (dit4dit-fit-tiny-vae on 12 demos' frames); SMOKE fits its own in seconds
+    VAE_WEIGHTS="${VAE_WEIGHTS:-$([ "${SMOKE:-0}" = 1 ] && echo "${DATA}_tiny_vae_smoke.safetensors" || echo configs/aloha/tiny_vae_transfer_cube.safetensors)}"
+    EXTRA+=("framework.cosmos25.tiny.vae_weights=$VAE_WEIGHTS")
+fi
 OVERRIDES=(
     "datasets.vla_data.data_root_dir=$DATA_ROOT" "datasets.vla_data.data_mix=[{path: $(basename "$DATA"), weight: 1.0}]"
-    "datasets.vla_data.latent_cache=$CACHE" "run_id=$RUN_ID" "${EXTRA[@]}" "$@"
+    "run_id=$RUN_ID" "${EXTRA[@]}" "$@"
 )
 
 stage() { echo "== $(date +%H:%M:%S) $*"; }
@@ -49,7 +94,17 @@ if [ ! -d "$DATA" ]; then
     stage "demos: $DEMOS expert episodes, seeds 100000.., $SIZE"
     $PY -m dit4dit_npu.sim.demos --task transfer_cube --episodes "$DEMOS" --size "$SIZE" --out "$DATA"
 fi
-STATS="${DATA}_tiny_vae_stats.txt"
+if [ "$VAE" = fitted ] && [ ! -s "$VAE_WEIGHTS" ]; then
+    stage "fit the tiny VAE to the demos' frames -> $VAE_WEIGHTS"
+    $PY -m dit4dit_npu.train.fit_tiny_vae --config "$CONFIG" --out "$VAE_WEIGHTS" $([ "${SMOKE:-0}" = 1 ] && echo --smoke || true) \
+        "${OVERRIDES[@]}" "datasets.vla_data.video_delta_indices=[0, 4, 8, 12, 16]" datasets.vla_data.action_video_freq_ratio=1
+fi
+# The statistics and the latent cache of the VAE in use (a fitted one: named by its content, so a
+# refit measures and encodes again) and of the clips (one frame, or 5 for joint).
+FITTED="$([ "$VAE" = fitted ] && echo "_fitted$(sha256sum "$VAE_WEIGHTS" | cut -c1-12)" || true)"
+CACHE="${DATA}_latents$([ "$OBJECTIVE" = joint ] && echo _5frames || true)$FITTED"
+OVERRIDES+=("datasets.vla_data.latent_cache=$CACHE")
+STATS="${DATA}_tiny_vae${FITTED}_stats.txt"
 if [ ! -s "$STATS" ]; then
     stage "the tiny VAE's latent statistics on the demos"
     $PY -m dit4dit_npu.data.latent_stats --config "$CONFIG" "${OVERRIDES[@]}" | tee "$STATS.tmp"

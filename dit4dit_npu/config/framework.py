@@ -83,9 +83,14 @@ class TinyCosmosConfig:
     # (z - mean) / std; null = the real Wan2.1 VAE's. A random VAE's latents are ~50x smaller
     # than the real one's: under the real statistics every image becomes the same constant offset
     # plus ~1% of signal, and a policy trained on it ignores its cameras. Measure them on the
-    # training images with bench/tiny_vae_stats.py.
+    # training images with python -m dit4dit_npu.data.latent_stats.
     vae_latents_mean: list[float] | None = None
     vae_latents_std: list[float] | None = None
+    # A safetensors file of fitted weights for the tiny VAE (``dit4dit-fit-tiny-vae``: fitted to a
+    # dataset's frames by reconstruction, a stand-in for the real pretrained Wan VAE), loaded over
+    # the random init; null = the random VAE. Its content (not its path) keys the tiny-model cache
+    # and the latent caches' VAE identity. Measure vae_latents_mean/std again for it.
+    vae_weights: str | None = None
 
     def check(self, key: str) -> None:
         for name in ("vae_latents_mean", "vae_latents_std"):

@@ -187,6 +187,9 @@ def manifest_of_run(
     held-out episode list); the held-out episodes are what ``dit4dit_npu.eval`` evaluates on."""
     framework = copy.deepcopy(cfg.framework)
     framework.cosmos25.base_model = base_model_ref(framework.cosmos25.base_model)
+    fitted = framework.cosmos25.tiny.vae_weights  # a fitted tiny VAE: referred to, like the base model
+    if fitted is not None:
+        framework.cosmos25.tiny.vae_weights = str(Path(fitted).expanduser().resolve())
     framework.cosmos25.prompt_cache = None
     datasets = {}
     for given in dataset_paths:

@@ -17,7 +17,7 @@ import torch
 from dit4dit_npu import device as dev
 from dit4dit_npu.config import Config, ConfigError
 from dit4dit_npu.weights.layout import COMPONENTS, TEXT_PARTS, check_base_model
-from dit4dit_npu.weights.tiny_cache import in_tiny_cache, tiny_base_model
+from dit4dit_npu.weights.tiny_cache import in_tiny_cache, tiny_base_model, vae_weights_hash
 
 
 def base_model_folder(cfg: Config, parts: tuple[str, ...] = tuple(COMPONENTS)) -> Path:
@@ -76,9 +76,10 @@ def vae_identity(cfg: Config) -> str:
     another precision, which changes them) are refused (``data/latents.py``)."""
     c = cfg.framework.cosmos25
     dtype = str(frozen_dtype(cfg)).removeprefix("torch.")
-    if c.is_tiny:  # a pure function of its sizes and seed, as text_identity
+    if c.is_tiny:  # a pure function of its sizes and seed, as text_identity (and of fitted weights' content)
         t = c.tiny
-        return f"tiny:vae{t.vae_base_dim}:seed{t.seed}:{dtype}"
+        fitted = vae_weights_hash(t)
+        return f"tiny:vae{t.vae_base_dim}:seed{t.seed}{'' if fitted is None else ':fitted' + fitted}:{dtype}"
     return f"cosmos25:{folder_hash(check_base_model(c.base_model, ('vae',)), ('vae',))}:{dtype}"
 
 

@@ -51,7 +51,13 @@ def tiny_base_model(sizes: TinyCosmosConfig) -> Path:
     import diffusers
     import transformers
 
-    ident = {"sizes": dataclasses.asdict(sizes), "diffusers": diffusers.__version__, "transformers": transformers.__version__}
+    # fitted VAE weights are named by their content: the same file anywhere shares one folder, an
+    # edited one gets a new folder
+    named = {k: v for k, v in dataclasses.asdict(sizes).items() if k != "vae_weights"}
+    fitted = vae_weights_hash(sizes)
+    if fitted is not None:  # the random VAE's folders keep the key they had before the option
+        named["vae_weights"] = fitted
+    ident = {"sizes": named, "diffusers": diffusers.__version__, "transformers": transformers.__version__}
     key = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
     root = tiny_cache_root()
     folder = root / f"cosmos25-tiny-{key}"
@@ -103,6 +109,38 @@ def _wait_for_folder(folder: Path, timeout_s: float = RANK_WAIT_S) -> Path:
     return folder
 
 
+VAE_WEIGHTS_KEY = "framework.cosmos25.tiny.vae_weights"
+
+
+def vae_weights_hash(sizes: TinyCosmosConfig) -> str | None:
+    """The sha256 (16 hex digits) of the fitted tiny VAE weights file; None for the random VAE."""
+    if sizes.vae_weights is None:
+        return None
+    try:
+        return hashlib.sha256(Path(sizes.vae_weights).expanduser().read_bytes()).hexdigest()[:16]
+    except OSError as e:
+        raise ConfigError(f"{VAE_WEIGHTS_KEY}: cannot read {sizes.vae_weights} ({e.strerror or e})") from None
+
+
+def load_vae_weights(vae: torch.nn.Module, path: str | Path) -> torch.nn.Module:
+    """The fitted weights (``dit4dit-fit-tiny-vae``'s file) into the tiny VAE, every tensor of it."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        state = load_file(str(Path(path).expanduser()))
+    except (OSError, SafetensorError) as e:
+        raise ConfigError(f"{VAE_WEIGHTS_KEY}: {path} is not a readable safetensors file ({e})") from None
+    try:
+        vae.load_state_dict(state, strict=True)
+    except RuntimeError as e:  # missing/unexpected keys or other shapes: fitted for other sizes
+        first = " ".join(str(e).split())[:300]
+        raise ConfigError(
+            f"{VAE_WEIGHTS_KEY}: {path} does not fit this tiny VAE (vae_base_dim={vae.config.base_dim}): {first}"
+        ) from None
+    return vae
+
+
 def save_tiny_base_model(cfg: Config, path: str | Path) -> Path:
     """Write the tiny base model of ``cfg`` as a diffusers folder at ``path``; returns it."""
     return write_tiny_base_model(cfg.framework.cosmos25.tiny, Path(path))
@@ -123,7 +161,8 @@ class _NoSafetyChecker:
 
 
 def write_tiny_base_model(sizes: TinyCosmosConfig, path: Path) -> Path:
-    """``Cosmos2_5_PredictBasePipeline(tiny modules).save_pretrained(path)``."""
+    """``Cosmos2_5_PredictBasePipeline(tiny modules).save_pretrained(path)``; the VAE with its
+    fitted weights when ``sizes.vae_weights`` names them."""
     from diffusers import Cosmos2_5_PredictBasePipeline
 
     t = tiny_sizes(sizes)
@@ -132,7 +171,7 @@ def write_tiny_base_model(sizes: TinyCosmosConfig, path: Path) -> Path:
         text_encoder=tiny.build_text_encoder(t, tok),
         tokenizer=tok,
         transformer=tiny.build_transformer(t),
-        vae=tiny.build_vae(t),
+        vae=tiny.build_vae(t) if sizes.vae_weights is None else load_vae_weights(tiny.build_vae(t), sizes.vae_weights),
         scheduler=tiny.build_scheduler(),
         safety_checker=_NoSafetyChecker(),
     )
