@@ -50,8 +50,8 @@ from dit4dit_npu.console import run
 from dit4dit_npu.models import DiT4DiT
 from dit4dit_npu.models.prompt_cache import PromptCache
 from dit4dit_npu.models.rtc import PrefixGuidance, prefix_weights
-from dit4dit_npu.models.testing import make_batch
 from dit4dit_npu.weights import build_dit4dit, build_prompt_encoder
+from dit4dit_npu.weights.testing import make_batch
 
 REPO = Path(__file__).resolve().parents[1]
 STAGES = ("text", "vae_encode", "feature_pass", "action_sampling")

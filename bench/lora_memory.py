@@ -38,9 +38,9 @@ from dit4dit_npu import device as dev
 from dit4dit_npu.config import load_config
 from dit4dit_npu.console import run
 from dit4dit_npu.models.prompt_cache import PromptCache
-from dit4dit_npu.models.testing import make_batch
 from dit4dit_npu.train.optim import build_optimizer
 from dit4dit_npu.weights import build_dit4dit, build_prompt_encoder
+from dit4dit_npu.weights.testing import make_batch
 
 os.environ.setdefault("KINETO_LOG_LEVEL", "5")  # quiet profiler sessions
 

@@ -52,8 +52,8 @@ def child(args: argparse.Namespace) -> None:
 
     from dit4dit_npu.config import load_config
     from dit4dit_npu.models.prompt_cache import PromptCache
-    from dit4dit_npu.models.testing import make_batch
     from dit4dit_npu.weights import build_dit4dit, build_prompt_encoder
+    from dit4dit_npu.weights.testing import make_batch
 
     torch.set_num_threads(1)
     dev.seed_everything(0)

@@ -55,8 +55,8 @@ from dit4dit_npu.config import load_config
 from dit4dit_npu.console import run
 from dit4dit_npu.models.cosmos import vae_latents
 from dit4dit_npu.models.prompt_cache import PromptCache
-from dit4dit_npu.models.testing import make_batch
 from dit4dit_npu.weights import build_dit4dit, build_prompt_encoder
+from dit4dit_npu.weights.testing import make_batch
 
 # quiet the profiler's per-session log lines (set before torch loads kineto)
 os.environ.setdefault("KINETO_LOG_LEVEL", "5")

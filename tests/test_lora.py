@@ -169,7 +169,7 @@ def test_resume_with_lora_and_ema_is_exact(lora_runs):
 
 
 def test_a_mistyped_target_module_is_one_clear_config_error(tmp_path, demo_root, capfd):
-    from dit4dit_npu.models.testing import small_spec
+    from dit4dit_npu.weights.testing import small_spec
 
     cfg = load_config(TINY, ["framework.cosmos25.lora.rank=4", "framework.cosmos25.lora.target_modules=[to_q, to_kk]"])
     from dit4dit_npu.weights import build_dit4dit
@@ -221,8 +221,8 @@ def test_adapters_get_gradients_base_does_not(checkpointing):
     """One real forward + backward: every adapter (in every block, also under diffusers'
     gradient checkpointing) gets a gradient, no base transformer weight does."""
     from dit4dit_npu.models.prompt_cache import PromptCache
-    from dit4dit_npu.models.testing import make_batch, small_spec
     from dit4dit_npu.weights import build_dit4dit, build_prompt_encoder
+    from dit4dit_npu.weights.testing import make_batch, small_spec
 
     cfg = load_config(TINY, [f"trainer.enable_gradient_checkpointing={str(checkpointing).lower()}",
                              *(f"{k}={v}" for k, v in LORA.items())])

@@ -11,7 +11,6 @@ import torch
 
 from dit4dit_npu.config import ConfigError
 from dit4dit_npu.models import tiny
-from dit4dit_npu.models.testing import small_config, small_spec
 from dit4dit_npu.weights import (
     TINY_CACHE_ENV,
     base_model_folder,
@@ -33,6 +32,7 @@ from dit4dit_npu.weights.model_config import (
     run_head_config,
     tiny_sizes,
 )
+from dit4dit_npu.weights.testing import small_config, small_spec
 
 
 @pytest.fixture(scope="module")

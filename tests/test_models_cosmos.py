@@ -8,9 +8,9 @@ import torch
 from dit4dit_npu.config import ConfigError, Cosmos25Config, FlowMatchingConfig
 from dit4dit_npu.models import CosmosBackbone
 from dit4dit_npu.models.cosmos import run_blocks, sample_video_time
-from dit4dit_npu.models.testing import small_config
 from dit4dit_npu.weights import build_backbone
 from dit4dit_npu.weights.model_config import backbone_config, video_time
+from dit4dit_npu.weights.testing import small_config
 
 H = W = 32  # -> latents 4x4, 2x2 tokens per latent frame
 

@@ -10,8 +10,8 @@ from dit4dit_npu.batch import BatchError, BatchSpec
 from dit4dit_npu.config import ConfigError
 from dit4dit_npu.models import DiT4DiT
 from dit4dit_npu.models.prompt_cache import PromptCache, PromptCacheError
-from dit4dit_npu.models.testing import INSTRUCTIONS, make_batch, small_config, small_spec
 from dit4dit_npu.weights import build_dit4dit, build_prompt_encoder
+from dit4dit_npu.weights.testing import INSTRUCTIONS, make_batch, small_config, small_spec
 
 
 @pytest.fixture(scope="module")

@@ -8,8 +8,8 @@ import torch
 from dit4dit_npu import device as dev
 from dit4dit_npu.models.noise import InferenceNoise, NoiseError, TrainingNoise
 from dit4dit_npu.models.prompt_cache import PromptCache
-from dit4dit_npu.models.testing import INSTRUCTIONS, make_batch, small_config, small_spec
 from dit4dit_npu.weights import build_dit4dit, build_prompt_encoder
+from dit4dit_npu.weights.testing import INSTRUCTIONS, make_batch, small_config, small_spec
 
 SAMPLE = "framework.cosmos25.condition_latent=sample"
 

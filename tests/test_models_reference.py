@@ -11,8 +11,8 @@ from bench.reference import (
     separate_condition_encode,
 )
 from dit4dit_npu.models.prompt_cache import PromptCache
-from dit4dit_npu.models.testing import INSTRUCTIONS, make_batch, small_config, small_spec
 from dit4dit_npu.weights import build_dit4dit, build_prompt_encoder
+from dit4dit_npu.weights.testing import INSTRUCTIONS, make_batch, small_config, small_spec
 
 
 @pytest.fixture(scope="module")

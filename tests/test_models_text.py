@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from dit4dit_npu.models.prompt_cache import PromptCache, PromptCacheError
-from dit4dit_npu.models.testing import INSTRUCTIONS, small_config
 from dit4dit_npu.models.text import PromptEncoder
 from dit4dit_npu.weights import base_model_folder, build_prompt_encoder
 from dit4dit_npu.weights.prompt_cache import load_prompt_cache, save_prompt_cache
+from dit4dit_npu.weights.testing import INSTRUCTIONS, small_config
 
 
 @pytest.fixture(scope="module")

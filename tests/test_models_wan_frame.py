@@ -10,11 +10,11 @@ import torch
 from diffusers import AutoencoderKLWan
 
 from dit4dit_npu.config import TinyCosmosConfig
-from dit4dit_npu.models.testing import small_config
 from dit4dit_npu.models.tiny import vae_kwargs
 from dit4dit_npu.models.wan_frame import first_frame_moments
 from dit4dit_npu.weights import build_backbone
 from dit4dit_npu.weights.model_config import tiny_sizes
+from dit4dit_npu.weights.testing import small_config
 
 
 def _frames(b: int = 2, h: int = 32, w: int = 48, seed: int = 0) -> torch.Tensor:

@@ -120,9 +120,9 @@ def test_resume_is_bit_exact_with_prefetching_workers(ema_workers_runs):
 
 
 def test_lr_groups_and_frozen_modules():
-    from dit4dit_npu.models.testing import small_spec
     from dit4dit_npu.train.optim import build_optimizer, freeze_modules, group_lrs
     from dit4dit_npu.weights import build_dit4dit
+    from dit4dit_npu.weights.testing import small_spec
 
     cfg = load_config(TINY, ["trainer.learning_rate={base: 0.1, backbone.transformer: 0.01, action_model: 0.001}"])
     model = build_dit4dit(cfg, small_spec(cfg, state_width=14, action_width=14, frame_size=(32, 96)))
@@ -156,8 +156,8 @@ def accumulated_frozen_run(tmp_path_factory, demo_root) -> Path:
 def test_frozen_module_gets_no_update(accumulated_frozen_run):
     from safetensors.torch import load_file
 
-    from dit4dit_npu.models.testing import small_spec
     from dit4dit_npu.weights import build_dit4dit
+    from dit4dit_npu.weights.testing import small_spec
 
     exported = load_file(accumulated_frozen_run / "checkpoints/step_000002/policy/model.safetensors")
     tiny = load_config(TINY)
@@ -336,8 +336,8 @@ def test_two_process_zero3_exports_whole_weights(tmp_path, demo_root):
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     policy = tmp_path / "dit4dit_robotwin_tiny/checkpoints/step_000002/policy"
     exported = load_file(policy / "model.safetensors")
-    from dit4dit_npu.models.testing import small_spec
     from dit4dit_npu.weights import build_dit4dit
+    from dit4dit_npu.weights.testing import small_spec
 
     tiny = load_config(TINY)
     reference = build_dit4dit(tiny, small_spec(tiny, state_width=14, action_width=14, frame_size=(32, 96)))

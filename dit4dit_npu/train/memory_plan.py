@@ -202,10 +202,10 @@ def check(cfg: Config, fits: dict, head_fits: dict, batch: int, gc: bool,
     from dit4dit_npu import device as dev
     from dit4dit_npu.models import DiT4DiT
     from dit4dit_npu.models.prompt_cache import PromptCache
-    from dit4dit_npu.models.testing import make_batch
     from dit4dit_npu.train.activations import free_grads_on_accumulation, real_width_backbone, step_peak_mib
     from dit4dit_npu.weights import build_action_head
     from dit4dit_npu.weights.model_config import dit4dit_config
+    from dit4dit_npu.weights.testing import make_batch
 
     full = dev.device_type() != dev.CPU
     spec = plan_spec(cfg)

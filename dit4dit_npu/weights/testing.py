@@ -1,5 +1,5 @@
-"""Small builders for tests (ours and other packages'): a very small config, its batch spec, and
-hand-made batches.
+"""Small builders for tests and benchmarks: a very small run config, its batch spec, and hand-made
+batches. In weights/, not models/: it builds from a run config, which the models never see.
 
 Nothing here touches data/ or PolicyIO (the model never depends on the data pipeline): batches
 are random tensors in the ``Batch`` schema of ``dit4dit_npu/batch.py``, frames already tiled.
