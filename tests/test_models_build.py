@@ -245,4 +245,5 @@ def test_the_modules_records_are_derived_from_the_run_config():
     assert (bb.extract_layer, bb.feature_noise_seed, bb.flow_matching.time_distribution) == (1, 7, "uniform")
     assert dit4dit_config(cfg.framework).training == "video"
     assert lora_adapter_config(c.lora).alpha == 2.0  # null alpha = rank (scale 1)
-    assert dataclasses.asdict(tiny_sizes(c.tiny)) == dataclasses.asdict(c.tiny)  # the tiny cache's key is unchanged
+    # the tiny cache's key is unchanged (a fitted VAE's file is keyed by its content, weights/tiny_cache.py)
+    assert dataclasses.asdict(tiny_sizes(c.tiny)) == {k: v for k, v in dataclasses.asdict(c.tiny).items() if k != "vae_weights"}

@@ -35,6 +35,7 @@ import torch
 
 from dit4dit_npu.config import Config, ConfigError, load_config
 from dit4dit_npu.console import entry_point
+from dit4dit_npu.errors import DiT4DiTError
 from dit4dit_npu.files import atomic_path, atomic_write_text
 
 KL_WEIGHT = 1e-6  # as latent-diffusion VAEs: reconstruction rules, the posterior std stays bounded
@@ -166,21 +167,26 @@ def round_trip_png(path: Path, frames: torch.Tensor, before: torch.nn.Module, af
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="dit4dit-fit-tiny-vae", description=__doc__.splitlines()[0],
                                 epilog="overrides: a.b=c (the run config's keys)")
-    p.add_argument("--config", required=True)
+    p.add_argument("--config", required=True, help="the run config whose training frames the VAE is fitted to")
     p.add_argument("--out", type=Path, required=True, help="the fitted weights (.safetensors)")
-    p.add_argument("--steps", type=int, default=500)
+    p.add_argument("--steps", type=int, default=500, help="optimizer steps of the reconstruction fit")
     p.add_argument("--frames", type=int, default=384, help="training clips to fit on (evenly spaced)")
     p.add_argument("--batch", type=int, default=2, help="clips per step (5-frame clips: ~3 s a step on a shared core)")
-    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--lr", type=float, default=2e-3, help="Adam learning rate")
     p.add_argument("--show", type=int, default=4, help="held-out frames (evenly spaced) in the PNG and the error")
     p.add_argument("--png", type=Path, default=None, help="default: OUT with .png")
     p.add_argument("--init", type=Path, default=None,
                    help="start from these fitted weights (a fit continued), not the random init")
     p.add_argument("--smoke", action="store_true", help="4 clips, 3 steps: checks that the command runs")
-    p.add_argument("overrides", nargs="*")
+    p.add_argument("overrides", nargs="*", help="config overrides a.b=c")
     a = p.parse_args(argv)
     if a.out.suffix != ".safetensors":
-        raise ConfigError(f"--out: expected a .safetensors file, got {a.out}")
+        raise DiT4DiTError(f"--out: expected a .safetensors file, got {a.out}")
+    for flag in ("steps", "frames", "batch", "show"):
+        if getattr(a, flag) < 1:
+            raise DiT4DiTError(f"--{flag}: expected a positive integer, got {getattr(a, flag)}")
+    if not a.lr > 0 or a.lr == float("inf"):
+        raise DiT4DiTError(f"--lr: expected a finite number > 0, got {a.lr}")
     if a.smoke:
         a.frames, a.steps, a.batch, a.show = 4, 3, 2, 2
     cfg = random_vae_config(load_config(a.config, a.overrides))
@@ -203,7 +209,10 @@ def main(argv: list[str] | None = None) -> int:
     before = build_vae(cfg).float()
     vae = build_vae(cfg).float()
     if a.init is not None:
-        load_vae_weights(vae, a.init)
+        try:
+            load_vae_weights(vae, a.init)
+        except ConfigError as e:  # its words name the config key; the file came from --init here
+            raise DiT4DiTError(f"--init: {str(e).split(': ', 1)[1]}") from None
     mse_before = reconstruction_mse(before, shown, a.batch)
     t0 = time.perf_counter()
     fit(vae, train, a.steps, a.batch, a.lr, cfg.seed)
