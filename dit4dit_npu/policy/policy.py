@@ -27,10 +27,7 @@ The folder format is defined by ``folder.py`` (files) and ``manifest.py`` (polic
 
 from __future__ import annotations
 
-import logging
-import threading
 import warnings
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -59,12 +56,11 @@ from dit4dit_npu.policy.contract import (
     split_rows,
 )
 from dit4dit_npu.policy.folder import load_policy_folder
-from dit4dit_npu.policy.manifest import FORMAT_VERSION, PolicyManifest, inference_config
+from dit4dit_npu.policy.instructions import RunTimeInstructions
+from dit4dit_npu.policy.manifest import FORMAT_VERSION, PolicyManifest
 from dit4dit_npu.policy.rtc import ChunkPrefix, chunk_prefix
 from dit4dit_npu.transforms.observation import Observation, PolicyInputError, parse_seed
 from dit4dit_npu.transforms.policy_io import NonFiniteActionError, PolicyIO
-
-log = logging.getLogger(__name__)
 
 __all__ = [
     "STATE_RANGE_LIMIT", "DiT4DiTPolicy", "NonFiniteActionError", "OutOfRangeError", "OutOfRangeWarning",
@@ -82,8 +78,9 @@ def state_out_of_range(stats: Any, state: np.ndarray, limit: float = RANGE_LIMIT
     return out_of_range_dims(stats, state, limit)
 
 
-class DiT4DiTPolicy:
-    """A trained DiT4DiT model with its PolicyIO and prompt cache, ready for inference.
+class DiT4DiTPolicy(RunTimeInstructions):
+    """A trained DiT4DiT model with its PolicyIO and prompt cache, ready for inference (the cache's
+    run-time additions: ``RunTimeInstructions``, ``instructions.py``).
 
     ``manifest`` is the folder's policy.json in memory (``policy/manifest.py``): the model
     section, the recorded datasets and held-out episodes, joint names; ``io`` every transform
@@ -101,16 +98,7 @@ class DiT4DiTPolicy:
         self.path = path  # the policy folder it was loaded from (None when built in memory)
         self.manifest = manifest
         self.io = io
-        self.prompt_cache = prompt_cache
-        self._text_encoder: Any = None
-        # Instructions encoded at run time (not exported with the policy), least recently used
-        # first. ``max_added_instructions`` caps them (None = no cap): each embedding is ~100 MB at
-        # full size, so a server must not let network clients grow the cache without bound.
-        self.max_added_instructions: int | None = None
-        self._added: OrderedDict[str, None] = OrderedDict()
-        # Guards the prompt cache and the lazily built text encoder (the server calls from one
-        # worker thread, but a user may share a policy between threads).
-        self._lock = threading.RLock()
+        self._init_instructions(prompt_cache)
         model.set_prompt_cache(prompt_cache)
 
     # ------------------------------------------------------------------ loading
@@ -185,57 +173,6 @@ class DiT4DiTPolicy:
     def metadata(self) -> dict[str, Any]:
         """What a client needs to build observations: ``describe().metadata()``."""
         return self.describe().metadata()
-
-    # ------------------------------------------------------------------ instructions
-
-    def add_instructions(self, instructions: list[str]) -> int:
-        """Encode instructions not in the prompt cache yet (loads the text encoder once, on
-        first need). Returns how many were encoded."""
-        with self._lock:
-            wanted = list(dict.fromkeys(instructions))
-            for s in wanted:
-                if s in self._added:
-                    self._added.move_to_end(s)
-            missing = [s for s in wanted if s not in self.prompt_cache]
-            if not missing:
-                return 0
-            encoder = self._encoder(missing)
-            n = self.prompt_cache.build(missing, encoder)
-            self._added.update(dict.fromkeys(missing))
-            log.info("encoded %d new instruction(s) into the prompt cache", n)
-            self._evict_added(keep=set(wanted))
-            return n
-
-    def _evict_added(self, keep: set[str]) -> None:
-        """Drop the least recently used run-time instructions beyond the cap (never the exported
-        ones, never those of the current call)."""
-        if self.max_added_instructions is None:
-            return
-        excess = len(self._added) - self.max_added_instructions
-        for s in [s for s in self._added if s not in keep][: max(0, excess)]:
-            del self._added[s]
-            self.prompt_cache.discard(s)
-            log.info("dropped instruction %r from the prompt cache (cap %d)", s, self.max_added_instructions)
-
-    def _encoder(self, missing: list[str]) -> Any:
-        if self._text_encoder is None:
-            from dit4dit_npu.weights import build_prompt_encoder
-
-            try:
-                self._text_encoder = build_prompt_encoder(inference_config(self.manifest.model)).to(self.device)
-            except Exception as e:  # base folder without text_encoder/, or weights that do not load
-                raise PolicyInputError(
-                    f"instruction(s) {missing[:3]} are not in the policy's prompt cache and no text encoder "
-                    f"is available to encode them ({e}); use one of the cached instructions "
-                    f"{sorted(self.prompt_cache.instructions)[:5]} or a base model with text_encoder/"
-                ) from e
-        return self._text_encoder
-
-    def release_text_encoder(self) -> None:
-        """Free the text encoder (it is ~8B parameters on the real model); cached prompts stay."""
-        with self._lock:
-            self._text_encoder = None
-            dev.empty_cache()
 
     # ------------------------------------------------------------------ inference
 
