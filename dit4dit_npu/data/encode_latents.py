@@ -65,8 +65,8 @@ class _Windows(torch.utils.data.Dataset):
 
 def encode_latents(cfg: Config, out: Path, batch_size: int = 16, progress: bool = True) -> dict[str, int]:
     """Encode this rank's share of the missing training episodes into ``out``; returns counts."""
-    from dit4dit_npu.models.cosmos import vae_latents
     from dit4dit_npu.models.dit4dit import video_input
+    from dit4dit_npu.models.vae import vae_latents
     from dit4dit_npu.weights import build_vae, vae_identity
 
     dev.set_device()  # before the process group: NCCL/HCCL bind to the current card
