@@ -33,7 +33,8 @@ from dit4dit_npu import device as dev
 from dit4dit_npu.config import Config, ConfigError, load_config
 from dit4dit_npu.console import entry_point
 from dit4dit_npu.data.build import build_training_data
-from dit4dit_npu.data.latents import MANIFEST, CacheKey, LatentCache
+from dit4dit_npu.data.latent_key import CacheKey
+from dit4dit_npu.data.latents import MANIFEST, LatentCache
 from dit4dit_npu.data.robotwin import RoboTwinDataset
 
 
