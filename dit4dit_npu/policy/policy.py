@@ -52,13 +52,13 @@ from dit4dit_npu.policy.contract import (
     StateRangeWarning,
     concat_requests,
     out_of_range_dims,
-    range_problem,
     split_rows,
 )
 from dit4dit_npu.policy.folder import load_policy_folder
 from dit4dit_npu.policy.instructions import RunTimeInstructions
 from dit4dit_npu.policy.manifest import FORMAT_VERSION, PolicyManifest
-from dit4dit_npu.policy.rtc import ChunkPrefix, chunk_prefix
+from dit4dit_npu.policy.requests import MAX_GUIDANCE_LIMIT, RequestChecks  # noqa: F401 (imported from here before)
+from dit4dit_npu.policy.rtc import ChunkPrefix
 from dit4dit_npu.transforms.observation import Observation, PolicyInputError, parse_seed
 from dit4dit_npu.transforms.policy_io import NonFiniteActionError, PolicyIO
 
@@ -68,17 +68,12 @@ __all__ = [
     "StateRangeWarning",
 ]
 
-# Real-time chunking's guidance strength (the paper's beta, default 5) and the robot's control
-# rate have stated bounds: beyond them a value is a unit or typing mistake, never a setting.
-MAX_GUIDANCE_LIMIT = 100.0  # 20x the paper's beta: more only copies prev_chunk harder (1e30 overflows)
-
-
 def state_out_of_range(stats: Any, state: np.ndarray, limit: float = RANGE_LIMIT) -> list[int]:
     """Dims of ``state`` (..., D) far outside the training range (``contract.out_of_range_dims``)."""
     return out_of_range_dims(stats, state, limit)
 
 
-class DiT4DiTPolicy(RunTimeInstructions):
+class DiT4DiTPolicy(RequestChecks, RunTimeInstructions):
     """A trained DiT4DiT model with its PolicyIO and prompt cache, ready for inference (the cache's
     run-time additions: ``RunTimeInstructions``, ``instructions.py``).
 
@@ -223,61 +218,7 @@ class DiT4DiTPolicy(RunTimeInstructions):
         return self.predict_batch([parsed], seed=seed, noise=noise)[0]
 
     # ------------------------------------------------------------------ the server's interface
-
-    def parse(self, obs: Any, allow_out_of_range: bool = False) -> ParsedRequest:
-        """A robot observation (ours or openpi's layout, single or batched) -> a checked request:
-        images cropped and resized by the PolicyIO, the state range checked (refused, or with
-        ``allow_out_of_range`` carried as a warning line). The one parse of an observation."""
-        parsed = ParsedRequest(self.io.parse_observation(obs), allow_out_of_range=allow_out_of_range)
-        problem = self.state_range_problem(parsed.observation.state)
-        return parsed if problem is None else self._out_of_range(parsed, problem, StateOutOfRangeError,
-                                                                 StateRangeWarning)
-
-    def with_rtc(
-        self,
-        parsed: ParsedRequest,
-        prev_chunk: Any,
-        inference_delay: Any = 0,
-        execution_horizon: Any = None,
-        max_guidance_weight: Any = DEFAULT_MAX_GUIDANCE,
-        own_chunk: bool = False,
-    ) -> ParsedRequest:
-        """``parsed`` with real-time chunking onto ``prev_chunk`` (see ``predict_action``): checked
-        (shapes, delays, ``max_guidance_weight`` in [0, MAX_GUIDANCE_LIMIT]) and range-checked
-        against the training actions like the state, under the request's ``allow_out_of_range``.
-        ``own_chunk``: ``prev_chunk`` is the rest of a chunk this policy returned (a server's
-        session): in its units by construction, so not range-checked."""
-        beta = max_guidance_weight
-        if isinstance(beta, bool | np.bool_) or not isinstance(beta, int | float | np.floating | np.integer) or not (
-            0 <= beta <= MAX_GUIDANCE_LIMIT
-        ):
-            raise PolicyInputError(
-                f"max_guidance_weight: expected a number in [0, {MAX_GUIDANCE_LIMIT:g}] (the paper's beta, default "
-                f"{DEFAULT_MAX_GUIDANCE:g}; larger values only make the new chunk copy prev_chunk harder, and huge "
-                f"ones overflow the guidance step), got {max_guidance_weight!r:.40}"
-            )
-        o = parsed.observation
-        prefix = chunk_prefix(
-            prev_chunk, inference_delay, execution_horizon, chunk_length=self.chunk_length, action_dim=self.action_dim,
-            rows=o.rows, batched=o.batched, max_guidance_weight=float(beta),
-        )
-        parsed = replace(parsed, prefix=prefix)
-        if own_chunk:
-            return parsed
-        names = list(self.manifest.data.action_names or [f"action[{j}]" for j in range(self.action_dim)])
-        problem = range_problem("prev_chunk", self.io.stats["action"], prefix.actions, names,
-                                "guidance would pull the new chunk there; check the robot's units (degrees for "
-                                "radians?) and joint order")
-        return parsed if problem is None else self._out_of_range(parsed, problem, PrevChunkOutOfRangeError,
-                                                                 PrevChunkRangeWarning)
-
-    @staticmethod
-    def _out_of_range(parsed: ParsedRequest, problem: str, error: type[OutOfRangeError],
-                      category: type[OutOfRangeWarning]) -> ParsedRequest:
-        """The one opt-out: refuse, or carry the line as a warning of ``category``."""
-        if not parsed.allow_out_of_range:
-            raise error(problem)
-        return parsed.allowed(problem, category)
+    # (parse and with_rtc, the request checks: RequestChecks, requests.py)
 
     def predict_batch(
         self, requests: Sequence[ParsedRequest], seed: int | None = None, noise: Any = None
@@ -342,16 +283,6 @@ class DiT4DiTPolicy(RunTimeInstructions):
                 head + "the observation is far outside the training data, or the policy's weights/normalizer are damaged"
             )
         return actions
-
-    def state_range_problem(self, state: np.ndarray) -> str | None:
-        """One line naming the dims of a live state (robot units, (B, state_dim)) that lie far
-        outside the training range, their values and ranges; None when it is plausible."""
-        if not self.io.state_dim:
-            return None
-        names = self.manifest.data.state_names or [f"state[{j}]" for j in range(self.io.state_dim)]
-        return range_problem("state", self.io.stats["state"], state, names,
-                             "actions there are extrapolation; check the robot's units (degrees for radians?) and "
-                             "joint order")
 
     @torch.inference_mode()
     def predict_video(self, obs: dict[str, Any] | Observation, steps: int = 2, seed: int | None = None) -> np.ndarray:
