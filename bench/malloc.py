@@ -75,7 +75,7 @@ def child(args: argparse.Namespace) -> None:
         opt.step()
 
     obs = make_batch(spec, batch_size=1, training=False)
-    from dit4dit_npu.models.cosmos import vae_latents
+    from dit4dit_npu.models.vae import vae_latents
 
     vae = model.backbone.vae
     video = batch.frames.permute(0, 2, 1, 3, 4).float() / 127.5 - 1  # (B, 3, T, H, W) in [-1, 1]

@@ -53,8 +53,8 @@ from dit4dit_npu import device as dev
 from dit4dit_npu.batch import Batch
 from dit4dit_npu.config import load_config
 from dit4dit_npu.console import run
-from dit4dit_npu.models.cosmos import vae_latents
 from dit4dit_npu.models.prompt_cache import PromptCache
+from dit4dit_npu.models.vae import vae_latents
 from dit4dit_npu.weights import build_dit4dit, build_prompt_encoder
 from dit4dit_npu.weights.testing import make_batch
 

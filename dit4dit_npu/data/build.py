@@ -20,7 +20,8 @@ from pathlib import Path
 
 from dit4dit_npu.config import Config, ConfigError, VLADataConfig
 from dit4dit_npu.data.errors import DatasetError
-from dit4dit_npu.data.latents import CacheKey, LatentCache
+from dit4dit_npu.data.latent_key import CacheKey
+from dit4dit_npu.data.latents import LatentCache
 from dit4dit_npu.data.lerobot import LeRobotDataset
 from dit4dit_npu.data.mixture import MixtureSampler, split_episodes
 from dit4dit_npu.data.robotwin import RoboTwinDataset

@@ -33,7 +33,8 @@ from dit4dit_npu import device as dev
 from dit4dit_npu.config import Config, ConfigError, load_config
 from dit4dit_npu.console import entry_point
 from dit4dit_npu.data.build import build_training_data
-from dit4dit_npu.data.latents import MANIFEST, CacheKey, LatentCache
+from dit4dit_npu.data.latent_key import CacheKey
+from dit4dit_npu.data.latents import MANIFEST, LatentCache
 from dit4dit_npu.data.robotwin import RoboTwinDataset
 
 
@@ -65,8 +66,8 @@ class _Windows(torch.utils.data.Dataset):
 
 def encode_latents(cfg: Config, out: Path, batch_size: int = 16, progress: bool = True) -> dict[str, int]:
     """Encode this rank's share of the missing training episodes into ``out``; returns counts."""
-    from dit4dit_npu.models.cosmos import vae_latents
     from dit4dit_npu.models.dit4dit import video_input
+    from dit4dit_npu.models.vae import vae_latents
     from dit4dit_npu.weights import build_vae, vae_identity
 
     dev.set_device()  # before the process group: NCCL/HCCL bind to the current card

@@ -46,8 +46,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from dit4dit_npu.data.build import build_training_data
-    from dit4dit_npu.models.cosmos import vae_latents
     from dit4dit_npu.models.dit4dit import video_input
+    from dit4dit_npu.models.vae import vae_latents
     from dit4dit_npu.weights import build_vae
 
     torch.set_num_threads(1)

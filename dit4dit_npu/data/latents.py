@@ -34,18 +34,18 @@ Layout::
 
 An episode file is written whole (temp file + rename), so an interrupted encode resumes at the
 first missing episode and a reader never sees half a file.
+
+What decides the latents (the ``CacheKey``, the dataset's and the files' fingerprints) is
+``latent_key.py``; this module is the cache folder: its manifest, episode files, checks and reads.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
 import json
 import os
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -53,105 +53,20 @@ import numpy as np
 import torch
 
 from dit4dit_npu.data.errors import DatasetError
-from dit4dit_npu.files import atomic_path, atomic_write_json, edges_hash, is_out_of_space
+from dit4dit_npu.data.latent_key import (
+    CacheKey,
+    dataset_fingerprint,
+    episode_sources,
+    latents_sha256,
+    source_problem,
+    source_record,
+)
+from dit4dit_npu.files import atomic_path, atomic_write_json, is_out_of_space
 
 FORMAT = "dit4dit_npu.latent_cache/2"  # 2: content hashes and the VAE's latent bound
 MANIFEST = "manifest.json"
 ENCODE_HINT = "python -m dit4dit_npu.data.encode_latents --config FILE --out DIR"
 _OPEN_FILES = 32  # episode files kept open per process (each is an mmap; reads are ~15 us)
-
-
-@dataclass(frozen=True)
-class CacheKey:
-    """Everything besides the dataset files that decides a sample's latents."""
-
-    camera_keys: tuple[str, ...]
-    image_size: tuple[int, int]
-    view_layout: str
-    clip_offsets: tuple[int, ...]
-    vae: str  # weights.vae_identity: weights + the dtype the VAE runs in
-    # PolicyIO.camera_crops as sorted (camera, crop) pairs; a manifest without them: no crops
-    camera_crops: tuple[tuple[str, tuple[float, ...]], ...] = ()
-    # How frames become views: caches written before the views took the PolicyIO's one path
-    # (frames resized inside the decoder's YUV->RGB pass) hold other pixels, and have no such key.
-    view_path: str = "resized at decode"
-
-    @classmethod
-    def of(cls, io: Any, vae: str) -> CacheKey:
-        """The key of a PolicyIO's clips (cameras, crops, size, layout, offsets) encoded by ``vae``."""
-        crops = tuple(sorted((k, tuple(float(v) for v in c)) for k, c in io.camera_crops.items()))
-        path = f"rgb as stored, then {io.resize_method} resize"  # PolicyIO.view: the live images' path
-        return cls(tuple(io.camera_keys), tuple(io.image_size), io.view_layout, tuple(io.clip_offsets), vae, crops, path)
-
-    def to_dict(self) -> dict[str, Any]:
-        d = {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}
-        d["camera_crops"] = {k: list(c) for k, c in self.camera_crops}
-        if not self.camera_crops:  # manifests of caches without crops stay as they were
-            del d["camera_crops"]
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> CacheKey:
-        d = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
-        crops = d.pop("camera_crops", {})
-        return cls(**d, camera_crops=tuple(sorted((str(k), tuple(float(v) for v in c)) for k, c in crops.items())))
-
-    def difference(self, other: CacheKey) -> str | None:
-        """The first field that differs, as 'field: cache X, this run Y', else None."""
-        mine, theirs = self.to_dict(), other.to_dict()
-        for name in [f.name for f in dataclasses.fields(self)]:
-            if mine.get(name, {}) != theirs.get(name, {}):
-                return f"{name}: the cache has {mine.get(name, {})!r}, this run {theirs.get(name, {})!r}"
-        return None
-
-
-def dataset_fingerprint(root: str | Path) -> str:
-    """A dataset's identity: its meta/ files' contents and the names of its data and video files.
-    Path-independent (a moved dataset keeps its cache), cheap (no video is read). An edited data or
-    video file is found per episode (``source_problem``), so only its episodes are encoded again."""
-    root = Path(root)
-    h = hashlib.sha256()
-    for sub, content in (("meta", True), ("data", False), ("videos", False)):
-        for f in sorted(p for p in (root / sub).rglob("*") if p.is_file()):
-            rel = f.relative_to(root).as_posix().encode()
-            h.update(rel + (f.read_bytes() if content else b""))
-    return h.hexdigest()[:20]
-
-
-def latents_sha256(latents: torch.Tensor) -> str:
-    """sha256 of a latent tensor's bytes as stored (any dtype, bf16 included)."""
-    flat = latents.detach().contiguous().cpu().reshape(-1)
-    return hashlib.sha256(flat.view(torch.uint8).numpy()).hexdigest()
-
-
-def episode_sources(dataset: Any, episode: int, camera_keys: Sequence[str]) -> list[str]:
-    """The files an episode's cached clips come from, relative to the dataset root: its data file
-    (its timestamps pick the frames) and the video of each camera."""
-    ep = dataset.meta.episode(int(episode))
-    return sorted({Path(ep["data_path"]).as_posix(), *(Path(ep["videos"][k]["path"]).as_posix() for k in camera_keys)})
-
-
-def source_record(path: Path) -> dict[str, Any]:
-    st = path.stat()
-    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "edges": edges_hash(path)}
-
-
-def source_problem(path: Path, saved: dict[str, Any]) -> str | None:
-    """Whether a source file is still the one an episode was encoded from. Same size and mtime:
-    unchanged (one ``stat``). Another mtime (a copy that did not keep times, a touch, an edit):
-    its first and last MiB must hash the same (``files.edges_hash``, at most 2 MiB read). Hashing
-    every video whole at every start-up would read the whole dataset (hundreds of GB at 100k
-    episodes) each time; this is as strong against re-encoded or edited videos, whose size or
-    index changes, and misses only a deliberate same-size edit of a file's middle."""
-    try:
-        st = path.stat()
-    except OSError:
-        return f"its source {path} is missing"
-    if st.st_size != saved.get("size"):
-        return f"its source {path} changed since it was encoded ({st.st_size} bytes, {saved.get('size')} then)"
-    if st.st_mtime_ns != saved.get("mtime_ns") and edges_hash(path) != saved.get("edges"):
-        return f"its source {path} changed since it was encoded (same size, other content)"
-    return None
 
 
 class LatentCache:

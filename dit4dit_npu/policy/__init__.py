@@ -5,7 +5,8 @@
 
 ``folder`` owns the on-disk format (what a checkpoint exports, how it is read back), ``manifest``
 its policy.json and ``legacy`` the older format versions; ``policy`` wraps a loaded model with its
-PolicyIO for robots, servers and evaluation.
+PolicyIO for robots, servers and evaluation (``requests``: its request checks, ``instructions``:
+its run-time prompt-cache additions).
 """
 
 from dit4dit_npu.policy.folder import PolicyLoadError, UnverifiedPolicyWarning, export_policy

@@ -27,10 +27,7 @@ The folder format is defined by ``folder.py`` (files) and ``manifest.py`` (polic
 
 from __future__ import annotations
 
-import logging
-import threading
 import warnings
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -55,16 +52,15 @@ from dit4dit_npu.policy.contract import (
     StateRangeWarning,
     concat_requests,
     out_of_range_dims,
-    range_problem,
     split_rows,
 )
 from dit4dit_npu.policy.folder import load_policy_folder
-from dit4dit_npu.policy.manifest import FORMAT_VERSION, PolicyManifest, inference_config
-from dit4dit_npu.policy.rtc import ChunkPrefix, chunk_prefix
+from dit4dit_npu.policy.instructions import RunTimeInstructions
+from dit4dit_npu.policy.manifest import FORMAT_VERSION, PolicyManifest
+from dit4dit_npu.policy.requests import MAX_GUIDANCE_LIMIT, RequestChecks  # noqa: F401 (imported from here before)
+from dit4dit_npu.policy.rtc import ChunkPrefix
 from dit4dit_npu.transforms.observation import Observation, PolicyInputError, parse_seed
 from dit4dit_npu.transforms.policy_io import NonFiniteActionError, PolicyIO
-
-log = logging.getLogger(__name__)
 
 __all__ = [
     "STATE_RANGE_LIMIT", "DiT4DiTPolicy", "NonFiniteActionError", "OutOfRangeError", "OutOfRangeWarning",
@@ -72,18 +68,14 @@ __all__ = [
     "StateRangeWarning",
 ]
 
-# Real-time chunking's guidance strength (the paper's beta, default 5) and the robot's control
-# rate have stated bounds: beyond them a value is a unit or typing mistake, never a setting.
-MAX_GUIDANCE_LIMIT = 100.0  # 20x the paper's beta: more only copies prev_chunk harder (1e30 overflows)
-
-
 def state_out_of_range(stats: Any, state: np.ndarray, limit: float = RANGE_LIMIT) -> list[int]:
     """Dims of ``state`` (..., D) far outside the training range (``contract.out_of_range_dims``)."""
     return out_of_range_dims(stats, state, limit)
 
 
-class DiT4DiTPolicy:
-    """A trained DiT4DiT model with its PolicyIO and prompt cache, ready for inference.
+class DiT4DiTPolicy(RequestChecks, RunTimeInstructions):
+    """A trained DiT4DiT model with its PolicyIO and prompt cache, ready for inference (the cache's
+    run-time additions: ``RunTimeInstructions``, ``instructions.py``).
 
     ``manifest`` is the folder's policy.json in memory (``policy/manifest.py``): the model
     section, the recorded datasets and held-out episodes, joint names; ``io`` every transform
@@ -101,16 +93,7 @@ class DiT4DiTPolicy:
         self.path = path  # the policy folder it was loaded from (None when built in memory)
         self.manifest = manifest
         self.io = io
-        self.prompt_cache = prompt_cache
-        self._text_encoder: Any = None
-        # Instructions encoded at run time (not exported with the policy), least recently used
-        # first. ``max_added_instructions`` caps them (None = no cap): each embedding is ~100 MB at
-        # full size, so a server must not let network clients grow the cache without bound.
-        self.max_added_instructions: int | None = None
-        self._added: OrderedDict[str, None] = OrderedDict()
-        # Guards the prompt cache and the lazily built text encoder (the server calls from one
-        # worker thread, but a user may share a policy between threads).
-        self._lock = threading.RLock()
+        self._init_instructions(prompt_cache)
         model.set_prompt_cache(prompt_cache)
 
     # ------------------------------------------------------------------ loading
@@ -186,57 +169,6 @@ class DiT4DiTPolicy:
         """What a client needs to build observations: ``describe().metadata()``."""
         return self.describe().metadata()
 
-    # ------------------------------------------------------------------ instructions
-
-    def add_instructions(self, instructions: list[str]) -> int:
-        """Encode instructions not in the prompt cache yet (loads the text encoder once, on
-        first need). Returns how many were encoded."""
-        with self._lock:
-            wanted = list(dict.fromkeys(instructions))
-            for s in wanted:
-                if s in self._added:
-                    self._added.move_to_end(s)
-            missing = [s for s in wanted if s not in self.prompt_cache]
-            if not missing:
-                return 0
-            encoder = self._encoder(missing)
-            n = self.prompt_cache.build(missing, encoder)
-            self._added.update(dict.fromkeys(missing))
-            log.info("encoded %d new instruction(s) into the prompt cache", n)
-            self._evict_added(keep=set(wanted))
-            return n
-
-    def _evict_added(self, keep: set[str]) -> None:
-        """Drop the least recently used run-time instructions beyond the cap (never the exported
-        ones, never those of the current call)."""
-        if self.max_added_instructions is None:
-            return
-        excess = len(self._added) - self.max_added_instructions
-        for s in [s for s in self._added if s not in keep][: max(0, excess)]:
-            del self._added[s]
-            self.prompt_cache.discard(s)
-            log.info("dropped instruction %r from the prompt cache (cap %d)", s, self.max_added_instructions)
-
-    def _encoder(self, missing: list[str]) -> Any:
-        if self._text_encoder is None:
-            from dit4dit_npu.weights import build_prompt_encoder
-
-            try:
-                self._text_encoder = build_prompt_encoder(inference_config(self.manifest.model)).to(self.device)
-            except Exception as e:  # base folder without text_encoder/, or weights that do not load
-                raise PolicyInputError(
-                    f"instruction(s) {missing[:3]} are not in the policy's prompt cache and no text encoder "
-                    f"is available to encode them ({e}); use one of the cached instructions "
-                    f"{sorted(self.prompt_cache.instructions)[:5]} or a base model with text_encoder/"
-                ) from e
-        return self._text_encoder
-
-    def release_text_encoder(self) -> None:
-        """Free the text encoder (it is ~8B parameters on the real model); cached prompts stay."""
-        with self._lock:
-            self._text_encoder = None
-            dev.empty_cache()
-
     # ------------------------------------------------------------------ inference
 
     def predict_action(
@@ -286,61 +218,7 @@ class DiT4DiTPolicy:
         return self.predict_batch([parsed], seed=seed, noise=noise)[0]
 
     # ------------------------------------------------------------------ the server's interface
-
-    def parse(self, obs: Any, allow_out_of_range: bool = False) -> ParsedRequest:
-        """A robot observation (ours or openpi's layout, single or batched) -> a checked request:
-        images cropped and resized by the PolicyIO, the state range checked (refused, or with
-        ``allow_out_of_range`` carried as a warning line). The one parse of an observation."""
-        parsed = ParsedRequest(self.io.parse_observation(obs), allow_out_of_range=allow_out_of_range)
-        problem = self.state_range_problem(parsed.observation.state)
-        return parsed if problem is None else self._out_of_range(parsed, problem, StateOutOfRangeError,
-                                                                 StateRangeWarning)
-
-    def with_rtc(
-        self,
-        parsed: ParsedRequest,
-        prev_chunk: Any,
-        inference_delay: Any = 0,
-        execution_horizon: Any = None,
-        max_guidance_weight: Any = DEFAULT_MAX_GUIDANCE,
-        own_chunk: bool = False,
-    ) -> ParsedRequest:
-        """``parsed`` with real-time chunking onto ``prev_chunk`` (see ``predict_action``): checked
-        (shapes, delays, ``max_guidance_weight`` in [0, MAX_GUIDANCE_LIMIT]) and range-checked
-        against the training actions like the state, under the request's ``allow_out_of_range``.
-        ``own_chunk``: ``prev_chunk`` is the rest of a chunk this policy returned (a server's
-        session): in its units by construction, so not range-checked."""
-        beta = max_guidance_weight
-        if isinstance(beta, bool | np.bool_) or not isinstance(beta, int | float | np.floating | np.integer) or not (
-            0 <= beta <= MAX_GUIDANCE_LIMIT
-        ):
-            raise PolicyInputError(
-                f"max_guidance_weight: expected a number in [0, {MAX_GUIDANCE_LIMIT:g}] (the paper's beta, default "
-                f"{DEFAULT_MAX_GUIDANCE:g}; larger values only make the new chunk copy prev_chunk harder, and huge "
-                f"ones overflow the guidance step), got {max_guidance_weight!r:.40}"
-            )
-        o = parsed.observation
-        prefix = chunk_prefix(
-            prev_chunk, inference_delay, execution_horizon, chunk_length=self.chunk_length, action_dim=self.action_dim,
-            rows=o.rows, batched=o.batched, max_guidance_weight=float(beta),
-        )
-        parsed = replace(parsed, prefix=prefix)
-        if own_chunk:
-            return parsed
-        names = list(self.manifest.data.action_names or [f"action[{j}]" for j in range(self.action_dim)])
-        problem = range_problem("prev_chunk", self.io.stats["action"], prefix.actions, names,
-                                "guidance would pull the new chunk there; check the robot's units (degrees for "
-                                "radians?) and joint order")
-        return parsed if problem is None else self._out_of_range(parsed, problem, PrevChunkOutOfRangeError,
-                                                                 PrevChunkRangeWarning)
-
-    @staticmethod
-    def _out_of_range(parsed: ParsedRequest, problem: str, error: type[OutOfRangeError],
-                      category: type[OutOfRangeWarning]) -> ParsedRequest:
-        """The one opt-out: refuse, or carry the line as a warning of ``category``."""
-        if not parsed.allow_out_of_range:
-            raise error(problem)
-        return parsed.allowed(problem, category)
+    # (parse and with_rtc, the request checks: RequestChecks, requests.py)
 
     def predict_batch(
         self, requests: Sequence[ParsedRequest], seed: int | None = None, noise: Any = None
@@ -405,16 +283,6 @@ class DiT4DiTPolicy:
                 head + "the observation is far outside the training data, or the policy's weights/normalizer are damaged"
             )
         return actions
-
-    def state_range_problem(self, state: np.ndarray) -> str | None:
-        """One line naming the dims of a live state (robot units, (B, state_dim)) that lie far
-        outside the training range, their values and ranges; None when it is plausible."""
-        if not self.io.state_dim:
-            return None
-        names = self.manifest.data.state_names or [f"state[{j}]" for j in range(self.io.state_dim)]
-        return range_problem("state", self.io.stats["state"], state, names,
-                             "actions there are extrapolation; check the robot's units (degrees for radians?) and "
-                             "joint order")
 
     @torch.inference_mode()
     def predict_video(self, obs: dict[str, Any] | Observation, steps: int = 2, seed: int | None = None) -> np.ndarray:

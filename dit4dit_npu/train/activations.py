@@ -37,7 +37,8 @@ from torch.distributed._tools.mem_tracker import MemTracker, _ModState
 from dit4dit_npu import device as dev
 from dit4dit_npu.config import Cosmos25Config, TinyCosmosConfig
 from dit4dit_npu.models import tiny as tiny_parts
-from dit4dit_npu.models.cosmos import CosmosBackbone, vae_latents
+from dit4dit_npu.models.cosmos import CosmosBackbone
+from dit4dit_npu.models.vae import vae_latents
 from dit4dit_npu.weights.model_config import backbone_config, tiny_sizes
 
 # Cosmos-Predict2.5-2B's transformer, Wan2.1's VAE and Qwen2.5-VL-7B's text model

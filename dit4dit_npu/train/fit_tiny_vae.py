@@ -70,7 +70,7 @@ def vae_input(frames: torch.Tensor) -> torch.Tensor:
 
 def round_trip(vae: torch.nn.Module, video: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(decoded posterior mean, the posterior) of ``video`` (the causal VAE: T padded to 1 + 4k)."""
-    from dit4dit_npu.models.cosmos import pad_to_causal_length, vae_temporal_factor
+    from dit4dit_npu.models.vae import pad_to_causal_length, vae_temporal_factor
 
     x = pad_to_causal_length(video, vae_temporal_factor(vae))
     dist = vae.encode(x).latent_dist
@@ -120,7 +120,7 @@ def fit(vae: torch.nn.Module, frames: torch.Tensor, steps: int, batch: int, lr: 
 def latent_stats(vae: torch.nn.Module, frames: torch.Tensor, batch: int) -> tuple[list[float], list[float]]:
     """Per-channel mean/std of the posterior mean of frame 0 of each clip: python -m dit4dit_npu.data.latent_stats's
     measure (the conditioning frame, what every sample encodes)."""
-    from dit4dit_npu.models.cosmos import vae_latents
+    from dit4dit_npu.models.vae import vae_latents
 
     z = torch.cat([vae_latents(vae, vae_input(frames[i : i + batch, :1])).float() for i in range(0, len(frames), batch)])
     return z.mean((0, 2, 3, 4)).tolist(), z.std((0, 2, 3, 4)).tolist()

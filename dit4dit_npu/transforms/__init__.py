@@ -5,7 +5,7 @@ steps: Normalize, SinCos, Pad, composed into a VectorPipeline), ``images`` (crop
 tiling primitives), ``steps`` (PolicyIO's ordered steps: CropViews, ResizeViews, TileViews,
 EncodeState, EncodeAction, each serializing itself), ``observation`` (a robot's observation dict
 -> checked arrays) and ``policy_io`` (PolicyIO: the steps the dataset, the policy and eval all
-call, saved with every checkpoint as policy_io.json).
+call, saved with every checkpoint as policy_io.json by ``policy_io_json``).
 """
 
 from dit4dit_npu.transforms.feature_stats import FeatureStats, merge_stats, pool_moments
