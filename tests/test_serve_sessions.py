@@ -106,7 +106,15 @@ def test_episode_start_clears_the_session(server, observations) -> None:
             client.infer(observations[0], rtc={"executed": 1, "inference_delay": 0})
 
 
-def test_rtc_requests_batch_with_each_other(server, policy, observations) -> None:
+def test_rtc_requests_batch_with_each_other(policy, observations) -> None:
+    # A server of its own with a long batching window: the window closes as soon as every open
+    # connection has a request queued, so the test does not wait for it, and a loaded machine
+    # (threads released by the barrier but scheduled late) cannot split the batch.
+    with RunningServer(policy, batch_window_ms=5000) as server:
+        _rtc_requests_batch(server, policy, observations)
+
+
+def _rtc_requests_batch(server, policy, observations) -> None:
     clients = [server.client() for _ in observations]
     try:
         chunks = [c.infer({**o, "seed": 3})["actions"] for c, o in zip(clients, observations)]
