@@ -115,7 +115,8 @@ def original_config(root: Path, base: Path, p: dict, run: Path):
         f"framework.action_model.diffusion_model_cfg.num_attention_heads={TINY_DIT['num_attention_heads']}",
         f"framework.action_model.diffusion_model_cfg.attention_head_dim={TINY_DIT['attention_head_dim']}",
         "framework.action_model.hidden_size=96", f"framework.action_model.action_dim={p['A']}",
-        f"framework.action_model.state_dim={p['S']}", f"framework.action_model.chunk_length={p['fws'] + 1}",
+        # the original's own key (it knows no chunk_length; our import converts this one)
+        f"framework.action_model.state_dim={p['S']}", f"framework.action_model.future_action_window_size={p['fws']}",
         f"framework.action_model.action_horizon={p['fws'] + 1}", f"datasets.vla_data.max_action_dim={p['A']}",
         f"datasets.vla_data.max_state_dim={p['S']}",
     ]
@@ -186,6 +187,11 @@ def main() -> None:
     ActionDiT.DiTConfig["DiT-T"] = dict(TINY_DIT)
     torch.manual_seed(0)
     model = build_framework(cfg)
+    # a key the original does not read would leave its default chunk (and fail only later, in
+    # predict_action, on the noise's shape): its head must take the preset's chunk
+    if model.future_action_window_size != p["fws"] or model.action_model.action_horizon != p["fws"] + 1:
+        sys.exit(f"the original built a chunk of {model.action_model.action_horizon} steps (future_action_window_size "
+                 f"{model.future_action_window_size}), preset {args.preset} needs {p['fws'] + 1}")
     build_param_lr_groups(model=model, cfg=cfg)  # what its trainer does before training
     TrainerUtils.freeze_backbones(model, freeze_modules=cfg.trainer.freeze_modules)
     model.eval()  # its server's mode; the loss below is with the head in eval mode too (no dropout)
