@@ -65,6 +65,15 @@ venv() {  # venv DIR STAMP PACKAGES...: create once, reinstall when the package 
 }
 
 [ -x "$PY" ] || { echo "FAIL setup: $PY missing (run bash scripts/setup_env.sh)"; exit 1; }
+# The server and our reader must be this checkout's code: a venv installed editable from another
+# checkout (a git worktree sharing main's .venv) would otherwise check that one's code and pass.
+# Asked from outside the checkout, as scripts/interop/ours.py imports (its sys.path[0] is its own
+# folder; only `python -m` and `-c` put the current folder first).
+PKG="$(cd / && "$PY" -c 'import os, dit4dit_npu; print(os.path.dirname(os.path.dirname(os.path.realpath(dit4dit_npu.__file__))))' 2>&1)"
+if [ "$PKG" != "$(pwd -P)" ]; then
+  echo "FAIL setup: $PY imports dit4dit_npu from $PKG, not this checkout $(pwd -P) (run with PYTHONPATH=$ROOT:$ROOT/client)"
+  exit 1
+fi
 venv "$INTEROP/lerobot" "lerobot==0.4.4" "lerobot==0.4.4" || { echo "FAIL setup: cannot install lerobot==0.4.4"; exit 1; }
 venv "$INTEROP/openpi" "openpi-client typing_extensions" openpi-client typing_extensions \
   || { echo "FAIL setup: cannot install openpi-client"; exit 1; }
