@@ -8,7 +8,8 @@ Writes a demo dataset (RoboTwin-like: 3 cameras at 240x320, 15 fps) into a temp 
 1. samples/s of RoboTwinDataset through a DataLoader (3 cameras x the clip subsampled by
    action_video_freq_ratio, resized to 224x224) with 1 and 4 workers;
 2. per-sample decode time of the same clips two ways, in the same run, on the same open files:
-   - sparse (ours): one seek, decode forward, convert+resize only the T kept frames;
+   - sparse (ours): one seek, decode forward, convert only the T kept frames to RGB at the stored
+     size, then the PolicyIO's view step (crop + resize), the path live images take too;
    - whole clip (the original, SPEC B8/B9): convert every frame from the first to the last delta
      to RGB at full size, then resize the kept ones one by one (one seek per clip, which is
      kinder to the baseline than the original's seek per timestamp).
@@ -107,24 +108,27 @@ def bench_decode(data, deltas: list[int], n: int, seed: int) -> tuple[float, flo
             ts = lr.column("timestamp").astype(np.float64) + vid["from_timestamp"]
             kept = ts[np.clip(row + ds.clip_offsets, start, end - 1)]
             every = ts[np.clip(row + deltas, start, end - 1)]
-            jobs.append((str(lr.root / vid["path"]), kept, every[0], every[-1]))
-    for path, kept, *_ in jobs[:6]:  # warm both caches (open files) outside the timing
-        sparse_dec.decode(path, kept, size_hw=size)
+            jobs.append((key, str(lr.root / vid["path"]), kept, every[0], every[-1]))
+    def sparse_clip(key: str, path: str, kept) -> np.ndarray:  # what the dataset does per camera
+        return np.stack([ds.io.view(key, f) for f in sparse_dec.decode(path, kept)])
+
+    for key, path, kept, *_ in jobs[:6]:  # warm both caches (open files) outside the timing
+        sparse_clip(key, path, kept)
         containers.setdefault(path, av.open(path)).streams.video[0].codec_context.thread_count = 1
-    for path, *_ in jobs:
+    for _, path, *_ in jobs:
         if path not in containers:
             containers[path] = av.open(path)
             containers[path].streams.video[0].codec_context.thread_count = 1
     t = time.perf_counter()
-    for path, kept, _, _ in jobs:
-        sparse_dec.decode(path, kept, size_hw=size)
+    for key, path, kept, _, _ in jobs:
+        sparse_clip(key, path, kept)
     sparse = time.perf_counter() - t
     t = time.perf_counter()
-    for path, kept, t0, t1 in jobs:
+    for _, path, kept, t0, t1 in jobs:
         whole_clip(containers[path], t0, t1, kept, size)
     whole = time.perf_counter() - t
     t = time.perf_counter()
-    for path, kept, t0, t1 in jobs:
+    for _, path, kept, t0, t1 in jobs:
         original_clip(containers[path], t0, t1, kept, size)
     original = time.perf_counter() - t
     return sparse / n, whole / n, original / n
