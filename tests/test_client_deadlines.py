@@ -30,6 +30,7 @@ from dit4dit_client import (
     Dit4DitClient,
     RequestError,
     ServerTimeoutError,
+    ServerUnreachableError,
     WebsocketClientPolicy,
     msgpack_numpy,
     websocket_infer,
@@ -166,6 +167,47 @@ def test_a_server_silent_after_the_handshake_fails_the_connect_within_connect_ti
         one_line(info.value, srv.uri, "no metadata within connect_timeout_s = 1.5 s")
         with pytest.raises(ServerTimeoutError):
             within(DEADLINE, Dit4DitClient, srv.uri, None, connect_timeout_s=1)
+
+
+def test_an_http_server_on_the_port_is_one_client_error_naming_the_address_and_status():
+    # A web server (or a proxy) answering the upgrade with 404 was websockets' InvalidStatus traceback.
+    import http.server
+
+    class NotFound(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_GET(self) -> None:
+            self.send_response(404)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    httpd = http.server.HTTPServer(("127.0.0.1", 0), NotFound)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        uri = f"ws://127.0.0.1:{httpd.server_address[1]}"
+        with pytest.raises(ServerUnreachableError) as info:
+            within(DEADLINE, WebsocketClientPolicy, uri, None, connect_timeout_s=5)
+        assert isinstance(info.value, ClientError) and isinstance(info.value, ConnectionError)
+        one_line(info.value, uri, "answered HTTP 404")
+    finally:
+        httpd.shutdown()
+        thread.join(DEADLINE)
+
+
+def test_nothing_listening_is_a_client_error_that_is_still_a_connection_error():
+    import socket
+
+    with socket.socket() as s:  # a port just free: nothing listens there
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(ServerUnreachableError) as info:
+        within(DEADLINE, WebsocketClientPolicy, "127.0.0.1", port, connect_timeout_s=1, retry_interval_s=0.5)
+    assert isinstance(info.value, ConnectionError)
+    one_line(info.value, f"ws://127.0.0.1:{port}", "no policy server at")
 
 
 def test_a_server_silent_after_a_request_times_out_naming_server_and_seconds_then_the_client_is_closed():

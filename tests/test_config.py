@@ -117,6 +117,26 @@ def test_cli_dry_run_prints_resolved_config(capfd):
     assert "extract_layer: 2" in r.stdout
 
 
+def test_cli_dry_run_checks_the_fitted_tiny_vae_file(tmp_path, capfd):
+    # a missing, non-safetensors or other-sizes vae_weights passed the dry run (rc 0), failing only in training
+    key = "framework.cosmos25.tiny.vae_weights"
+    fitted = ROOT / "configs/aloha/tiny_vae_transfer_cube.safetensors"
+    not_st = tmp_path / "notes.txt"
+    not_st.write_text("not weights")
+    for value, message in (
+        (tmp_path / "missing.safetensors", "is not a readable safetensors file"),
+        (not_st, "is not a readable safetensors file"),
+        (fitted, "does not fit this tiny VAE (vae_base_dim=4)"),
+    ):
+        r = train_cli_here(["--config", str(TINY), "--dry-run", f"{key}={value}",
+                            "framework.cosmos25.tiny.vae_base_dim=4"], capfd)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+        [line] = r.stderr.strip().splitlines()[-1:]
+        assert line.startswith(f"config error: {key}: {value}") and message in line, line
+    r = train_cli_here(["--config", str(TINY), "--dry-run", f"{key}={fitted}"], capfd)
+    assert r.returncode == 0, r.stderr
+
+
 def test_cli_dry_run_takes_a_per_dim_state_noise_and_checks_its_length_where_it_can(capfd):
     # the raw state width comes from the data; the dry run's placeholder fits the list
     noise = "trainer.state_noise_std=[0, 0.5, 0.5]"

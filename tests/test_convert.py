@@ -559,3 +559,24 @@ def test_a_convention_flag_error_names_the_flag_and_the_valid_values(run, tmp_pa
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert r.stderr.strip().splitlines() == [f"error: {message}"]
     assert not (tmp_path / "p").exists()
+
+
+def test_export_of_a_damaged_unhashed_model_file_or_an_unmakeable_out_is_one_line(imported, tmp_path, capfd):
+    """A format 3 folder is not hashed: a damaged model.safetensors reached safetensors' own
+    SafetensorError traceback (reseal: the hashes match the damage, as no hashes would). An --out
+    whose parent passes os.access but refuses folders (/proc, as root) was a FileNotFoundError."""
+    policy = tmp_path / "policy"
+    shutil.copytree(imported, policy)
+    with open(policy / "model.safetensors", "r+b") as f:
+        f.write(b"\xff" * 16)  # the header length: no safetensors reader can take it
+    reseal(policy)
+    r = convert_cli(capfd, "to-dit4dit", str(policy), "--out", str(tmp_path / "run"))
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    [line] = r.stderr.strip().splitlines()
+    assert line.startswith(f"error: {policy}/model.safetensors: not a readable safetensors file"), line
+    assert not (tmp_path / "run").exists()
+    if Path("/proc/self").is_dir():
+        r = convert_cli(capfd, "to-dit4dit", str(imported), "--out", "/proc/dit4dit_run")
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+        [line] = r.stderr.strip().splitlines()
+        assert line.startswith("error: --out /proc/dit4dit_run"), line

@@ -79,3 +79,26 @@ def test_an_exported_policy_records_the_fitted_file_absolute(fitted, monkeypatch
     manifest = manifest_of_run(cfg, {}, [], 2, None, None)
     assert manifest.framework.cosmos25.tiny.vae_weights == str(out.resolve())
     assert cfg.framework.cosmos25.tiny.vae_weights == out.name  # the run's config is left as it was
+
+
+def test_bad_flags_are_one_line_before_anything_is_read_or_written(tmp_path: Path, capsys) -> None:
+    # --steps 0 wrote the random VAE as fitted (rc 0); --lr nan and --frames 0 were tracebacks; an
+    # --out or --png under a file failed after the fit (--png: with the weights already written)
+    a_file = tmp_path / "a_file"
+    a_file.write_text("kept")
+    out = tmp_path / "v.safetensors"
+    for flags, message in (
+        (["--steps", "0"], "--steps: expected an int >= 1, got 0"),
+        (["--frames", "0"], "--frames: expected an int >= 1, got 0"),
+        (["--batch", "-1"], "--batch: expected an int >= 1, got -1"),
+        (["--lr", "nan"], "--lr: expected a finite number > 0, got nan"),
+        (["--lr", "0"], "--lr: expected a finite number > 0, got 0.0"),
+        (["--png", str(a_file / "x.png")], f"--png {a_file}/x.png: {a_file} is a file, not a folder"),
+    ):
+        assert main(["--config", str(TINY_YAML), "--out", str(out), *flags]) == 2, flags
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and message in err[0] and "Traceback" not in err[0], err
+    bad_out = a_file / "v.safetensors"
+    assert main(["--config", str(TINY_YAML), "--out", str(bad_out)]) == 2
+    assert f"--out {bad_out}: {a_file} is a file, not a folder" in capsys.readouterr().err
+    assert a_file.read_text() == "kept" and sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]

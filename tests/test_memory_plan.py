@@ -115,3 +115,16 @@ def test_zero2_accounting_matches_what_deepspeed_allocates(tmp_path):
     # alignment padding aside (DeepSpeed pads each flat group to a multiple of 2 x its NCCL alignment)
     for name, n in out["measured"].items():
         assert out["planned"][name] <= n <= out["planned"][name] + 4 * 64, (name, out)
+
+
+def test_a_json_path_under_a_file_or_a_folder_is_one_line_before_measuring(tmp_path, capsys):
+    # was a NotADirectoryError traceback at the end, after the minutes of measuring
+    from dit4dit_npu.train.memory_plan import main
+
+    a_file = tmp_path / "a_file"
+    a_file.write_text("kept")
+    for path, what in ((a_file / "plan.json", f"{a_file} is a file"), (tmp_path, f"{tmp_path} is a folder")):
+        assert main(["--smoke", "--json", str(path)]) == 2
+        [line] = capsys.readouterr().err.strip().splitlines()
+        assert line.startswith(f"error: --json {path}: {what}"), line
+    assert a_file.read_text() == "kept"

@@ -277,3 +277,9 @@ def test_huge_rtc_inputs_get_messages_that_name_them(policy, obs):
         policy.predict_action(obs[0], seed=2, prev_chunk=prev, inference_delay=1, max_guidance_weight=1e30)
     out = policy.predict_action(obs[0], seed=2, prev_chunk=prev, inference_delay=1, max_guidance_weight=100)
     assert np.isfinite(out).all()  # the bound itself is a working setting
+    # finite in float64 but not once normalized in float32: was "guidance.target: contains NaN or inf"
+    for value in (3e38, 1e300):
+        with pytest.warns(PrevChunkRangeWarning), pytest.raises(PolicyInputError) as e:
+            policy.predict_action(obs[0], seed=2, prev_chunk=np.full(prev.shape, value), inference_delay=1,
+                                  allow_out_of_range=True)
+        assert str(e.value).startswith(f"prev_chunk: values up to {value:.4g} overflow float32 once normalized"), e.value

@@ -204,12 +204,20 @@ def test_bad_input_one_line_exit_2(tmp_path: Path, capsys, policy_dir: Path) -> 
         (["--scripted", "hold", "--merge-lora"], "--merge-lora: applies to a policy folder, not hold"),
         (["--policy", str(policy_dir), "--merge-lora"], "this policy has no LoRA adapter to merge"),
         (["--server", f"ws://127.0.0.1:{free_port()}", "--connect-timeout", "0.5"], "server unreachable"),
+        (["--server", f"ws://127.0.0.1:{free_port()}", "--connect-timeout", "-1"], "--connect-timeout: expected seconds > 0"),
+        (["--scripted", "hold", "--connect-timeout", "nan"], "--connect-timeout: expected seconds > 0, got nan"),
     ]
     for args, message in cases:
         code, lines, err = run_eval(capsys, *args, "--out", str(out))
         assert code == 2, args
         assert len(err.strip().splitlines()) == 1 and message in err, err
         assert not out.exists()  # nothing written
+    blocker = tmp_path / "a_file"  # --out that is a file, or under one: was NotADirectoryError / FileExistsError
+    blocker.write_text("kept")
+    for bad in (blocker, blocker / "sub"):
+        code, _, err = run_eval(capsys, "--scripted", "hold", "--episodes", "1", "--max-steps", "2", "--out", str(bad))
+        assert code == 2 and len(err.strip().splitlines()) == 1, err
+        assert f"--out {bad}: {blocker} is a file, not a folder" in err and blocker.read_text() == "kept"
     out.mkdir()
     (out / "results.json").write_text("{}")
     code, _, err = run_eval(capsys, "--scripted", "hold", "--out", str(out))

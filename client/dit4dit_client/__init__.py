@@ -20,6 +20,7 @@ from dit4dit_client.errors import (
     ConnectionLostError,
     RequestError,
     ServerTimeoutError,
+    ServerUnreachableError,
 )
 from dit4dit_client.msgpack_numpy import WireFormatError
 from dit4dit_client.runtime import AsyncChunkRunner, RunStats, websocket_infer
@@ -44,6 +45,7 @@ __all__ = [
     "RunStats",
     "ServerError",
     "ServerTimeoutError",
+    "ServerUnreachableError",
     "WebsocketClientPolicy",
     "WireFormatError",
     "delay_steps",

@@ -33,3 +33,8 @@ class ServerTimeoutError(ClientError, TimeoutError, RuntimeError):
 
 class ConnectionLostError(ClientError, ConnectionError, RuntimeError):
     """The server closed the connection or went away (killed, keepalive pings unanswered)."""
+
+
+class ServerUnreachableError(ClientError, ConnectionError):
+    """No policy server at the address: nothing listens there within ``connect_timeout_s``, or what
+    answers is not a websocket server (an HTTP server or proxy refusing the upgrade)."""

@@ -34,10 +34,16 @@ from collections.abc import Sequence
 from typing import Any
 
 import websockets.sync.client
-from websockets.exceptions import ConnectionClosed, InvalidMessage, InvalidURI
+from websockets.exceptions import ConnectionClosed, InvalidMessage, InvalidStatus, InvalidURI
 
 from dit4dit_client import checks, msgpack_numpy
-from dit4dit_client.errors import ClientError, ConnectionLostError, RequestError, ServerTimeoutError
+from dit4dit_client.errors import (
+    ClientError,
+    ConnectionLostError,
+    RequestError,
+    ServerTimeoutError,
+    ServerUnreachableError,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -123,9 +129,14 @@ class _Connection:
                 break
             except (InvalidURI, ValueError) as e:  # a malformed address (port 99999): no retry helps
                 raise ValueError(f"{self._uri} is not a valid websocket address ({e})") from None
+            except InvalidStatus as e:  # an HTTP server (or a proxy) answered, not a websocket server
+                raise ServerUnreachableError(
+                    f"no policy server at {self._uri}: it answered HTTP {e.response.status_code} to the websocket "
+                    "handshake (another service on that port, or a proxy in the way?)"
+                ) from None
             except (ConnectionRefusedError, TimeoutError, InvalidMessage, OSError) as e:
                 if time.monotonic() + retry_s > deadline:
-                    raise ConnectionError(f"no policy server at {self._uri}: {e}") from e
+                    raise ServerUnreachableError(f"no policy server at {self._uri}: {e}") from e
                 logger.info("waiting for policy server at %s (%s)", self._uri, e)
                 time.sleep(retry_s)
         # The handshake alone proves little: a server that accepts and then sends nothing (not a

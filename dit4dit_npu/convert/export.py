@@ -37,7 +37,7 @@ from dit4dit_npu.convert.checkpoint import (
     safetensors_files,
 )
 from dit4dit_npu.convert.dit4dit import ORIGINAL_PRESETS, check_out_parent
-from dit4dit_npu.files import atomic_folder
+from dit4dit_npu.files import atomic_folder, is_out_of_space
 from dit4dit_npu.transforms.feature_stats import STAT_FIELDS, FeatureStats
 from dit4dit_npu.transforms.policy_io import PolicyIO
 from dit4dit_npu.transforms.vector import Binarize, Clip, Normalize, Reorder
@@ -52,8 +52,6 @@ def export_dit4dit(
     """-> (the run folder, notices). Raises ConversionError (PolicyLoadError for the policy folder:
     every file is checked against its whole content hash, and its statistics must be finite, as
     ``from_pretrained`` checks them) with nothing written."""
-    from safetensors.torch import load_file
-
     from dit4dit_npu.policy.folder import find_policy_dir, read_io, read_manifest, read_policy_json
     from dit4dit_npu.policy.manifest import inference_config
     from dit4dit_npu.weights import base_model_folder
@@ -79,7 +77,7 @@ def export_dit4dit(
     stats = statistics(io, tag or manifest.data.statistics_tag or GENERIC_TAG, manifest.data.num_trajectories, path)
     notices += client_notices(io, f.cosmos25)
 
-    state = {original_path(k): v for k, v in load_file(str(path / "model.safetensors")).items()}
+    state = {original_path(k): v for k, v in _tensors(path / "model.safetensors").items()}
     for key in state:
         if not key.startswith((TRANSFORMER, HEAD)) or module_path(key) is None:
             raise ConversionError(f"{path}: tensor {key} has no place in DiT4DiT's model")
@@ -90,16 +88,32 @@ def export_dit4dit(
         if not files:
             raise ConversionError(f"base model {base}: no {component}/*.safetensors to write into the checkpoint")
         for file in files:
-            for k, v in load_file(str(file)).items():
+            for k, v in _tensors(file).items():
                 state[prefix[component] + disk_to_memory(component, k)] = v
     width = transformer_width(base)
     config = run_config(cfg, io, kind, str(base.resolve()), width)
-    with atomic_folder(out) as tmp:
-        (tmp / "checkpoints").mkdir()
-        torch.save(state, tmp / "checkpoints" / f"steps_{manifest.step}_pytorch_model.pt")
-        (tmp / "config.yaml").write_text(_yaml(config))
-        (tmp / "dataset_statistics.json").write_text(json.dumps(stats, indent=2))
+    try:
+        with atomic_folder(out) as tmp:
+            (tmp / "checkpoints").mkdir()
+            torch.save(state, tmp / "checkpoints" / f"steps_{manifest.step}_pytorch_model.pt")
+            (tmp / "config.yaml").write_text(_yaml(config))
+            (tmp / "dataset_statistics.json").write_text(json.dumps(stats, indent=2))
+    except OSError as e:  # a parent os.access passed but that refuses folders (/proc, a read-only mount)
+        if is_out_of_space(e):
+            raise
+        raise ConversionError(f"--out {out}: cannot write the run folder there ({e.strerror or e})") from None
     return out, notices
+
+
+def _tensors(file: Path) -> dict[str, torch.Tensor]:
+    """A safetensors file's tensors; a damaged one (a format 3 folder is not hashed) is one line."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(str(file))
+    except (SafetensorError, OSError) as e:
+        raise ConversionError(f"{file}: not a readable safetensors file ({e})") from None
 
 
 def head_type(a: Any, given: str | None, path: Path) -> str:

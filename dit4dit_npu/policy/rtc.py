@@ -45,7 +45,14 @@ class ChunkPrefix:
     def to_guidance(self, io: Any) -> PrefixGuidance:
         """-> the model's guidance: actions normalized and padded by the policy's PolicyIO,
         weights on the real action dims only."""
-        target = torch.from_numpy(io.normalize_actions(self.actions).astype(np.float32))
+        with np.errstate(over="ignore", invalid="ignore"):  # said below, naming the input
+            normalized = io.normalize_actions(self.actions).astype(np.float32)
+        if not np.isfinite(normalized).all():  # finite in float64, not once normalized in float32 (3e38)
+            raise PolicyInputError(
+                f"prev_chunk: values up to {float(np.abs(self.actions).max()):.4g} overflow float32 once normalized "
+                "by the training action range; send prev_chunk in the robot units the policy was trained on"
+            )
+        target = torch.from_numpy(normalized)
         mask = torch.from_numpy(io.action_mask.astype(np.float32))
         weights = torch.from_numpy(self.weights)[:, :, None] * mask
         return PrefixGuidance(target, weights, self.max_guidance_weight)

@@ -20,6 +20,7 @@ W > 1 runs episodes in W processes, each with its own scene and policy.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import time
@@ -116,7 +117,15 @@ def make_setup(a: argparse.Namespace) -> EvalSetup:
             raise SimError(f"{name}: expected >= {low}, got {value}")
     if a.replan is not None and a.replan < 1:
         raise SimError(f"--replan: expected >= 1, got {a.replan}")
+    if not (math.isfinite(a.connect_timeout) and a.connect_timeout > 0):
+        raise SimError(f"--connect-timeout: expected seconds > 0, got {a.connect_timeout}")
     execution = Execution(a.execution, a.delay_ms)
+    # --out is made only once the policy and scene are known good: a file in the way is said now
+    for folder in (a.out, *a.out.parents):
+        if folder.exists():
+            if not folder.is_dir():
+                raise SimError(f"--out {a.out}: {folder} is a file, not a folder")
+            break
     if (a.out / "results.json").exists():
         raise SimError(
             f"--out: {a.out / 'results.json'} exists; choose another folder (results are never overwritten)"

@@ -162,11 +162,11 @@ class RemotePolicy:
             self._client = WebsocketClientPolicy(uri, None, connect_timeout_s=connect_timeout_s)
         except ConnectionError as e:
             raise SimError(
-                f"--policy {uri}: server unreachable ({e}); start it with "
+                f"--server {uri}: server unreachable ({e}); start it with "
                 "python -m dit4dit_npu.serve --policy POLICY_DIR --port PORT"
             ) from None
         except ValueError as e:  # a malformed address, e.g. a port past 65535
-            raise SimError(f"--policy {uri}: {e}") from None
+            raise SimError(f"--server {uri}: {e}") from None
         self.name, self.metadata = uri, self._client.get_server_metadata()
 
     def reset(self, scene: Any, seed: int) -> None:

@@ -84,6 +84,21 @@ def check_model_build(cfg: Config) -> None:
     model = build_skeleton(cfg, config_spec(cfg, state_dim=state_dim, action_dim=1))
     freeze_modules(model, cfg.trainer.freeze_modules)
     param_groups(model, cfg.trainer.learning_rate)
+    check_tiny_vae_weights(cfg)
+
+
+def check_tiny_vae_weights(cfg: Config) -> None:
+    """A fitted tiny VAE file (framework.cosmos25.tiny.vae_weights) loads into the tiny VAE of
+    these sizes (a few MB: read whole, as training reads it), else the same one line training
+    would give, minutes later."""
+    c = cfg.framework.cosmos25
+    if not c.is_tiny or c.tiny.vae_weights is None:
+        return
+    from dit4dit_npu.models import tiny
+    from dit4dit_npu.weights.model_config import tiny_sizes
+    from dit4dit_npu.weights.tiny_cache import load_vae_weights
+
+    load_vae_weights(tiny.build_vae(tiny_sizes(c.tiny)), c.tiny.vae_weights)
 
 
 @entry_point

@@ -163,6 +163,25 @@ def round_trip_png(path: Path, frames: torch.Tensor, before: torch.nn.Module, af
     plt.close(fig)
 
 
+def check_flags(a: argparse.Namespace) -> None:
+    """Every flag before the data loads and the minutes of fitting: --steps 0 wrote the random VAE
+    as "fitted", --lr nan / --frames 0 were tracebacks, and an output under a file failed after the
+    fit (with --png, once the weights were already written)."""
+    for name in ("steps", "frames", "batch"):
+        if getattr(a, name) < 1:
+            raise ConfigError(f"--{name}: expected an int >= 1, got {getattr(a, name)}")
+    if not (math.isfinite(a.lr) and a.lr > 0):
+        raise ConfigError(f"--lr: expected a finite number > 0, got {a.lr}")
+    for flag, path in (("--out", a.out), ("--png", a.png or a.out.with_suffix(".png"))):
+        if path.is_dir():
+            raise ConfigError(f"{flag} {path} is a folder, expected a file path")
+        for folder in path.parents:
+            if folder.exists():
+                if not folder.is_dir():
+                    raise ConfigError(f"{flag} {path}: {folder} is a file, not a folder")
+                break
+
+
 @entry_point
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="dit4dit-fit-tiny-vae", description=__doc__.splitlines()[0],
@@ -189,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
         raise DiT4DiTError(f"--lr: expected a finite number > 0, got {a.lr}")
     if a.smoke:
         a.frames, a.steps, a.batch, a.show = 4, 3, 2, 2
+    check_flags(a)
     cfg = random_vae_config(load_config(a.config, a.overrides))
     torch.set_num_threads(1)
 

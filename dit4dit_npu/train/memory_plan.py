@@ -262,6 +262,11 @@ def main(argv: list[str] | None = None) -> int:
             raise DiT4DiTError(f"--{name.replace('_', '-')}: expected a positive integer, got {getattr(args, name)}")
     if args.batch is not None and args.batch < 1:
         raise DiT4DiTError(f"--batch: expected a positive integer, got {args.batch}")
+    if args.json is not None:  # written last, after the measuring: a file in the way is said now
+        folder = next((f for f in (args.json, *args.json.parents) if f.exists()), None)
+        if folder is not None and (folder == args.json) == folder.is_dir():
+            raise DiT4DiTError(f"--json {args.json}: {folder} is a {'folder' if folder.is_dir() else 'file'}, "
+                               "expected a file path in a folder")
     # the widths the activations are measured at (the plan is always for the real model's shapes)
     widths = FULL_SIZE
     if args.smoke:
