@@ -208,7 +208,7 @@ BAD_INPUT = {
     "dit4dit-fit-tiny-vae": [
         (["--config", str(TINY), "--out", "{tmp}/vae.pt"], "error: --out: expected a .safetensors file, got {tmp}/vae.pt"),
         (["--config", str(TINY), "--out", "{tmp}/vae.safetensors", "--steps", "0"],
-         "error: --steps: expected a positive integer, got 0"),
+         "error: --steps: expected an int >= 1, got 0"),
     ],
     "dit4dit-sim-demos": [
         (["--task", "fold", "--out", "{tmp}/demos"], "error: unknown task 'fold'; expected one of ['insertion', 'transfer_cube']"),

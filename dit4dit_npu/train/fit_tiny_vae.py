@@ -167,18 +167,18 @@ def check_flags(a: argparse.Namespace) -> None:
     """Every flag before the data loads and the minutes of fitting: --steps 0 wrote the random VAE
     as "fitted", --lr nan / --frames 0 were tracebacks, and an output under a file failed after the
     fit (with --png, once the weights were already written)."""
-    for name in ("steps", "frames", "batch"):
+    for name in ("steps", "frames", "batch", "show"):
         if getattr(a, name) < 1:
-            raise ConfigError(f"--{name}: expected an int >= 1, got {getattr(a, name)}")
+            raise DiT4DiTError(f"--{name}: expected an int >= 1, got {getattr(a, name)}")
     if not (math.isfinite(a.lr) and a.lr > 0):
-        raise ConfigError(f"--lr: expected a finite number > 0, got {a.lr}")
+        raise DiT4DiTError(f"--lr: expected a finite number > 0, got {a.lr}")
     for flag, path in (("--out", a.out), ("--png", a.png or a.out.with_suffix(".png"))):
         if path.is_dir():
-            raise ConfigError(f"{flag} {path} is a folder, expected a file path")
+            raise DiT4DiTError(f"{flag} {path} is a folder, expected a file path")
         for folder in path.parents:
             if folder.exists():
                 if not folder.is_dir():
-                    raise ConfigError(f"{flag} {path}: {folder} is a file, not a folder")
+                    raise DiT4DiTError(f"{flag} {path}: {folder} is a file, not a folder")
                 break
 
 
@@ -201,11 +201,6 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if a.out.suffix != ".safetensors":
         raise DiT4DiTError(f"--out: expected a .safetensors file, got {a.out}")
-    for flag in ("steps", "frames", "batch", "show"):
-        if getattr(a, flag) < 1:
-            raise DiT4DiTError(f"--{flag}: expected a positive integer, got {getattr(a, flag)}")
-    if not a.lr > 0 or a.lr == float("inf"):
-        raise DiT4DiTError(f"--lr: expected a finite number > 0, got {a.lr}")
     if a.smoke:
         a.frames, a.steps, a.batch, a.show = 4, 3, 2, 2
     check_flags(a)
