@@ -510,7 +510,7 @@ def test_export_refuses_non_finite_statistics_in_one_line(imported, tmp_path, ca
     r = convert_cli(capfd, "to-dit4dit", str(policy), "--out", str(tmp_path / "run"))
     assert r.returncode == 2 and r.stderr.strip().splitlines() == [
         f"error: {policy}/policy_io.json: action statistic 'q99' is NaN/inf in dims [2]; refusing a policy whose "
-        "actions would be non-finite"]
+        "actions would be non-finite or wrong"]
     assert not (tmp_path / "run").exists()
 
 

@@ -95,8 +95,21 @@ def test_nan_normalizer_stats_are_refused_at_load(setup, tmp_path):
     refused(
         folder,
         f"{folder}/policy_io.json: action statistic 'max' is NaN/inf in dims [3]; refusing a policy whose actions "
-        "would be non-finite",
+        "would be non-finite or wrong",
     )
+
+
+@pytest.mark.parametrize("edit, problem", [
+    (lambda d: d["stats"]["action"]["min"].__setitem__(1, 1e6), "action statistic 'min' exceeds 'max' in dims [1]"),
+    (lambda d: d["stats"]["state"]["q01"].__setitem__(0, 1e6), "state statistic 'q01' exceeds 'q99' in dims [0]"),
+    (lambda d: d["stats"]["action"]["std"].__setitem__(2, -1.0), "action statistic 'std' is negative in dims [2]"),
+])
+def test_inverted_normalizer_stats_are_refused_at_load(setup, tmp_path, edit, problem):
+    """Statistics a consistent but wrong writer produced (or an unhashed folder's edit): finite, so
+    the NaN check passes them, but they would unnormalize to wrong actions without a word."""
+    folder = copy_policy(setup, tmp_path)
+    edit_json(folder / "policy_io.json", edit)
+    refused(folder, f"{folder}/policy_io.json: {problem}; refusing a policy whose actions would be non-finite or wrong")
 
 
 def test_non_finite_actions_never_leave_predict_action(setup):

@@ -344,14 +344,14 @@ def load_policy_folder(
 
 
 def read_io(path: Path) -> PolicyIO:
-    """policy_io.json, with finite statistics."""
+    """policy_io.json, with finite, ordered statistics."""
     try:
         io = PolicyIO.load(path / POLICY_IO)
     except PolicyIOError as e:
         raise PolicyLoadError(str(e)) from None
     bad = nonfinite_stats(io)
     if bad:
-        raise PolicyLoadError(f"{path / POLICY_IO}: {bad}; refusing a policy whose actions would be non-finite")
+        raise PolicyLoadError(f"{path / POLICY_IO}: {bad}; refusing a policy whose actions would be non-finite or wrong")
     return io
 
 

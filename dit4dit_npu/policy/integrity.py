@@ -38,11 +38,20 @@ WIDTH_WEIGHTS = (
 
 
 def nonfinite_stats(io: PolicyIO) -> str | None:
+    """The first statistic that is NaN/inf, or inverted (min above max, q01 above q99, a negative
+    std: a writer's bug or an edit; such statistics unnormalize to wrong actions without a word)."""
     for feature, stats in sorted(io.stats.items()):
         for name in STAT_FIELDS:
             bad = np.flatnonzero(~np.isfinite(getattr(stats, name)))
             if len(bad):
                 return f"{feature} statistic {name!r} is NaN/inf in dims {bad[:5].tolist()}"
+        for low, high in (("min", "max"), ("q01", "q99")):
+            bad = np.flatnonzero(getattr(stats, low) > getattr(stats, high))
+            if len(bad):
+                return f"{feature} statistic {low!r} exceeds {high!r} in dims {bad[:5].tolist()}"
+        bad = np.flatnonzero(stats.std < 0)
+        if len(bad):
+            return f"{feature} statistic 'std' is negative in dims {bad[:5].tolist()}"
     return None
 
 
