@@ -162,6 +162,17 @@ def test_state_noise_is_a_training_setting_and_its_old_spelling_still_reads_with
         load_config(TINY, ["trainer.state_noise_std=0.5", "framework.action_model.state_noise_std=0.1"])
 
 
+def test_the_chunk_length_stated_twice_must_agree():
+    """chunk_length is one number; DiT4DiT's future_action_window_size (one less) still reads, and
+    both given with different chunks is one line, not a silent choice of one."""
+    cfg = load_config(TINY, ["framework.action_model.chunk_length=4", "framework.action_model.future_action_window_size=3"],
+                      on_notices=lambda _: None)
+    assert cfg.framework.action_model.chunk_length == 4
+    with pytest.raises(ConfigError, match=r"framework.action_model.future_action_window_size \(4 as a chunk length\) and "
+                                          r"framework.action_model.chunk_length \(8\) differ: give only"):
+        load_config(TINY, ["framework.action_model.chunk_length=8", "framework.action_model.future_action_window_size=3"])
+
+
 @pytest.mark.parametrize(
     "override, message",
     [

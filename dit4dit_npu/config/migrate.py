@@ -224,6 +224,10 @@ def migrate(raw: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
                 raise MigrationError(
                     f"{src} ({_fmt(value)}) and {dst} ({_fmt(ours[dst])}) differ; DiT4DiT needs them equal"
                 )
+            if dst == "framework.action_model.chunk_length":  # one number, stated twice: refuse, as a renamed key
+                raise MigrationError(
+                    f"{src} ({_fmt(value)} as a chunk length) and {dst} ({_fmt(ours[dst])}) differ: give only {dst}"
+                )
             notices.append(f"{dst}: {_fmt(value)} from {src} replaces {_fmt(ours[dst])}")
         ours[dst] = value
     horizon = fixed.get("framework.action_model.action_horizon")
