@@ -20,12 +20,14 @@ from __future__ import annotations
 import argparse
 import functools
 import sys
+import warnings
 from collections.abc import Callable
 from typing import Any
 
-from dit4dit_npu.errors import DiT4DiTError, unwrap_worker_error
+from dit4dit_npu.errors import DiT4DiTError, DiT4DiTWarning, unwrap_worker_error
 from dit4dit_npu.files import is_out_of_space
 
+_default_showwarning = warnings.showwarning
 EXIT_USER_ERROR = 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for Ctrl-C
 
@@ -53,7 +55,9 @@ def error_line(e: BaseException) -> str:
 def run(command: Callable[[], int | None]) -> int:
     """Run ``command`` (a CLI's body) and return its exit code, user errors as one line (code 2)."""
     try:
-        code = command()
+        with warnings.catch_warnings():
+            warnings.showwarning = _one_line_warning  # restored when the block ends
+            code = command()
     except user_errors() as e:
         print(error_line(e), file=sys.stderr)
         return EXIT_USER_ERROR
@@ -65,6 +69,15 @@ def run(command: Callable[[], int | None]) -> int:
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     return 0 if code is None else code
+
+
+def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """Our own warnings as one line, ``warning: <message>`` (Python's default adds the source line
+    that raised it); anything else as Python prints it."""
+    if issubclass(category, DiT4DiTWarning):
+        print(f"warning: {' '.join(str(message).split())}", file=sys.stderr if file is None else file)
+    else:
+        _default_showwarning(message, category, filename, lineno, file, line)
 
 
 def entry_point(main: Callable[..., int | None]) -> Callable[..., int]:

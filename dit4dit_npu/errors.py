@@ -60,3 +60,8 @@ def unwrap_worker_error(e: Exception) -> Exception:
         return type(e)(last)
     except Exception:  # an exception type that takes other arguments: keep torch's
         return e
+
+
+class DiT4DiTWarning(UserWarning):
+    """The base of this project's warnings (a folder loaded unverified, an input acted on outside
+    the training range): a command line prints each as one ``warning: ...`` line (console.py)."""

@@ -363,3 +363,25 @@ def test_demo_size_and_its_former_halves(tmp_path: Path, capsys) -> None:
         "notice: --height/--width are deprecated, use --size HxW", "error: image_size must be even and >= 16, got (32, 15)"
     ]
     assert not (tmp_path / "d").exists()
+
+
+def test_our_warnings_are_one_line_and_others_keep_pythons_form(capsys) -> None:
+    """A DiT4DiTWarning (a folder loaded unverified, an input acted on out of range) raised under
+    an entry point is one ``warning: ...`` line; a library's warning is left to Python's display."""
+    import warnings
+
+    from dit4dit_npu.console import entry_point
+    from dit4dit_npu.errors import DiT4DiTWarning
+
+    @entry_point
+    def main(argv=None) -> int:
+        warnings.warn("policy format_version 3 records no content hashes,\n  so its files load unverified",
+                      DiT4DiTWarning, stacklevel=1)
+        warnings.warn("a library's own warning", UserWarning, stacklevel=1)
+        return 0
+
+    assert main([]) == 0
+    err = capsys.readouterr().err.splitlines()
+    # (the library's warning goes to Python's own display: under pytest, its warning recorder)
+    assert err == ["warning: policy format_version 3 records no content hashes, so its files load unverified"]
+

@@ -35,6 +35,6 @@ class ConnectionLostError(ClientError, ConnectionError, RuntimeError):
     """The server closed the connection or went away (killed, keepalive pings unanswered)."""
 
 
-class ServerUnreachableError(ClientError, ConnectionError):
+class ServerUnreachableError(ClientError, ConnectionError, RuntimeError):
     """No policy server at the address: nothing listens there within ``connect_timeout_s``, or what
     answers is not a websocket server (an HTTP server or proxy refusing the upgrade)."""

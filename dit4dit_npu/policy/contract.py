@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from dit4dit_npu.errors import DiT4DiTWarning
 from dit4dit_npu.policy.rtc import ChunkPrefix, concat_prefixes
 from dit4dit_npu.transforms.observation import Observation, PolicyInputError, concat_observations
 
@@ -49,7 +50,7 @@ class PrevChunkOutOfRangeError(OutOfRangeError):
     """A real-time-chunking ``prev_chunk`` far outside the training action range."""
 
 
-class OutOfRangeWarning(UserWarning):
+class OutOfRangeWarning(DiT4DiTWarning):
     """An input far outside the training range that the caller allowed."""
 
 

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from dit4dit_npu.config import Config, ConfigError, dump_yaml
-from dit4dit_npu.errors import DiT4DiTError
+from dit4dit_npu.errors import DiT4DiTError, DiT4DiTWarning
 from dit4dit_npu.files import SELF_HASH, atomic_folder, seal, seal_state
 from dit4dit_npu.policy.adapter import (
     ADAPTER_FILES,
@@ -80,7 +80,7 @@ class PolicyLoadError(DiT4DiTError, RuntimeError):
     """A policy folder that cannot be loaded (missing files, other format version, bad base model)."""
 
 
-class UnverifiedPolicyWarning(UserWarning):
+class UnverifiedPolicyWarning(DiT4DiTWarning):
     """A policy folder of a format that records no content hashes: its files load unchecked."""
 
 
