@@ -51,6 +51,21 @@ def test_full_size_script_smoke_runs_train_step_latency_and_memory(tmp_path: Pat
         assert_headline(line)
 
 
+def test_profile_medium_smoke_times_every_stage_and_names_its_reference() -> None:
+    """bench/profile_medium.py (issue 31's per-stage profile): a row with a time for every training
+    and inference stage in its two tables, and, ours only, a line saying the original is not measured."""
+    lines = run([sys.executable, "bench/profile_medium.py", "--smoke"])
+    assert_headline(lines[-1])
+    assert lines[-2].startswith("reference: none"), lines[-2]
+    rows = [line.split(" | ") for line in lines if line.startswith("| ") and not line.startswith("| stage")]
+    stages = [r[0].lstrip("| ") for r in rows]
+    for stage in ("VAE encode", "feature pass", "video flow-matching bwd", "optimizer step", "PolicyIO parse",
+                  "action sampling", "unnormalize"):
+        assert stage in stages, stages
+    assert stages.count("unstaged call") == 2, stages
+    assert all(math.isfinite(float(r[1])) and float(r[1]) >= 0 for r in rows), rows
+
+
 def test_parity_smoke_without_the_original_says_it_was_skipped() -> None:
     """The original DiT4DiT is an external checkout with its own virtualenv: without it the smoke
     run is one line (with it, ``--smoke --original-root DIR --original-python PY`` compares the
