@@ -125,6 +125,40 @@ def test_trained_policy_runs_closed_loop_from_its_folder_and_through_the_server(
     ran_whole_chunk(r["episodes"][0])
 
 
+@pytest.mark.slow
+def test_feature_probe_reads_the_policys_own_features(run_dir: Path, tmp_path: Path, capsys) -> None:
+    """The probe's features are what predict_action's head reads (same seed, same chunk), and
+    its CLI scores every feature set on held-out seeds."""
+    import numpy as np
+    import torch
+
+    from dit4dit_npu.eval.feature_probe import collect
+    from dit4dit_npu.eval.feature_probe import main as probe_main
+    from dit4dit_npu.policy import DiT4DiTPolicy
+
+    policy_dir = run_dir / "checkpoints" / "step_000002" / "policy"
+    observations, targets = collect("transfer_cube", [0, 1], [0, 3], SIZE)
+    assert len(observations) == 4 and targets.shape == (4, 2)
+    assert not np.allclose(targets[0], targets[2])  # two seeds, two cube places
+    policy = DiT4DiTPolicy.from_pretrained(policy_dir, device="cpu")
+    out = policy.observation_features(observations[1], seed=3)
+    feats = torch.from_numpy(out["features"])
+    assert out["latent"].shape[:3] == (1, 16, 1) and feats.ndim == 3
+    batch = policy.io.encode_parsed(policy.io.parse_observation(observations[1]))
+    with torch.no_grad():
+        chunk = policy.model.action_model.sample(feats, batch.state, torch.Generator().manual_seed(3))
+        direct = policy.model.predict_action(batch, seed=3)
+    torch.testing.assert_close(chunk, direct, rtol=0, atol=0)
+
+    assert probe_main(["--policy", str(policy_dir), "--episodes", "10", "--size", f"{SIZE[0]}x{SIZE[1]}",
+                       "--out", str(tmp_path / "probe.json")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-1].startswith("probe R^2: features "), lines
+    row = json.loads((tmp_path / "probe.json").read_text())["rows"][0]
+    assert set(row) == {"policy", "state (control)", "VAE latent", "features", "features, token mean"}
+    assert all(np.isfinite(v) for k, v in row.items() if k != "policy")
+
+
 def ran_whole_chunk(episode: dict) -> None:
     """One chunk, executed to the episode's end, or to a success: a 2-step policy's wild arm can
     fling the cube against the left gripper in mid-air, which gym-aloha's contact reward scores 4

@@ -211,15 +211,30 @@ class DiT4DiT(nn.Module):
         was_training = self.training
         self.train(False)
         try:
-            cond, prompts = self._observation(batch, n.condition, seed)
-            with dev.autocast(enabled=self.autocast):
-                feats = self.backbone.features(
-                    cond, prompts, self.feature_latent_frames, call_seed=seed, noise=n.feature
-                )
+            _, feats = self._features(batch, seed, n)
             g = torch.Generator().manual_seed(seed) if seed is not None else None
             return self.action_model.sample(feats, batch.state, g, n.action, guidance)
         finally:
             self.train(was_training)
+
+    @torch.no_grad()
+    def observation_features(self, batch: Batch, seed: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """What the action head reads, for analysis (a linear probe): -> (normalised conditioning
+        latent (B, 16, 1, h, w), block ``extract_layer``'s output (B, S, hidden)), exactly as
+        ``predict_action`` computes them under the same ``seed``."""
+        batch = self._checked(batch, training=False)
+        was_training = self.training
+        self.train(False)
+        try:
+            return self._features(batch, seed, InferenceNoise())
+        finally:
+            self.train(was_training)
+
+    def _features(self, batch: Batch, seed: int | None, n: InferenceNoise) -> tuple[torch.Tensor, torch.Tensor]:
+        cond, prompts = self._observation(batch, n.condition, seed)
+        with dev.autocast(enabled=self.autocast):
+            feats = self.backbone.features(cond, prompts, self.feature_latent_frames, call_seed=seed, noise=n.feature)
+        return cond, feats
 
     @torch.no_grad()
     def imagine_video(self, batch: Batch, num_steps: int = 2, seed: int | None = None) -> torch.Tensor:

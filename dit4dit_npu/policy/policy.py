@@ -301,6 +301,20 @@ class DiT4DiTPolicy(RequestChecks, RunTimeInstructions):
         return out if batched else out[0]
 
     @torch.inference_mode()
+    def observation_features(self, obs: dict[str, Any] | Observation, seed: int | None = None) -> dict[str, np.ndarray]:
+        """What the action head reads for a robot observation, for analysis (``dit4dit_npu.eval.
+        feature_probe``): {"latent": the conditioning VAE latent (B, 16, 1, h, w), normalised;
+        "features": block ``extract_layer``'s output (B, tokens, hidden)}, float32, as
+        ``predict_action`` computes them under the same seed."""
+        seed = parse_seed(seed)
+        parsed = obs if isinstance(obs, Observation) else self.io.parse_observation(obs)
+        batch = self.io.encode_parsed(parsed)
+        self.add_instructions(batch.instruction)
+        with self._lock:
+            latent, feats = self.model.observation_features(batch, seed=seed)
+        return {"latent": latent.float().cpu().numpy(), "features": feats.float().cpu().numpy()}
+
+    @torch.inference_mode()
     def predict_normalized(
         self, frames: np.ndarray, state: np.ndarray | None, instructions: list[str], seed: int | None = None
     ) -> np.ndarray:
