@@ -143,6 +143,12 @@ def test_the_delay_is_estimated_from_the_control_rate(server, observations) -> N
         latency_s = (first["server_timing"]["queue_ms"] + first["server_timing"]["infer_ms"]) / 1e3
         out = client.infer(observations[0], rtc={"executed": 1, "control_hz": 1000.0})
         assert 1 <= out["rtc"]["inference_delay"] <= min(7, int(np.ceil(latency_s * 1000)))
+        # a refused request's rate is not remembered: the next estimate still uses 1000 Hz, not 0.001
+        with pytest.raises(ServerError, match="rtc.executed: expected an int"):
+            client.infer(observations[0], rtc={"executed": 99, "control_hz": 0.001})
+        out = client.infer(observations[0], rtc={"executed": 1})
+        floor = min(out["rtc"]["prefix_steps"], int(np.ceil(latency_s * 1000)))
+        assert floor > 1 and out["rtc"]["inference_delay"] >= floor  # at 0.001 Hz it would be 1
 
 
 def test_bad_rtc_fields_are_one_line_and_the_connection_lives_on(server, policy, observations) -> None:

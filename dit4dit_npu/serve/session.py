@@ -49,12 +49,14 @@ class Session:
     # the RTC fields of the request being answered, echoed in its reply (a connection's requests
     # are answered one at a time, so there is at most one)
     pending: dict[str, Any] | None = None
+    # its rtc.control_hz: remembered only once it is answered (a refused request changes nothing)
+    pending_hz: float | None = None
 
     def rtc_inputs(self, rtc: Any, observation: Observation) -> dict[str, Any]:
         """An observation's ``rtc`` field -> the arguments of the policy's ``with_rtc`` (``executed``
         resolved to the rest of this connection's last chunk, a missing delay estimated); the
         policy checks them. Raises ``RequestError`` naming the field."""
-        self.pending = None
+        self.pending, self.pending_hz = None, None
         if not isinstance(rtc, dict):
             raise RequestError(f"rtc: expected a dict with some of {list(RTC_KEYS)}, got {type(rtc).__name__}")
         unknown = sorted(str(k) for k in rtc if k not in RTC_KEYS)
@@ -70,7 +72,7 @@ class Session:
                     f"(the inference delay is estimated as latency x rate; faster loops than that do not take "
                     f"action chunks), got {hz!r:.40}"
                 )
-            self.control_hz = float(hz)
+            self.pending_hz = float(hz)
         executed = rtc.get("executed")
         prev = rtc["prev_chunk"] if executed is None else self._rest(executed, rtc.get("chunk_id"), observation)
         delay = rtc.get("inference_delay")
@@ -111,22 +113,25 @@ class Session:
     def _estimated_delay(self, prefix_steps: int | None) -> int:
         """ceil(max recent server latency x control rate): a floor on the robot's real delay (the
         network is not in it), capped at the prefix the robot still has."""
-        if self.control_hz is None or not self.latencies_s:
+        hz = self.pending_hz if self.pending_hz is not None else self.control_hz
+        if hz is None or not self.latencies_s:
             raise RequestError(
                 "rtc.inference_delay: not given, and this connection has no rtc.control_hz (the robot's control "
                 "rate) and measured latency to estimate it from"
             )
-        delay = math.ceil(max(self.latencies_s) * self.control_hz - 1e-9)
+        delay = math.ceil(max(self.latencies_s) * hz - 1e-9)
         return min(delay, prefix_steps) if prefix_steps is not None else delay
 
     def remember(self, chunk: np.ndarray, latency_s: float) -> int:
         """The chunk just sent (a copy: the reply's array is packed and forgotten) -> its id."""
         self.chunk = np.array(chunk, dtype=np.float32)
         self.chunk_id += 1
+        if self.pending_hz is not None:
+            self.control_hz, self.pending_hz = self.pending_hz, None
         self.latencies_s.append(latency_s)
         return self.chunk_id
 
     def reset(self) -> None:
         """A new episode: the previous chunk belongs to the old one."""
-        self.chunk, self.pending = None, None
+        self.chunk, self.pending, self.pending_hz = None, None, None
         self.latencies_s.clear()
