@@ -188,8 +188,14 @@ def test_doctor_checks_a_policy_fully(exported, tmp_path, capsys):
     assert capsys.readouterr().out.strip() == (f"PASS policy: {exported['lora']}: format_version 4; policy.json and its 5 "
                                                "files match their content hashes")
     assert main(["--policy", str(V3 / "plain")]) == 0
-    assert capsys.readouterr().out.strip() == (f"WARN policy: {V3 / 'plain'}: format_version 3 parses, but records no "
-                                               "content hashes: its files are unverified")
+    assert capsys.readouterr().out.strip() == (f"WARN policy: {V3 / 'plain'}: format_version 3 parses and its "
+                                               "model.safetensors reads, but it records no content hashes: its files "
+                                               "are unverified")
+    damaged = copy(V3 / "plain", tmp_path / "v3")  # unhashed, so only reading the weights can tell
+    (damaged / "model.safetensors").write_bytes((damaged / "model.safetensors").read_bytes()[:200])
+    assert main(["--policy", str(damaged)]) == 1
+    line = capsys.readouterr().out.strip()
+    assert line.startswith(f"FAIL policy: {damaged / 'model.safetensors'}") and "\n" not in line, line
     folder = copy(exported["lora"], tmp_path)
     flip_middle_byte(folder / ADAPTER)
     assert main(["--policy", str(folder)]) == 1

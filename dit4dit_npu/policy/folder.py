@@ -266,10 +266,14 @@ def verify_policy(policy_dir: str | Path) -> tuple[bool, str]:
     raises PolicyLoadError naming the first problem."""
     path = find_policy_dir(policy_dir)
     raw = read_policy_json(path, full_check=True)
-    read_manifest(path, raw, read_io(path))
+    io = read_io(path)
+    manifest = read_manifest(path, raw, io)
     version = raw["format_version"]
     if not READABLE_VERSIONS[version].hashed:
-        return False, f"{path}: format_version {version} parses, but records no content hashes: its files are unverified"
+        # nothing vouches for the weights: read them as loading does (readable, finite, widths)
+        _read_weights(path, manifest.step, io)
+        return False, (f"{path}: format_version {version} parses and its {WEIGHTS} reads, but it records no "
+                       "content hashes: its files are unverified")
     n = len(files_read(path))
     return True, f"{path}: format_version {version}; {POLICY_JSON} and its {n} files match their content hashes"
 
