@@ -104,7 +104,7 @@ def plot_trajectory(out: Path, ds: Any, preds: Any, k: int, episode: int, names:
 Strip = tuple[str, list[tuple[str, np.ndarray]]]  # (title, [(row label, clip (T, H, W, 3) uint8)])
 
 
-def plot_strips(path: Path, strips: list[Strip], title: str) -> Path:
+def plot_strips(path: Path, strips: list[Strip], title: str, dpi: int = 90) -> Path:
     """One row of frames per (label, clip) of each strip, the strip's title on its first row."""
     rows = [(f"{name} {label}" if i == 0 else label, clip) for name, clips in strips for i, (label, clip) in enumerate(clips)]
     t_max = max(len(clip) for _, clip in rows)
@@ -119,8 +119,8 @@ def plot_strips(path: Path, strips: list[Strip], title: str) -> Path:
             if c == 0:
                 ax.set_title(label, fontsize=7, loc="left")
     fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.5 / fig.get_figheight()))  # room for a two-line title
+    fig.savefig(path, dpi=dpi)
     plt.close(fig)
     return path
 
