@@ -204,6 +204,27 @@ def test_video_picture_shows_real_round_trip_and_imagined_clips(run_dir: Path, t
     assert not np.array_equal(round_trip[0], round_trip[4])
 
 
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["--at", "-1"], "--at: expected steps >= 0, got [-1]"),
+        (["--steps", "0"], "--steps: expected >= 1, got 0"),
+        (["--out", "picture.jpg"], "picture.jpg: expected a .png file"),
+        ([], "no such folder"),  # --policy
+    ],
+)
+def test_bad_video_picture_flags_are_one_line_before_anything_is_written(tmp_path, capsys, args, expected) -> None:
+    from dit4dit_npu.eval.video_picture import main as picture_main
+
+    out = tmp_path / "picture.png"
+    flags = {"--policy": str(tmp_path / "missing"), "--demos": str(tmp_path), "--out": str(out)}
+    flags.update(zip(args[::2], args[1::2]))
+    assert picture_main([x for kv in flags.items() for x in kv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and expected in err[0], err
+    assert not any(tmp_path.iterdir())
+
+
 def ran_whole_chunk(episode: dict) -> None:
     """One chunk, executed to the episode's end, or to a success: a 2-step policy's wild arm can
     fling the cube against the left gripper in mid-air, which gym-aloha's contact reward scores 4
