@@ -36,6 +36,7 @@ from dit4dit_npu.models.noise import InferenceNoise, TrainingNoise, noise_from
 from dit4dit_npu.models.pixels import to_uint8, to_vae_range
 from dit4dit_npu.models.prompt_cache import PromptCache, PromptCacheError
 from dit4dit_npu.models.rtc import PrefixGuidance
+from dit4dit_npu.models.vae import vae_latents
 
 log = logging.getLogger(__name__)
 
@@ -259,10 +260,10 @@ class DiT4DiT(nn.Module):
                 f"frames: expected uint8 (B, T, 3, {self.spec.frame_size[0]}, {self.spec.frame_size[1]}), "
                 f"got {tuple(frames.shape)}"
             )
-        bb, t = self.backbone, frames.shape[1]
-        latents, _ = bb.encode_clip(self.video_input(frames.to(self.device)))
+        vae, t = self.backbone.vae, frames.shape[1]
+        latents = vae_latents(vae, self.video_input(frames.to(self.device)))  # what a latent cache stores
         with dev.autocast(enabled=self.autocast):
-            video = bb.vae.decode(bb.denormalize(latents).to(bb.vae_dtype), return_dict=False)[0]
+            video = vae.decode(latents, return_dict=False)[0]
         return rearrange(to_uint8(video[:, :, :t]), "b c t h w -> b t c h w").contiguous()
 
     def use_backbone_dtype(self, dtype: torch.dtype) -> None:
