@@ -159,6 +159,72 @@ def test_feature_probe_reads_the_policys_own_features(run_dir: Path, tmp_path: P
     assert all(np.isfinite(v) for k, v in row.items() if k != "policy")
 
 
+@pytest.mark.slow
+def test_video_picture_shows_real_round_trip_and_imagined_clips(run_dir: Path, tmp_path: Path, demos, capsys) -> None:
+    """The picture's PNG is written, its rows are the policy's clips as the model tiles them, and
+    the round trip of a clip is the VAE's own encode -> decode of the same views."""
+    import numpy as np
+    import torch
+
+    from dit4dit_npu.eval.offline import build_eval_dataset
+    from dit4dit_npu.eval.video_picture import closed_loop_strips, demo_strips
+    from dit4dit_npu.eval.video_picture import main as picture_main
+    from dit4dit_npu.models.dit4dit import video_input
+    from dit4dit_npu.models.pixels import to_uint8
+
+    policy_dir = run_dir / "checkpoints" / "step_000002" / "policy"
+    out = tmp_path / "docs" / "picture.png"
+    assert picture_main(["--policy", str(policy_dir), "--demos", str(demos / "tc2"), "--at", "0", "8",
+                         "--out", str(out)]) == 0
+    assert capsys.readouterr().out.splitlines()[-1].startswith(f"wrote {out}: steps [0, 8]")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 1000
+
+    policy, loop, result = closed_loop_strips(str(policy_dir), "transfer_cube", 0, [0, 8], 2)
+    strips = demo_strips(policy, demos / "tc2", 1, [0, 8], 2, 0) + loop
+    h, w = policy.io.frame_size
+    t = len(policy.io.clip_offsets)  # this tiny policy trains on one-frame clips
+    assert [title for title, _ in strips] == ["demo tc2 ep1 t=0", "demo tc2 ep1 t=8",
+                                              "closed loop seed 0 t=0", "closed loop seed 0 t=8"]
+    assert result["steps"] == 8 or result["success"]
+    for _, rows in strips:
+        assert [label for label, _ in rows] == ["real", "round trip", "imagined"]
+        assert all(clip.shape == (t, h, w, 3) and clip.dtype == np.uint8 for _, clip in rows)
+    assert not np.array_equal(strips[0][1][0][1], strips[1][1][0][1])  # two steps, two frames
+
+    # a 5-frame clip (the joint objective's offsets) through the policy and through the VAE itself
+    ds = build_eval_dataset(policy, [(demos / "tc2", [1])])
+    views = np.concatenate([ds.raw_sample(i).views for i in (0, 4, 8, 12, 16)])
+    round_trip = policy.reconstruct_video(views)
+    assert round_trip.shape == (5, h, w, 3)
+    vae = policy.model.backbone.vae
+    with torch.no_grad():
+        z = vae.encode(video_input(policy.io.frames(views)[None]).float()).latent_dist.mode()
+        own = to_uint8(vae.decode(z).sample)[0].permute(1, 2, 3, 0).numpy()
+    assert np.abs(round_trip.astype(int) - own.astype(int)).max() <= 1
+    assert not np.array_equal(round_trip[0], round_trip[4])
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["--at", "-1"], "--at: expected steps >= 0, got [-1]"),
+        (["--steps", "0"], "--steps: expected >= 1, got 0"),
+        (["--out", "picture.jpg"], "picture.jpg: expected a .png file"),
+        ([], "no such folder"),  # --policy
+    ],
+)
+def test_bad_video_picture_flags_are_one_line_before_anything_is_written(tmp_path, capsys, args, expected) -> None:
+    from dit4dit_npu.eval.video_picture import main as picture_main
+
+    out = tmp_path / "picture.png"
+    flags = {"--policy": str(tmp_path / "missing"), "--demos": str(tmp_path), "--out": str(out)}
+    flags.update(zip(args[::2], args[1::2]))
+    assert picture_main([x for kv in flags.items() for x in kv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and expected in err[0], err
+    assert not any(tmp_path.iterdir())
+
+
 def ran_whole_chunk(episode: dict) -> None:
     """One chunk, executed to the episode's end, or to a success: a 2-step policy's wild arm can
     fling the cube against the left gripper in mid-air, which gym-aloha's contact reward scores 4

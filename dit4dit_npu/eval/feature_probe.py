@@ -143,6 +143,7 @@ def policy_rows(policy_dir: str, observations: list[dict], targets: np.ndarray) 
     }
 
 
+@entry_point
 def main(argv: list[str] | None = None) -> int:
     from dit4dit_npu.sim.tasks import parse_size
 
@@ -175,4 +176,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(entry_point(main))
+    sys.exit(main())

@@ -194,8 +194,9 @@ def run_predictions(policy: Any, ds: Any, indices: np.ndarray, batch_size: int, 
 
 
 def imagination_strips(policy: Any, ds: Any, preds: Predictions, n: int, steps: int, seed: int) -> list:
-    """(title, real clip, imagined clip) for ``n`` evaluated frames: the real future with the
-    model's own view tiling above the backbone's imagined one (both (T, H, W, 3) uint8)."""
+    """(title, [("real", clip), ("round trip", clip), ("imagined", clip)]) for ``n`` evaluated
+    frames: the real future with the model's own view tiling, its VAE round trip and the
+    backbone's imagined clip (each (T, H, W, 3) uint8)."""
     from dit4dit_npu.transforms.images import untile
 
     if n <= 0 or len(preds.frame) == 0:
@@ -204,10 +205,12 @@ def imagination_strips(policy: Any, ds: Any, preds: Predictions, n: int, steps: 
     for p in np.unique(np.linspace(0, len(preds.frame) - 1, n).round().astype(int)):
         s = ds.raw_sample(int(preds.index[p]))
         real = untile(policy.io.frames(s.views).numpy())
+        round_trip = policy.reconstruct_video(s.views)
         imagined = policy.predict_video(observation([s]), steps=steps, seed=seed)[0]
         t = min(len(real), len(imagined))
         name = Path(str(ds.datasets[s.dataset].root)).name
-        strips.append((f"{name} ep{s.episode} t={s.frame}", real[:t], imagined[:t]))
+        strips.append((f"{name} ep{s.episode} t={s.frame}",
+                       [("real", real[:t]), ("round trip", round_trip[:t]), ("imagined", imagined[:t])]))
     return strips
 
 

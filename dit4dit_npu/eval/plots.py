@@ -6,7 +6,7 @@
   model's one-step-ahead prediction at every evaluated frame, and whole predicted chunks
   every ``chunk_length`` frames (what open-loop chunk execution would do);
 - ``imagination.png``: for a few frames, the real future clip (views tiled as the model sees
-  them) above the backbone's imagined one.
+  them), its VAE round trip (encode -> decode) and the backbone's imagined clip.
 """
 
 from __future__ import annotations
@@ -101,27 +101,37 @@ def plot_trajectory(out: Path, ds: Any, preds: Any, k: int, episode: int, names:
     return path
 
 
-def plot_imagination(out: Path, strips: list[tuple[str, np.ndarray, np.ndarray]]) -> Path | None:
-    """``strips``: (title, real (T, H, W, 3), imagined (T, H, W, 3)) per picked frame."""
-    if not strips:
-        return None
-    t_max = max(len(s[1]) for s in strips)
-    fig, axes = plt.subplots(2 * len(strips), t_max, figsize=(1.8 * t_max, 2.0 * len(strips) * 1.1), squeeze=False)
-    for r, (title, real, imagined) in enumerate(strips):
-        for row, (label, clip) in enumerate((("real", real), ("imagined", imagined))):
-            for c in range(t_max):
-                ax = axes[2 * r + row][c]
-                ax.axis("off")
-                if c < len(clip):
-                    ax.imshow(clip[c])
-                if c == 0:
-                    ax.set_title(f"{title} {label}", fontsize=7, loc="left")
-    fig.suptitle("real future frames (top) vs imagined by the video backbone (bottom)")
-    fig.tight_layout()
-    path = out / "imagination.png"
-    fig.savefig(path, dpi=90)
+Strip = tuple[str, list[tuple[str, np.ndarray]]]  # (title, [(row label, clip (T, H, W, 3) uint8)])
+
+
+def plot_strips(path: Path, strips: list[Strip], title: str, dpi: int = 90) -> Path:
+    """One row of frames per (label, clip) of each strip, the strip's title on its first row."""
+    rows = [(f"{name} {label}" if i == 0 else label, clip) for name, clips in strips for i, (label, clip) in enumerate(clips)]
+    t_max = max(len(clip) for _, clip in rows)
+    aspect = max(clip.shape[2] / clip.shape[1] for _, clip in rows)  # tiled views are wide
+    fig, axes = plt.subplots(len(rows), t_max, figsize=(1.2 * aspect * t_max, 1.45 * len(rows)), squeeze=False)
+    for r, (label, clip) in enumerate(rows):
+        for c in range(t_max):
+            ax = axes[r][c]
+            ax.axis("off")
+            if c < len(clip):
+                ax.imshow(clip[c])
+            if c == 0:
+                ax.set_title(label, fontsize=7, loc="left")
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.5 / fig.get_figheight()))  # room for a two-line title
+    fig.savefig(path, dpi=dpi)
     plt.close(fig)
     return path
+
+
+def plot_imagination(out: Path, strips: list[Strip]) -> Path | None:
+    """``strips``: per picked frame, its real future clip, the clip's VAE round trip and the
+    backbone's imagined clip."""
+    if not strips:
+        return None
+    return plot_strips(out / "imagination.png", strips,
+                       "per frame: real future frames / their VAE round trip / imagined by the video backbone")
 
 
 def plot_all(
@@ -132,7 +142,7 @@ def plot_all(
     names: list[str],
     *,
     plot_episodes: int = 3,
-    strips: list[tuple[str, np.ndarray, np.ndarray]] | None = None,
+    strips: list[Strip] | None = None,
 ) -> list[Path]:
     paths = [plot_horizon(out, metrics), plot_joints(out, metrics, names)]
     # The episodes with the most evaluated frames give the most readable trajectories.

@@ -33,9 +33,10 @@ from dit4dit_npu.models.cosmos import CosmosBackbone
 from dit4dit_npu.models.imagine import imagine
 from dit4dit_npu.models.lora import has_lora
 from dit4dit_npu.models.noise import InferenceNoise, TrainingNoise, noise_from
-from dit4dit_npu.models.pixels import to_vae_range
+from dit4dit_npu.models.pixels import to_uint8, to_vae_range
 from dit4dit_npu.models.prompt_cache import PromptCache, PromptCacheError
 from dit4dit_npu.models.rtc import PrefixGuidance
+from dit4dit_npu.models.vae import vae_latents
 
 log = logging.getLogger(__name__)
 
@@ -248,6 +249,22 @@ class DiT4DiT(nn.Module):
                 return imagine(self.backbone, cond, prompts, self.feature_latent_frames, num_steps, seed)
         finally:
             self.train(was_training)
+
+    @torch.no_grad()
+    def reconstruct_video(self, frames: torch.Tensor) -> torch.Tensor:
+        """The VAE's round trip of a clip, for inspection next to ``imagine_video``: uint8 frames
+        (B, T, 3, H, W) at the model's frame size -> encode (posterior mean, as the video loss's
+        targets) -> decode -> uint8 (B, T, 3, H, W). Any T: padded to 1 + 4k as training pads."""
+        if frames.ndim != 5 or frames.shape[2] != 3 or tuple(frames.shape[-2:]) != tuple(self.spec.frame_size):
+            raise BatchError(
+                f"frames: expected uint8 (B, T, 3, {self.spec.frame_size[0]}, {self.spec.frame_size[1]}), "
+                f"got {tuple(frames.shape)}"
+            )
+        vae, t = self.backbone.vae, frames.shape[1]
+        latents = vae_latents(vae, self.video_input(frames.to(self.device)))  # what a latent cache stores
+        with dev.autocast(enabled=self.autocast):
+            video = vae.decode(latents, return_dict=False)[0]
+        return rearrange(to_uint8(video[:, :, :t]), "b c t h w -> b t c h w").contiguous()
 
     def use_backbone_dtype(self, dtype: torch.dtype) -> None:
         """Cast the video backbone (inference: half the memory, no per-op weight casts); the

@@ -301,6 +301,25 @@ class DiT4DiTPolicy(RequestChecks, RunTimeInstructions):
         return out if batched else out[0]
 
     @torch.inference_mode()
+    def reconstruct_video(self, views: np.ndarray) -> np.ndarray:
+        """The VAE's round trip (encode -> decode) of a clip, for inspection next to
+        ``predict_video``: views uint8 (T, V, H, W, 3) at ``io.image_size``, cameras in model order
+        (``io.view`` of each camera image), or (B, T, V, H, W, 3) -> uint8 (T, H, W_tiled, 3) (or
+        batched), tiled as the model sees them: what the video loss's targets look like decoded."""
+        views = np.asarray(views)
+        batched = views.ndim == 6
+        if views.ndim not in (5, 6) or views.dtype != np.uint8:
+            raise PolicyInputError(f"views: expected uint8 (T, V, H, W, 3) or (B, T, V, H, W, 3), got {views.dtype} {views.shape}")
+        try:
+            frames = self.io.frames(views if batched else views[None])
+        except ValueError as e:
+            raise PolicyInputError(str(e)) from None
+        with self._lock:
+            video = self.model.reconstruct_video(frames)
+        out = video.permute(0, 1, 3, 4, 2).cpu().numpy()  # (B, T, H, W, 3)
+        return out if batched else out[0]
+
+    @torch.inference_mode()
     def observation_features(self, obs: dict[str, Any] | Observation, seed: int | None = None) -> dict[str, np.ndarray]:
         """What the action head reads for a robot observation, for analysis (``dit4dit_npu.eval.
         feature_probe``): {"latent": the conditioning VAE latent (B, 16, 1, h, w), normalised;

@@ -129,6 +129,11 @@ class FolderPolicy:
         self._allow = allow_out_of_range
         self._seed = 0
 
+    @property
+    def policy(self) -> Any:
+        """The loaded ``DiT4DiTPolicy`` (for inspection next to the episode: ``eval.video_picture``)."""
+        return self._policy
+
     def reset(self, scene: Any, seed: int) -> None:
         self._seed = seed * 10_000  # same episode seed -> same flow-matching noise per call
 
