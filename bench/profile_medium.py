@@ -21,16 +21,26 @@ The unstaged call (``model(batch)`` + backward + step; ``encode_observation`` + 
 + ``decode_actions``) is timed in the same rounds, so the staging's own cost shows.
 
 Medians of ``--rounds`` rounds (after one warm-up), one thread, the load average printed before and
-after. The original DiT4DiT's per-stage profile is not measured here yet (``bench/parity_dit4dit.py``
-drives the original in its side virtualenv): the line before last says so and the last line is
-``speedup: 1.00`` (the house format; no ratio is claimed).
+after. With ``--original-root`` / ``--original-python`` (as ``bench/parity_dit4dit.py``) the original
+DiT4DiT runs the same rounds in its own virtualenv, built in its own classes at the config's sizes
+(``bench/_profile_original.py``, a long-lived worker told to run one round at a time, so the two
+sides interleave: ours, original, ours, ...), and each table shows both sides per stage, the
+per-stage ratio and the same-maths ceiling: the original's step if each of its stages ran at its
+own time per FLOP but with our FLOPs (stages we skip count 0, stages without FLOPs keep its time).
+The last line is then the original's unstaged training step at batch 2 over ours (``speedup: X``);
+without the original it is ``speedup: 1.00`` (ours only; no ratio is claimed), said on the line before.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import os
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -44,6 +54,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from dit4dit_npu import device as dev
 from dit4dit_npu.config import load_config
+from dit4dit_npu.config.framework import PRESETS
 from dit4dit_npu.models.prompt_cache import PromptCache
 from dit4dit_npu.train.memory_plan import ROBOTWIN_DIMS
 from dit4dit_npu.transforms import FeatureStats, PolicyIO
@@ -172,14 +183,106 @@ def table(title: str, stages: tuple[str, ...], times: dict[str, list[float]], fl
     print(f"| unstaged call | {1e3 * statistics.median(plain):.1f} | | | | |")
 
 
+# Its stage -> ours where the names differ for the same work (its client side vs our PolicyIO).
+SAME_WORK = {"client transforms": "PolicyIO parse"}
+
+
+class Original:
+    """The original DiT4DiT as a long-lived worker in its own virtualenv (``bench/_profile_original.py``):
+    one JSON command a line in, one JSON reply a line out, so its rounds interleave with ours."""
+
+    def __init__(self, python: str, root: Path, work: Path, spec: dict, commit: str | None) -> None:
+        env = dict(os.environ, PYTHONPATH=str(HERE.parent), OMP_NUM_THREADS=str(spec["threads"]), HF_HUB_OFFLINE="1",
+                   TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false", NO_ALBUMENTATIONS_UPDATE="1")
+        base = work / ("cosmos_" + "_".join(f"{v}" for v in spec["tiny"].values() if not isinstance(v, (list, str))))
+        cmd = [python, str(HERE / "_profile_original.py"), "--original-root", str(root), "--base", str(base),
+               "--spec", json.dumps(spec)]
+        self.log = open(work / "original.log", "w")  # noqa: SIM115 (lives as long as the worker)
+        self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True)
+        self._read()
+        done = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+        self.commit = commit or done.stdout.strip() or "(commit unknown: not a git checkout; give --original-commit)"
+
+    def _read(self) -> dict:
+        while line := self.proc.stdout.readline():  # its own prints pass by: only the worker's replies count
+            if line.startswith("@profile@ "):
+                return json.loads(line.removeprefix("@profile@ "))
+        self.log.flush()
+        raise SystemExit(f"the original failed:\n{Path(self.log.name).read_text()[-3000:]}")
+
+    def __call__(self, **cmd) -> dict:
+        self.proc.stdin.write(json.dumps(cmd) + "\n")
+        self.proc.stdin.flush()
+        return self._read()
+
+    def close(self) -> None:
+        self.proc.stdin.write(json.dumps({"cmd": "quit"}) + "\n")
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+        self.log.close()
+
+
+def original_spec(cfg, spec, io: PolicyIO, native, instruction: str, threads: int) -> dict:
+    """Our config's sizes in the terms the original's side builds from (bench/_profile_original.py)."""
+    cosmos, head = cfg.framework.cosmos25, cfg.framework.action_model
+    tiny = dataclasses.asdict(cosmos.tiny)
+    h, w = cfg.datasets.vla_data.image_size
+    return dict(tiny=tiny, extract_layer=cosmos.extract_layer, max_seq=cosmos.max_sequence_length,
+                hidden=tiny["num_attention_heads"] * tiny["attention_head_dim"], head_dims=list(PRESETS[head.action_model_type]),
+                head_layers=head.diffusion_model_cfg.num_layers, head_output_dim=head.diffusion_model_cfg.output_dim,
+                head_hidden=head.hidden_size, repeats=head.repeated_diffusion_steps, chunk=spec.chunk_length,
+                frames=spec.num_frames, hw=[h, w], views=len(io.camera_keys), cameras=list(io.camera_keys),
+                native=list(native), action_dim=ROBOTWIN_DIMS, state_dim=ROBOTWIN_DIMS, instruction=instruction,
+                threads=threads)
+
+
+def side_by_side(title: str, ours: tuple[dict, dict, list], theirs: tuple[dict, dict, list]) -> float:
+    """Per stage: ms ours / original, GFLOP ours / original, the ratio, and the same-maths ceiling
+    (its time per FLOP times our FLOPs; a stage we skip 0; a stage without FLOPs keeps its time).
+    Returns its unstaged call over ours."""
+    (ot, of, op), (tt, tf, tp) = ours, theirs
+    om = {s: statistics.median(v) for s, v in ot.items()}
+    tm = {s: statistics.median(v) for s, v in tt.items()}
+    print(f"\n{title}")
+    print("| stage | ms ours | ms original | ratio | GFLOP ours | GFLOP original | ceiling ms |")
+    print("|---|---|---|---|---|---|---|")
+    ceiling = 0.0
+    for s in list(tm) + [s for s in om if s not in tm and s not in SAME_WORK.values()]:
+        o = SAME_WORK.get(s, s)
+        o_ms, o_f = (1e3 * om[o], of.get(o, 0.0)) if o in om else (None, 0.0)
+        t_ms, t_f = (1e3 * tm[s], tf.get(s, 0.0)) if s in tm else (None, 0.0)
+        c = None
+        if t_ms is not None:
+            c = 0.0 if o_ms is None else (t_ms if not t_f else t_ms * o_f / t_f)
+            ceiling += c
+        name = s if o == s else f"{s} / {o}"
+        print(f"| {name} | {'-' if o_ms is None else f'{o_ms:.1f}'} | {'-' if t_ms is None else f'{t_ms:.1f}'} | "
+              f"{f'{t_ms / o_ms:.2f}' if o_ms and t_ms else '-'} | {o_f / 1e9:.3f} | {t_f / 1e9:.3f} | "
+              f"{'-' if c is None else f'{c:.1f}'} |")
+    osum, tsum = 1e3 * sum(om.values()), 1e3 * sum(tm.values())
+    print(f"| **sum of stages** | {osum:.1f} | {tsum:.1f} | {tsum / osum:.2f} | {sum(of.values()) / 1e9:.3f} | "
+          f"{sum(tf.values()) / 1e9:.3f} | {ceiling:.1f} |")
+    ou, tu = 1e3 * statistics.median(op), 1e3 * statistics.median(tp)
+    print(f"| unstaged call | {ou:.1f} | {tu:.1f} | {tu / ou:.2f} | | | |")
+    print(f"same-maths ceiling: {ceiling:.1f} ms = original's staged sum / {tsum / ceiling:.2f}; "
+          f"ours (unstaged) {tu / ou:.2f}x the original")
+    return tu / ou
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default=str(HERE / "medium.yaml"))
     p.add_argument("--rounds", type=int, default=5, help="timed rounds (after one warm-up); medians shown")
-    p.add_argument("--batch-size", type=int, default=2, help="training batch (inference is batch 1)")
+    p.add_argument("--batch-size", type=int, nargs="+", default=[2, 4], help="training batches (inference is batch 1)")
     p.add_argument("--native", type=int, nargs=2, default=(240, 320), metavar=("H", "W"),
                    help="camera frame size the robot sends (RoboTwin's 240x320)")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--original-root", type=Path, default=os.environ.get("DIT4DIT_ORIGINAL_ROOT") or None,
+                   help="a checkout of Mondo-Robotics/DiT4DiT (env DIT4DIT_ORIGINAL_ROOT): profile it beside ours")
+    p.add_argument("--original-python", default=os.environ.get("DIT4DIT_ORIGINAL_PYTHON", sys.executable),
+                   help="python of a virtualenv that runs the original (as bench/parity_dit4dit.py)")
+    p.add_argument("--original-commit", help="the original's commit, for the reference line (default: git rev-parse)")
+    p.add_argument("--work", type=Path, help="folder for the original's random Cosmos folder (default: a temporary one)")
     p.add_argument("--smoke", action="store_true", help="a seconds-long run at tiny sizes: checks that the bench works; its numbers mean nothing")
     p.add_argument("overrides", nargs="*", help="config overrides, key=value")
     args = p.parse_args()
@@ -197,10 +300,11 @@ def main() -> None:
     model = build_dit4dit(cfg, spec).to(device)
     encoder = build_prompt_encoder(cfg).to(device)
     io = PolicyIO.from_config(cfg, placeholder(ROBOTWIN_DIMS), placeholder(ROBOTWIN_DIMS), warn=False)
-    batch = make_batch(spec, batch_size=args.batch_size)
-    obs = observation(io, tuple(args.native), batch.instruction[0], 0)
+    batches = {b: make_batch(spec, batch_size=b) for b in args.batch_size}
+    instruction = batches[args.batch_size[0]].instruction[0]
+    obs = observation(io, tuple(args.native), instruction, 0)
     cache = PromptCache()
-    cache.build(sorted(set(batch.instruction)), encoder)
+    cache.build(sorted({i for b in batches.values() for i in b.instruction}), encoder)
     model.set_prompt_cache(cache)
     del encoder  # ours frees the text encoder once the prompt cache is built
     params = [q for q in model.parameters() if q.requires_grad]
@@ -212,26 +316,48 @@ def main() -> None:
     print(f"config: {args.config}  device: {dev.describe()}  threads={args.threads}  training batch={args.batch_size} "
           f"(uncached, frames {spec.num_frames}x{spec.frame_size[0]}x{spec.frame_size[1]})  inference batch=1 from "
           f"{len(io.camera_keys)} cameras of {args.native[0]}x{args.native[1]}")
+    original = None
+    if args.original_root is not None:
+        work = args.work or Path(tempfile.mkdtemp(prefix="profile_original_"))
+        work.mkdir(parents=True, exist_ok=True)
+        original = Original(args.original_python, args.original_root.resolve(), work,
+                            original_spec(cfg, spec, io, args.native, instruction, args.threads), args.original_commit)
 
-    model.train()
-    tflops, iflops = Flops(), Flops()
-    staged_train_step(model, batch, opt, lam, tflops)  # also the warm-up (optimizer state)
-    staged_predict(model, io, obs, 0, iflops)
-    model.train()
-    plain_train_step(model, batch, opt, lam)
-    plain_predict(model, io, obs, 0)
-    ttimes = {s: [] for s in TRAIN_STAGES}
-    itimes = {s: [] for s in INFER_STAGES}
-    tplain, iplain = [], []
-    for r in range(args.rounds):  # interleaved: staged and unstaged, training and inference, per round
+    # FLOPs once per side, which are also the warm-ups
+    tflops = {}
+    for b, batch in batches.items():
         model.train()
-        t = Timer()
-        staged_train_step(model, batch, opt, lam, t)
-        for s in TRAIN_STAGES:
-            ttimes[s].append(t.t[s])
-        t0 = time.perf_counter()
+        tflops[b] = Flops()
+        staged_train_step(model, batch, opt, lam, tflops[b])  # also the warm-up (optimizer state)
         plain_train_step(model, batch, opt, lam)
-        tplain.append(time.perf_counter() - t0)
+    iflops = Flops()
+    staged_predict(model, io, obs, 0, iflops)
+    plain_predict(model, io, obs, 0)
+    theirs_t = {b: original(cmd="train", batch=b, flops=True) for b in batches} if original else {}
+    theirs_i = original(cmd="predict", flops=True) if original else {}
+    ttimes = {b: {s: [] for s in TRAIN_STAGES} for b in batches}
+    tplain = {b: [] for b in batches}
+    itimes, iplain = {s: [] for s in INFER_STAGES}, []
+    otimes = {k: {} for k in [*batches, "predict"]}
+    oplain = {k: [] for k in [*batches, "predict"]}
+
+    def theirs(key, reply) -> None:
+        for s, v in reply["times"].items():
+            otimes[key].setdefault(s, []).append(v)
+        oplain[key].append(reply["plain"])
+
+    for r in range(args.rounds):  # interleaved: staged and unstaged, ours and the original's, per round
+        for b, batch in batches.items():
+            model.train()
+            t = Timer()
+            staged_train_step(model, batch, opt, lam, t)
+            for s in TRAIN_STAGES:
+                ttimes[b][s].append(t.t[s])
+            t0 = time.perf_counter()
+            plain_train_step(model, batch, opt, lam)
+            tplain[b].append(time.perf_counter() - t0)
+            if original:
+                theirs(b, original(cmd="train", batch=b))
         t = Timer()
         staged_predict(model, io, obs, r, t)
         for s in INFER_STAGES:
@@ -239,18 +365,38 @@ def main() -> None:
         t0 = time.perf_counter()
         plain_predict(model, io, obs, r)
         iplain.append(time.perf_counter() - t0)
+        if original:
+            theirs("predict", original(cmd="predict"))
     model.train()
 
-    table(f"training step (batch {args.batch_size}, uncached), medians of {args.rounds} rounds:",
-          TRAIN_STAGES, ttimes, tflops.t, tplain)
-    table(f"predict_action end to end (batch 1, {args.native[0]}x{args.native[1]} frames, PolicyIO included), "
+    for b in batches:
+        table(f"training step (batch {b}, uncached), ours, medians of {args.rounds} rounds:",
+              TRAIN_STAGES, ttimes[b], tflops[b].t, tplain[b])
+    table(f"predict_action end to end (batch 1, {args.native[0]}x{args.native[1]} frames, PolicyIO included), ours, "
           f"medians of {args.rounds} rounds:", INFER_STAGES, itimes, iflops.t, iplain)
+    ratio = 1.0
+    if original:
+        original.close()
+        for b in batches:
+            x = side_by_side(f"training step (batch {b}, uncached), ours vs the original, medians of {args.rounds} "
+                             f"interleaved rounds:", (ttimes[b], tflops[b].t, tplain[b]),
+                             (otimes[b], theirs_t[b]["flops"], oplain[b]))
+            if b == args.batch_size[0]:
+                ratio = x
+        side_by_side(f"predict_action end to end (batch 1, {args.native[0]}x{args.native[1]} frames; ours with PolicyIO, "
+                     f"the original with its client side), medians of {args.rounds} interleaved rounds:",
+                     (itimes, iflops.t, iplain), (otimes["predict"], theirs_i["flops"], oplain["predict"]))
     print(f"\nload average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    ft, fi = sum(tflops.t.values()) or 1.0, sum(iflops.t.values()) or 1.0
-    print("FLOP share, training: " + ", ".join(f"{s} {100 * tflops.t.get(s, 0) / ft:.1f}%" for s in TRAIN_STAGES))
+    b0 = args.batch_size[0]
+    ft, fi = sum(tflops[b0].t.values()) or 1.0, sum(iflops.t.values()) or 1.0
+    print(f"FLOP share, training (batch {b0}): " + ", ".join(f"{s} {100 * tflops[b0].t.get(s, 0) / ft:.1f}%" for s in TRAIN_STAGES))
     print("FLOP share, inference: " + ", ".join(f"{s} {100 * iflops.t.get(s, 0) / fi:.1f}%" for s in INFER_STAGES))
-    print("reference: none (ours only; the original's per-stage profile is not measured yet)")
-    print("speedup: 1.00")
+    if original:
+        print(f"reference: original DiT4DiT {original.commit} at {Path(args.config).stem} size (speedup = its unstaged "
+              f"training step / ours, batch {b0}, uncached)")
+    else:
+        print("reference: none (ours only; give --original-root/--original-python for the original's side)")
+    print(f"speedup: {ratio:.2f}")
 
 
 if __name__ == "__main__":
