@@ -7,10 +7,11 @@ A long-lived worker: builds the original model, unchanged, imported from ``--ori
 written by the original's library versions), CPU fp32, then answers one JSON command per stdin
 line with one JSON line on stdout (after ``REPLY``), so the caller can interleave its own rounds with these:
 
-- ``{"cmd": "train", "batch": B, "flops": false}``: one training step as its trainer does it
+- ``{"cmd": "train", "batch": B, "flops": false, "staged": true}``: one training step as its trainer does it
   (``model.forward`` -> backward -> ``clip_grad_norm_`` -> AdamW built by ``build_param_lr_groups``),
-  staged, then one unstaged step of the same; seconds per stage (FLOPs per stage with ``"flops"``);
-- ``{"cmd": "predict", "flops": false}``: one ``predict_action`` at batch 1 end to end: native
+  staged (unless ``"staged": false``), then one unstaged step of the same; seconds per stage (FLOPs
+  per stage with ``"flops"``) and of the unstaged step (``"plain"``);
+- ``{"cmd": "predict", "flops": false, "staged": true}``: the same for one ``predict_action`` at batch 1 end to end: native
   uint8 frames per camera, raw state and instruction in, robot-unit actions out, with the client
   side the original's LIBERO client does (its ``ModelClient._resize_image``: cv2 INTER_AREA per
   view to the training size, views side by side), RoboTwin's state/action transforms (its
@@ -255,14 +256,18 @@ def main() -> None:
         if cmd["cmd"] == "train":
             b = batches.setdefault(cmd["batch"], prof.batch(cmd["batch"], rng))
             model.action_model.train()  # as after its build: the trainer never calls .train()
-            r = prof.train_step(b, cmd.get("flops", False)) | {"plain": prof.plain_step(b)}
+            r = prof.train_step(b, cmd.get("flops", False)) if cmd.get("staged", True) else {}
+            r["plain"] = prof.plain_step(b)
         else:
             model.eval()  # its server's mode
-            m = Marks(cmd.get("flops", False))
-            prof.predict(obs, m, Normalizer)
+            r = {}
+            if cmd.get("staged", True):
+                m = Marks(cmd.get("flops", False))
+                prof.predict(obs, m, Normalizer)
+                r = dict(times=m.t, flops=m.f)
             t0 = time.perf_counter()
             prof.predict(obs, None, Normalizer)
-            r = dict(times=m.t, flops=m.f, plain=time.perf_counter() - t0)
+            r["plain"] = time.perf_counter() - t0
         print(REPLY + json.dumps(r), flush=True)
 
 

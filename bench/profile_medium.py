@@ -34,13 +34,8 @@ without the original it is ``speedup: 1.00`` (ours only; no ratio is claimed), s
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import json
 import os
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -49,12 +44,13 @@ from pathlib import Path
 import numpy as np
 import torch
 from _common import bench_spec
+from _original import Original, add_original_args, original_spec
 from torch.profiler import record_function
 from torch.utils.flop_counter import FlopCounterMode
+from train_step import with_cached_latents
 
 from dit4dit_npu import device as dev
 from dit4dit_npu.config import load_config
-from dit4dit_npu.config.framework import PRESETS
 from dit4dit_npu.models.prompt_cache import PromptCache
 from dit4dit_npu.train.memory_plan import ROBOTWIN_DIMS
 from dit4dit_npu.transforms import FeatureStats, PolicyIO
@@ -187,55 +183,6 @@ def table(title: str, stages: tuple[str, ...], times: dict[str, list[float]], fl
 SAME_WORK = {"client transforms": "PolicyIO parse"}
 
 
-class Original:
-    """The original DiT4DiT as a long-lived worker in its own virtualenv (``bench/_profile_original.py``):
-    one JSON command a line in, one JSON reply a line out, so its rounds interleave with ours."""
-
-    def __init__(self, python: str, root: Path, work: Path, spec: dict, commit: str | None) -> None:
-        env = dict(os.environ, PYTHONPATH=str(HERE.parent), OMP_NUM_THREADS=str(spec["threads"]), HF_HUB_OFFLINE="1",
-                   TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false", NO_ALBUMENTATIONS_UPDATE="1")
-        base = work / ("cosmos_" + "_".join(f"{v}" for v in spec["tiny"].values() if not isinstance(v, (list, str))))
-        cmd = [python, str(HERE / "_profile_original.py"), "--original-root", str(root), "--base", str(base),
-               "--spec", json.dumps(spec)]
-        self.log = open(work / "original.log", "w")  # noqa: SIM115 (lives as long as the worker)
-        self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True)
-        self._read()
-        done = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-        self.commit = commit or done.stdout.strip() or "(commit unknown: not a git checkout; give --original-commit)"
-
-    def _read(self) -> dict:
-        while line := self.proc.stdout.readline():  # its own prints pass by: only the worker's replies count
-            if line.startswith("@profile@ "):
-                return json.loads(line.removeprefix("@profile@ "))
-        self.log.flush()
-        raise SystemExit(f"the original failed:\n{Path(self.log.name).read_text()[-3000:]}")
-
-    def __call__(self, **cmd) -> dict:
-        self.proc.stdin.write(json.dumps(cmd) + "\n")
-        self.proc.stdin.flush()
-        return self._read()
-
-    def close(self) -> None:
-        self.proc.stdin.write(json.dumps({"cmd": "quit"}) + "\n")
-        self.proc.stdin.close()
-        self.proc.wait(timeout=60)
-        self.log.close()
-
-
-def original_spec(cfg, spec, io: PolicyIO, native, instruction: str, threads: int) -> dict:
-    """Our config's sizes in the terms the original's side builds from (bench/_profile_original.py)."""
-    cosmos, head = cfg.framework.cosmos25, cfg.framework.action_model
-    tiny = dataclasses.asdict(cosmos.tiny)
-    h, w = cfg.datasets.vla_data.image_size
-    return dict(tiny=tiny, extract_layer=cosmos.extract_layer, max_seq=cosmos.max_sequence_length,
-                hidden=tiny["num_attention_heads"] * tiny["attention_head_dim"], head_dims=list(PRESETS[head.action_model_type]),
-                head_layers=head.diffusion_model_cfg.num_layers, head_output_dim=head.diffusion_model_cfg.output_dim,
-                head_hidden=head.hidden_size, repeats=head.repeated_diffusion_steps, chunk=spec.chunk_length,
-                frames=spec.num_frames, hw=[h, w], views=len(io.camera_keys), cameras=list(io.camera_keys),
-                native=list(native), action_dim=ROBOTWIN_DIMS, state_dim=ROBOTWIN_DIMS, instruction=instruction,
-                threads=threads)
-
-
 def side_by_side(title: str, ours: tuple[dict, dict, list], theirs: tuple[dict, dict, list]) -> float:
     """Per stage: ms ours / original, GFLOP ours / original, the ratio, and the same-maths ceiling
     (its time per FLOP times our FLOPs; a stage we skip 0; a stage without FLOPs keeps its time).
@@ -277,12 +224,7 @@ def main() -> None:
     p.add_argument("--native", type=int, nargs=2, default=(240, 320), metavar=("H", "W"),
                    help="camera frame size the robot sends (RoboTwin's 240x320)")
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--original-root", type=Path, default=os.environ.get("DIT4DIT_ORIGINAL_ROOT") or None,
-                   help="a checkout of Mondo-Robotics/DiT4DiT (env DIT4DIT_ORIGINAL_ROOT): profile it beside ours")
-    p.add_argument("--original-python", default=os.environ.get("DIT4DIT_ORIGINAL_PYTHON", sys.executable),
-                   help="python of a virtualenv that runs the original (as bench/parity_dit4dit.py)")
-    p.add_argument("--original-commit", help="the original's commit, for the reference line (default: git rev-parse)")
-    p.add_argument("--work", type=Path, help="folder for the original's random Cosmos folder (default: a temporary one)")
+    add_original_args(p)
     p.add_argument("--smoke", action="store_true", help="a seconds-long run at tiny sizes: checks that the bench works; its numbers mean nothing")
     p.add_argument("overrides", nargs="*", help="config overrides, key=value")
     args = p.parse_args()
@@ -318,10 +260,7 @@ def main() -> None:
           f"{len(io.camera_keys)} cameras of {args.native[0]}x{args.native[1]}")
     original = None
     if args.original_root is not None:
-        work = args.work or Path(tempfile.mkdtemp(prefix="profile_original_"))
-        work.mkdir(parents=True, exist_ok=True)
-        original = Original(args.original_python, args.original_root.resolve(), work,
-                            original_spec(cfg, spec, io, args.native, instruction, args.threads), args.original_commit)
+        original = Original.start(args, original_spec(cfg, spec, io, args.native, instruction, args.threads))
 
     # FLOPs once per side, which are also the warm-ups
     tflops = {}
@@ -333,10 +272,13 @@ def main() -> None:
     iflops = Flops()
     staged_predict(model, io, obs, 0, iflops)
     plain_predict(model, io, obs, 0)
+    cached = {b: with_cached_latents(model, batch) for b, batch in batches.items()}  # as a latent cache delivers it
+    for b in batches:
+        plain_train_step(model, cached[b], opt, lam)
     theirs_t = {b: original(cmd="train", batch=b, flops=True) for b in batches} if original else {}
     theirs_i = original(cmd="predict", flops=True) if original else {}
     ttimes = {b: {s: [] for s in TRAIN_STAGES} for b in batches}
-    tplain = {b: [] for b in batches}
+    tplain, tcached = {b: [] for b in batches}, {b: [] for b in batches}
     itimes, iplain = {s: [] for s in INFER_STAGES}, []
     otimes = {k: {} for k in [*batches, "predict"]}
     oplain = {k: [] for k in [*batches, "predict"]}
@@ -356,6 +298,9 @@ def main() -> None:
             t0 = time.perf_counter()
             plain_train_step(model, batch, opt, lam)
             tplain[b].append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            plain_train_step(model, cached[b], opt, lam)
+            tcached[b].append(time.perf_counter() - t0)
             if original:
                 theirs(b, original(cmd="train", batch=b))
         t = Timer()
@@ -372,6 +317,9 @@ def main() -> None:
     for b in batches:
         table(f"training step (batch {b}, uncached), ours, medians of {args.rounds} rounds:",
               TRAIN_STAGES, ttimes[b], tflops[b].t, tplain[b])
+    for b in batches:
+        print(f"latent-cache step, ours (batch {b}, unstaged): {1e3 * statistics.median(tcached[b]):.1f} ms "
+              f"(uncached {1e3 * statistics.median(tplain[b]):.1f} ms)")
     table(f"predict_action end to end (batch 1, {args.native[0]}x{args.native[1]} frames, PolicyIO included), ours, "
           f"medians of {args.rounds} rounds:", INFER_STAGES, itimes, iflops.t, iplain)
     ratio = 1.0
@@ -383,6 +331,9 @@ def main() -> None:
                              (otimes[b], theirs_t[b]["flops"], oplain[b]))
             if b == args.batch_size[0]:
                 ratio = x
+            c, t = statistics.median(tcached[b]), statistics.median(oplain[b])
+            print(f"latent-cache step (ours from cached clip latents, unstaged; the original has no cache): "
+                  f"{1e3 * c:.1f} ms vs its uncached {1e3 * t:.1f} ms: {t / c:.2f}x")
         side_by_side(f"predict_action end to end (batch 1, {args.native[0]}x{args.native[1]} frames; ours with PolicyIO, "
                      f"the original with its client side), medians of {args.rounds} interleaved rounds:",
                      (itimes, iflops.t, iplain), (otimes["predict"], theirs_i["flops"], oplain["predict"]))
