@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -41,6 +42,7 @@ from typing import Any
 import numpy as np
 import torch
 from _common import FULL_SIZE, bench_spec, full_size_text_config
+from _original import Original, add_original_args, original_spec
 from reference import ReferenceDiT4DiT
 
 from dit4dit_npu import device as dev
@@ -50,6 +52,8 @@ from dit4dit_npu.console import run
 from dit4dit_npu.models import DiT4DiT
 from dit4dit_npu.models.prompt_cache import PromptCache
 from dit4dit_npu.models.rtc import PrefixGuidance, prefix_weights
+from dit4dit_npu.train.memory_plan import ROBOTWIN_DIMS
+from dit4dit_npu.transforms import PolicyIO
 from dit4dit_npu.weights import build_dit4dit, build_prompt_encoder
 from dit4dit_npu.weights.testing import make_batch
 
@@ -257,6 +261,44 @@ def run_config(
     return times
 
 
+def end_to_end_vs_original(cfg: Config, args: argparse.Namespace) -> float:
+    """predict_action end to end (batch 1): ours = PolicyIO parse + ``DiT4DiT.predict_action`` +
+    unnormalize, the original = its client side + its ``predict_action`` (bench/_profile_original.py),
+    on native-size frames, alternating call by call; returns the original's median over ours."""
+    # same directory: the one recipe of a robot observation and of an end-to-end call
+    from profile_medium import observation, placeholder, plain_predict
+
+    spec = bench_spec(cfg)
+    model, encoder = build_dit4dit(cfg, spec).to(dev.get_device()), build_prompt_encoder(cfg)
+    io = PolicyIO.from_config(cfg, placeholder(ROBOTWIN_DIMS), placeholder(ROBOTWIN_DIMS), warn=False)
+    instruction = make_batch(spec, batch_size=1, training=False).instruction[0]
+    obs = observation(io, tuple(args.native), instruction, 0)
+    cache = PromptCache()
+    cache.build([instruction], encoder)
+    model.set_prompt_cache(cache)
+    model.train(False)
+    original = Original.start(args, original_spec(cfg, spec, io, args.native, instruction, args.threads))
+    print(f"\nend to end vs the original ({args.native[0]}x{args.native[1]} uint8 x {len(io.camera_keys)} cameras, "
+          f"raw state and instruction in, robot-unit actions out); load average before: "
+          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    plain_predict(model, io, obs, 0)  # warm-ups
+    original(cmd="predict", staged=False)
+    ours, theirs = [], []
+    for r in range(max(args.iters, 5)):  # interleaved: ours, the original, ours, ...
+        t0 = time.perf_counter()
+        plain_predict(model, io, obs, r)
+        ours.append(time.perf_counter() - t0)
+        theirs.append(original(cmd="predict", staged=False)["plain"])
+    original.close()
+    o, t = statistics.median(ours), statistics.median(theirs)
+    print(f"ours (PolicyIO included) p50 {1e3 * o:.2f} ms, the original (its client side included) p50 {1e3 * t:.2f} ms "
+          f"over {len(ours)} interleaved calls each: {t / o:.2f}x; load average after: "
+          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print(f"reference: original DiT4DiT {original.commit} at {Path(args.medium).stem} size, predict_action end to end "
+          f"(batch 1, median of {len(ours)} interleaved calls)")
+    return t / o
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--iters", type=int, default=20, help="timed calls per path (after a warm-up)")
@@ -267,10 +309,14 @@ def main() -> None:
     p.add_argument("--full-size-paths", default="ours,reference", help="paths for --full-size")
     p.add_argument("--full-size-layers", type=int, default=28, help=argparse.SUPPRESS)  # smoke tests only
     p.add_argument("--skip-small", action="store_true", help="skip the tiny and medium configs")
+    p.add_argument("--native", type=int, nargs=2, default=(240, 320), metavar=("H", "W"),
+                   help="with the original: camera frame size the robot sends (RoboTwin's 240x320)")
+    add_original_args(p)
     p.add_argument("--smoke", action="store_true", help="a seconds-long run at tiny sizes (overrides the size options): checks that the bench works; its numbers mean nothing")
     args = p.parse_args()
     if args.smoke:
         args.iters, args.threads, args.medium = 2, 1, str(REPO / "configs" / "robotwin" / "dit4dit_robotwin_tiny.yaml")
+        args.native = (60, 80)
     torch.set_num_threads(args.threads)
     dev.seed_everything(0)
     device = dev.get_device()
@@ -297,8 +343,13 @@ def main() -> None:
                                 lambda: build_full_size(full, spec, device, dtype, args.full_size_layers))
         if "reference" in full_times and "ours" in full_times:
             times = full_times
-    if "reference" in times:
+    if args.original_root is not None and not args.skip_small:
+        ratio = end_to_end_vs_original(load_config(args.medium), args)
+        print(f"speedup: {ratio:.2f}")
+    elif "reference" in times:
         ours, ref = statistics.median(times["ours"]["total"]), statistics.median(times["reference"]["total"])
+        print("reference: bench/reference.py (a rebuild of the original's per-call work in our modules; the model's "
+              "part only, PolicyIO not timed; give --original-root/--original-python for the original itself)")
         print(f"speedup: {ref / ours:.2f}")
 
 

@@ -32,7 +32,10 @@ reference keeps the text encoder loaded, ours frees it once the prompt cache is 
 Wan2.1 VAE, a Qwen2.5-VL-7B-sized text model; ``bench/latency.py``'s builder) from the real RoboTwin
 config, backbone in bf16 and the action head in fp32, and also prints MFU against ``--peak-tflops``.
 
-The last line is exactly ``speedup: X.XX`` (reference median step time / ours).
+The last line is exactly ``speedup: X.XX`` (reference median step time / ours). With
+``--original-root`` / ``--original-python`` (as ``bench/parity_dit4dit.py``) the original DiT4DiT's own
+step runs in its virtualenv too (``bench/_original.py``), interleaved step by step, and the ratio is
+against it (ours and the latent-cache step both shown); the line before the last names the reference.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ from pathlib import Path
 
 import torch
 from _common import bench_spec, count_flops, param_mib, part_flops, step_peak_mib, timed
+from _original import Original, add_original_args, original_spec
 from reference import ReferenceDiT4DiT
 
 from dit4dit_npu import device as dev
@@ -55,6 +59,8 @@ from dit4dit_npu.config import load_config
 from dit4dit_npu.console import run
 from dit4dit_npu.models.prompt_cache import PromptCache
 from dit4dit_npu.models.vae import vae_latents
+from dit4dit_npu.train.memory_plan import ROBOTWIN_DIMS
+from dit4dit_npu.transforms import PolicyIO
 from dit4dit_npu.weights import build_dit4dit, build_prompt_encoder
 from dit4dit_npu.weights.testing import make_batch
 
@@ -162,6 +168,7 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--no-projection", action="store_true", help="skip the meta-device full-size FLOP projection")
     p.add_argument("--smoke", action="store_true", help="a seconds-long run at tiny sizes (overrides the size options): checks that the bench works; its numbers mean nothing")
+    add_original_args(p)
     p.add_argument("overrides", nargs="*", help="config overrides, key=value")
     args = p.parse_args()
     if args.smoke:
@@ -190,12 +197,24 @@ def main() -> None:
         f"= {(layer + 1) / model.backbone.num_layers:.2f} of depth (real 18/28 = 0.64)"
     )
 
+    original = None
+    if args.original_root is not None and not args.full_size:  # its own step, in its venv (bench/_original.py)
+        from profile_medium import placeholder  # same directory
+
+        io = PolicyIO.from_config(cfg, placeholder(ROBOTWIN_DIMS), placeholder(ROBOTWIN_DIMS), warn=False)
+        original = Original.start(args, original_spec(cfg, bench_spec(cfg), io, (240, 320), batch.instruction[0], args.threads))
+        print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     times: dict[str, list[float]] = {path: [] for path in PATHS}
+    theirs: list[float] = []
     for path in PATHS:  # warm-up (allocations, optimizer state)
         run(path)
-    for _ in range(args.steps):
+    if original:
+        original(cmd="train", batch=args.batch_size, staged=False)
+    for _ in range(max(args.steps, 5) if original else args.steps):  # interleaved, step by step
         for path in PATHS:
             times[path].append(timed(lambda: run(path)))  # noqa: B023 (called at once)
+        if original:
+            theirs.append(original(cmd="train", batch=args.batch_size, staged=False)["plain"])
     med = {path: statistics.median(ts) for path, ts in times.items()}
 
     mem, flops = {}, {}
@@ -233,6 +252,19 @@ def main() -> None:
         for path in PATHS:
             mfu = flops[path] / med[path] / (args.peak_tflops * 1e12)
             print(f"MFU {path}: {100 * mfu:.1f}% of {args.peak_tflops:g} TFLOP/s ({flops[path] / med[path] / 1e12:.1f} TFLOP/s)")
+    if original:
+        original.close()
+        t = statistics.median(theirs)
+        print(f"the original DiT4DiT's own step (forward, backward, clip, AdamW as its trainer): median {t:.4f} s over "
+              f"{len(theirs)} interleaved steps; ours {t / med['ours']:.2f}x, from the latent cache {t / med['cached']:.2f}x "
+              f"(its step has no cache), bench/reference.py's rebuild {t / med['reference']:.2f}x; load average after: "
+              f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+        print(f"reference: original DiT4DiT {original.commit} at {Path(args.config).stem} size, training step batch "
+              f"{args.batch_size}, uncached (speedup = its median / ours)")
+        print(f"speedup: {t / med['ours']:.2f}")
+        return
+    print("reference: bench/reference.py (a rebuild of the original's per-step work in our modules; give "
+          "--original-root/--original-python for the original itself)")
     print(f"speedup: {med['reference'] / med['ours']:.2f}")
 
 

@@ -53,8 +53,9 @@ def test_full_size_script_smoke_runs_train_step_latency_and_memory(tmp_path: Pat
 
 def test_profile_medium_smoke_times_every_stage_and_names_its_reference() -> None:
     """bench/profile_medium.py (issue 31's per-stage profile): a row with a time for every training
-    and inference stage in its two tables, and, ours only, a line saying the original is not measured."""
-    lines = run([sys.executable, "bench/profile_medium.py", "--smoke"])
+    and inference stage in its tables (training at batch 2 and 4), and, ours only, a line saying the
+    original is not measured."""
+    lines = run([sys.executable, "bench/profile_medium.py", "--smoke"], DIT4DIT_ORIGINAL_ROOT="")
     assert_headline(lines[-1])
     assert lines[-2].startswith("reference: none"), lines[-2]
     rows = [line.split(" | ") for line in lines if line.startswith("| ") and not line.startswith("| stage")]
@@ -62,8 +63,21 @@ def test_profile_medium_smoke_times_every_stage_and_names_its_reference() -> Non
     for stage in ("VAE encode", "feature pass", "video flow-matching bwd", "optimizer step", "PolicyIO parse",
                   "action sampling", "unnormalize"):
         assert stage in stages, stages
-    assert stages.count("unstaged call") == 2, stages
+    assert stages.count("unstaged call") == 3, stages
     assert all(math.isfinite(float(r[1])) and float(r[1]) >= 0 for r in rows), rows
+
+
+@pytest.mark.skipif(not (os.environ.get("DIT4DIT_ORIGINAL_ROOT") and os.environ.get("DIT4DIT_ORIGINAL_PYTHON")),
+                    reason="needs the original DiT4DiT: DIT4DIT_ORIGINAL_ROOT (a checkout) and DIT4DIT_ORIGINAL_PYTHON")
+def test_profile_medium_smoke_against_the_original() -> None:
+    """With the original (its side virtualenv): both sides per stage and a same-maths ceiling for
+    training at batch 2 and 4 and for predict_action, the reference named on the line before last."""
+    lines = run([sys.executable, "bench/profile_medium.py", "--smoke"])
+    assert_headline(lines[-1])
+    assert lines[-2].startswith("reference: original DiT4DiT"), lines[-2]
+    assert sum(line.startswith("same-maths ceiling: ") for line in lines) == 3, lines
+    rows = [line.split(" | ") for line in lines if line.startswith("| condition encode (per sample) |")]
+    assert len(rows) == 2 and all(r[1] == "-" and float(r[2]) > 0 for r in rows), rows  # ours skips it
 
 
 def test_parity_smoke_without_the_original_says_it_was_skipped() -> None:
