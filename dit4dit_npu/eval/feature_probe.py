@@ -34,7 +34,7 @@ FOLDS = 5
 RIDGE_GRID = (1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0, 100.0)  # x the feature count (standardized features)
 
 
-class ProbeError(DiT4DiTError):
+class ProbeError(DiT4DiTError, ValueError):
     """Bad probe arguments (one line, no traceback)."""
 
 
