@@ -12,6 +12,8 @@ CONFIG=configs/robotwin/dit4dit_robotwin_tiny.yaml
 RUN_DIR="$(.venv/bin/python -m dit4dit_npu.train --config "$CONFIG" "$@" --dry-run | .venv/bin/python -c '
 import sys, yaml; c = yaml.safe_load(sys.stdin); print(c["run_root_dir"] + "/" + c["run_id"])')"
 POLICY="$(ls -d "$RUN_DIR"/checkpoints/step_*/policy | sort | tail -1)"
-.venv/bin/python -m dit4dit_npu.eval --policy "$POLICY" --out "$RUN_DIR/eval"
+# --blank-cameras: the same policy scored again with every camera a constant grey image (printed
+# beside the real ratio, in metrics.json as cameras_blanked): clearly worse = it uses its cameras.
+.venv/bin/python -m dit4dit_npu.eval --policy "$POLICY" --out "$RUN_DIR/eval" --blank-cameras
 echo "policy: $POLICY"
 echo "eval:   $RUN_DIR/eval/metrics.json"

@@ -78,6 +78,47 @@ def test_eval_on_demo_data_writes_metrics_and_plots(tmp_path: Path) -> None:
     assert all(p.read_bytes()[:8] == PNG_MAGIC and p.stat().st_size > 1000 for p in pngs)
 
 
+class RecordingPolicy:
+    """The real policy, recording the views each ``predict_parsed`` call is given."""
+
+    def __init__(self, policy) -> None:
+        self.policy, self.views = policy, []
+
+    def predict_parsed(self, observation, **kwargs):
+        self.views.append(np.array(observation.views))
+        return self.policy.predict_parsed(observation, **kwargs)
+
+
+def test_blank_cameras_shows_the_model_constant_views_and_writes_both_scores(tmp_path: Path) -> None:
+    from dit4dit_npu.policy import DiT4DiTPolicy
+
+    setup = shared_tiny_setup()
+    policy = DiT4DiTPolicy.from_pretrained(str(setup.policy_dir), device="cpu")
+    targets = ev.resolve_targets(policy.manifest.data.datasets, None, None)
+    ds = ev.build_eval_dataset(policy, targets)
+    indices = ev.sample_indices(len(ds), 6, 1)
+    seen = {}
+    for blank in (False, True):
+        rec = RecordingPolicy(policy)
+        ev.run_predictions(rec, ds, indices, 3, 0, blank_cameras=blank)
+        seen[blank] = np.concatenate(rec.views)
+    assert seen[True].shape == seen[False].shape and seen[True].dtype == seen[False].dtype
+    assert (seen[True] == ev.BLANK_VALUE).all()  # every pixel of every view of every frame
+    assert seen[False].std() > 10  # the real views are not constant
+
+    out = tmp_path / "eval"
+    args = ["--policy", str(setup.policy_dir), "--out", str(out), "--max-frames", "12", "--video-samples", "0"]
+    assert eval_cli.main([*args, "--blank-cameras"]) == 0
+    m = json.loads((out / "metrics.json").read_text())
+    b = m["cameras_blanked"]
+    for name in ("ratio_to_hold_position", "ratio_to_dataset_mean"):
+        assert np.isfinite(m[name]["mse"]) and np.isfinite(b[name]["mse"])
+    assert b["ratio_to_hold_position"]["mse"] == pytest.approx(b["model"]["mse"] / m["hold_position"]["mse"])
+    assert b["model"]["mse"] != m["model"]["mse"]  # same frames and noise, other views: other actions
+    assert eval_cli.main(args) == 0
+    assert "cameras_blanked" not in json.loads((out / "metrics.json").read_text())  # only when asked
+
+
 @pytest.mark.slow
 def test_eval_cli_with_explicit_data_and_episodes(tmp_path: Path) -> None:
     setup = shared_tiny_setup()

@@ -2,7 +2,7 @@
 folder on held-out dataset episodes; the evaluation itself is ``eval/offline.py``.
 
     python -m dit4dit_npu.eval --policy runs/x/checkpoints/step_005000 [--data ROOT]
-        [--episode-indices 3 11] [--out DIR] [--max-frames 512] [--stride 1] [--seed 0]
+        [--episode-indices 3 11] [--out DIR] [--max-frames 512] [--stride 1] [--seed 0] [--blank-cameras]
 """
 
 from __future__ import annotations
@@ -38,6 +38,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--plot-episodes", type=int, default=3, help="episodes drawn in the action plots (default: 3)")
     p.add_argument("--base-model", default=None, help="override the base model path recorded at export")
     p.add_argument("--device", default=None, help="torch device (default: the detected accelerator)")
+    p.add_argument(
+        "--blank-cameras", action="store_true",
+        help="also score the same frames with every camera view a constant grey image (metrics.json: cameras_blanked)",
+    )
     p.add_argument("--merge-lora", action="store_true", help="fold a LoRA policy's adapter into the base transformer at load (no adapter cost per step)")
     args = p.parse_args(argv)
     require(p, args, policy)
@@ -74,6 +78,13 @@ def main(argv: list[str] | None = None) -> int:
         if f"ratio_to_{name}" in report:
             line += f" | {name} mse {report[name]['mse']:.5g} (ratio {report[f'ratio_to_{name}']['mse']:.3f})"
     print(line)
+    if "cameras_blanked" in report:
+        b = report["cameras_blanked"]
+        line = f"cameras blanked: model mse {b['model']['mse']:.5g}"
+        for name in ("hold_position", "dataset_mean"):
+            if f"ratio_to_{name}" in b:
+                line += f" | ratio to {name} {b[f'ratio_to_{name}']['mse']:.3f}"
+        print(line)
     out = output_dir(args.out, Path(report["checkpoint"]))
     print(f"wrote {out / 'metrics.json'} and {len(report['plots'])} plots")
     return 0

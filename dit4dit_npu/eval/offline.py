@@ -7,6 +7,9 @@ policy folder at export), the policy predicts a chunk through the public ``predi
 recorded actions in robot units. Two baselines are scored on the same frames and steps:
 hold-position (repeat the current state; only when state and action share their layout) and the
 training-set mean action. Steps past the episode end are excluded (no recorded action there).
+With ``--blank-cameras`` the same policy is scored a second time on the same frames with every
+camera view replaced by one constant grey image (``cameras_blanked`` in metrics.json): clearly
+worse than the real score shows the policy uses its cameras.
 
 Writes ``metrics.json`` (MSE/MAE overall, per joint and per horizon step for the model and both
 baselines, the model/baseline ratios; < 1 means better than the baseline) and PNG plots
@@ -161,26 +164,37 @@ def build_eval_dataset(policy: Any, targets: list[tuple[Path, list[int] | None]]
         raise EvalError(str(e)) from None
 
 
-def observation(samples: list[Any]) -> Observation:
+# What a blanked camera shows: mid-grey, every pixel of every view of every frame.
+BLANK_VALUE = 128
+
+
+def observation(samples: list[Any], blank_cameras: bool = False) -> Observation:
     """Raw samples -> their parsed observation (``predict_parsed``'s input): the views of each
     sample's observation frame as the training data made them, cameras already cut and resized
-    (sent as camera frames they would be cut again), the state in robot units."""
+    (sent as camera frames they would be cut again), the state in robot units. ``blank_cameras``
+    replaces every view by the constant ``BLANK_VALUE`` image (same shape and dtype)."""
+    views = np.stack([s.views[0] for s in samples])
+    if blank_cameras:
+        views = np.full_like(views, BLANK_VALUE)
     return Observation(
-        views=np.stack([s.views[0] for s in samples]),
+        views=views,
         state=np.stack([np.asarray(s.state, np.float64) for s in samples]),
         instructions=[s.instruction for s in samples],
         batched=True,
     )
 
 
-def run_predictions(policy: Any, ds: Any, indices: np.ndarray, batch_size: int, seed: int) -> Predictions:
+def run_predictions(
+    policy: Any, ds: Any, indices: np.ndarray, batch_size: int, seed: int, blank_cameras: bool = False
+) -> Predictions:
     from tqdm.auto import tqdm
 
     rows: dict[str, list[Any]] = {k: [] for k in ("pred", "target", "valid", "state", "dataset", "episode", "frame", "index")}
     batches = [indices[i : i + batch_size] for i in range(0, len(indices), batch_size)]
-    for b, chunk in enumerate(tqdm(batches, desc="eval", unit="batch", dynamic_ncols=True)):
+    desc = "eval, cameras blanked" if blank_cameras else "eval"
+    for b, chunk in enumerate(tqdm(batches, desc=desc, unit="batch", dynamic_ncols=True)):
         samples = [ds.raw_sample(int(i)) for i in chunk]
-        pred = policy.predict_parsed(observation(samples), seed=seed + b)
+        pred = policy.predict_parsed(observation(samples, blank_cameras), seed=seed + b)
         for i, s in zip(chunk, samples):
             rows["valid"].append(s.valid)
             rows["target"].append(s.actions)
@@ -270,6 +284,10 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     preds = run_predictions(policy, ds, indices, args.batch_size, args.seed)
     metrics = compute_metrics(preds, policy.io)
     check_finite(metrics)
+    if args.blank_cameras:  # same frames, same noise seeds, constant views
+        blanked = compute_metrics(run_predictions(policy, ds, indices, args.batch_size, args.seed, True), policy.io)
+        check_finite(blanked)
+        metrics["cameras_blanked"] = {"blank_value": BLANK_VALUE, **blanked}
     names = joint_names(ds, policy.manifest.data.action_key, policy.action_dim)
     strips = imagination_strips(policy, ds, preds, args.video_samples, args.video_steps, args.seed)
     with _out_of_space_is_one_line(out):
