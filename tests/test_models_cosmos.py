@@ -192,3 +192,37 @@ def test_gradient_checkpointing_gives_same_loss_and_grads():
         out.append((loss.detach(), bb.transformer.proj_out.weight.grad.clone()))
     torch.testing.assert_close(out[0][0], out[1][0])
     torch.testing.assert_close(out[0][1], out[1][1])
+
+
+def test_video_loss_batch_fraction_runs_the_first_samples_only(backbone):
+    """video_loss_batch_fraction: the loss of the batch's first ceil(f * B) samples, and only they
+    reach the transformer (the saving is real), same explicit draws."""
+    lat = backbone.encode_video(_clip(5, b=4))
+    prompts = _prompts(b=4)
+    g = torch.Generator().manual_seed(3)
+    t = torch.rand(4, generator=g)
+    z = torch.randn(4, 16, lat.shape[2] - 1, *lat.shape[3:], generator=g)
+    half = CosmosBackbone(backbone.transformer, backbone.vae, backbone.scheduler,
+                          backbone_config(Cosmos25Config(extract_layer=1, video_loss_batch_fraction=0.5)))
+    seen = []
+    h = backbone.transformer.register_forward_hook(lambda _m, args, kw, _o: seen.append(kw["hidden_states"].shape[0]),
+                                                   with_kwargs=True)
+    try:
+        sub = half.video_flow_matching_loss(lat, prompts, t=t, z=z)
+        first_two = backbone.video_flow_matching_loss(lat[:2], prompts[:2], t=t[:2], z=z[:2])
+        whole = backbone.video_flow_matching_loss(lat, prompts, t=t, z=z)
+    finally:
+        h.remove()
+    assert seen == [2, 2, 4]
+    torch.testing.assert_close(sub, first_two)
+    assert not torch.allclose(sub, whole)
+    quarter = CosmosBackbone(backbone.transformer, backbone.vae, backbone.scheduler,
+                             backbone_config(Cosmos25Config(extract_layer=1, video_loss_batch_fraction=0.3)))
+    torch.testing.assert_close(quarter.video_flow_matching_loss(lat, prompts, t=t, z=z),  # ceil(0.3 * 4) = 2
+                               first_two)
+
+
+@pytest.mark.parametrize("bad", [0.0, -0.5, 1.5, float("nan")])
+def test_video_loss_batch_fraction_out_of_range_is_one_line(bad):
+    with pytest.raises(ConfigError, match=r"framework\.cosmos25\.video_loss_batch_fraction: got .*expected in \(0, 1\]"):
+        Cosmos25Config(video_loss_batch_fraction=bad).check("framework.cosmos25")

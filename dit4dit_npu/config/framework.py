@@ -184,6 +184,12 @@ class Cosmos25Config:
     # the time embedding, as DiT4DiT did (bf16: 0.99502486 -> 0.99609375; no effect in fp32). The
     # conditioning frame's timestep stays fp32 there too.
     round_timesteps: bool = False
+    # Share of each training batch the video flow-matching loss runs on: its first
+    # ceil(fraction * B) samples (the sampler shuffles, so a random subset). 1.0 = every sample, as
+    # the original. The video transformer's forward + backward is most of a training step
+    # (docs/performance.md), so 0.5 takes about a third off it, for a noisier estimate of the same
+    # loss. It changes the maths (fewer video samples per step): off unless chosen.
+    video_loss_batch_fraction: float = 1.0
     lora: LoraAdapterConfig = field(default_factory=LoraAdapterConfig)
 
     @property
@@ -196,6 +202,9 @@ class Cosmos25Config:
         require(self.max_sequence_length >= 1, f"{key}.max_sequence_length", self.max_sequence_length, ">= 1")
         t = self.conditional_frame_timestep
         require(math.isfinite(t) and 0 <= t < 1, f"{key}.conditional_frame_timestep", t, "in [0, 1)")
+        f = self.video_loss_batch_fraction
+        require(math.isfinite(f) and 0 < f <= 1, f"{key}.video_loss_batch_fraction", f,
+                "in (0, 1] (1.0 = the video loss on every sample)")
         if self.is_tiny:  # the tiny sizes mean nothing with a real folder
             self.tiny.check(f"{key}.tiny")
         self.lora.check(f"{key}.lora")

@@ -45,6 +45,7 @@ class BackboneConfig:
     attention_backend: str  # "auto" = the device layer's choice
     condition_latent: Literal["mean", "sample"]
     round_timesteps: bool
+    video_loss_batch_fraction: float  # in (0, 1]: the video loss runs on the first ceil(f * B) samples
 
 
 @dataclass

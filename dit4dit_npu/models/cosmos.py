@@ -13,6 +13,7 @@ A clip's VAE encode itself (also used without a backbone) is ``vae.py``.
 from __future__ import annotations
 
 import copy
+import math
 import warnings
 from typing import Any
 
@@ -338,15 +339,22 @@ class CosmosBackbone(nn.Module):
         """Flow-matching MSE on the future latent frames (SPEC 1.6): x_t = (1-t) x0 + t z,
         target z - x0, one t per sample, frame 0 clean at conditional_frame_timestep. With one
         latent frame there is nothing to predict: returns 0 without running the transformer.
-        ``t`` (B,) and ``z`` (B, 16, T_lat - 1, h, w): explicit noise (noise.py)."""
+        ``t`` (B,) and ``z`` (B, 16, T_lat - 1, h, w): explicit noise (noise.py). With
+        ``video_loss_batch_fraction`` < 1 only the batch's first ceil(fraction * B) samples (and
+        draws) enter: the rest never reach the transformer."""
         if latents.shape[2] < 2:
             return latents.new_zeros(())
         cond = latents[:, :, :1] if cond is None else cond
+        b, c, n, h, w = latents.shape
+        t = checked(t, "video_time", (b,), latents.device)
+        z = checked(z, "video", (b, c, n - 1, h, w), latents.device)
+        # video_loss_batch_fraction < 1: the first k samples only (explicit draws: their first k)
+        k = min(b, math.ceil(self.cfg.video_loss_batch_fraction * b))
+        if k < b:
+            latents, prompt_embeds, cond = latents[:k], prompt_embeds[:k], cond[:k]
+            t, z, b = (None if t is None else t[:k]), (None if z is None else z[:k]), k
         x0 = latents.float()
-        b, c, n, h, w = x0.shape
-        t = checked(t, "video_time", (b,), x0.device)
         t = sample_video_time(self.cfg.flow_matching, b, x0.device) if t is None else t
-        z = checked(z, "video", (b, c, n - 1, h, w), x0.device)
         # frame 0 of z only reaches x_t's frame 0, which the conditioning latent replaces
         z = torch.randn_like(x0) if z is None else torch.cat([torch.zeros_like(x0[:, :, :1]), z], dim=2)
         tv = t.view(-1, 1, 1, 1, 1)
