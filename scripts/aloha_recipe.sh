@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
-# The CPU recipe for ALOHA transfer cube, from scratch (issue 19): 50 scripted-expert demos at 240x320
-# -> the tiny VAE's own latent statistics on the config's views (cam_high cropped to the cube's table
-# area, 96x128) -> latent cache (the VAE runs once per clip, not every step) -> train the tiny config
-# (configs/aloha/dit4dit_aloha_transfer_cube_tiny.yaml: one-frame clips, the action loss into the
-# backbone, state noise) for STEPS steps, a checkpoint and a held-out error every STEPS/3 ->
-# closed-loop eval of every checkpoint on 50 unseen seeds (0-49) with python -m dit4dit_npu.train.success_curve
-# (plot: docs/aloha_success_vs_steps.png). Each stage is skipped when its output is there (demos,
+# The CPU recipe for ALOHA transfer cube (issue 19; TASK=insertion: issue 32), from scratch: 50
+# scripted-expert demos at 240x320 -> the tiny VAE's own latent statistics on the config's views
+# (cam_high cropped to the objects' table area, 96x128) -> latent cache (the VAE runs once per clip,
+# not every step) -> train the task's tiny config (configs/aloha/dit4dit_aloha_TASK_tiny.yaml: one-
+# frame clips, the action loss into the backbone, state noise) for STEPS steps, a checkpoint and
+# a held-out error every STEPS/3 -> closed-loop eval of every checkpoint on 50 unseen seeds (0-49)
+# with python -m dit4dit_npu.train.success_curve (plot: docs/aloha_success_vs_steps.png; insertion:
+# docs/aloha_insertion_success_vs_steps.png). Each stage is skipped when its output is there (demos,
 # statistics, cached episodes, a finished run, an eval's results.json), so a rerun only redoes what
 # is missing. The last line is the last checkpoint's `success k/50 = p% (95% Wilson CI lo-hi%)`.
 #
 #   bash scripts/aloha_recipe.sh [a.b=c ...]   # extra training overrides (a new RUN_ID for a new run)
 #   STEPS=6000 WORKERS=2 bash scripts/aloha_recipe.sh  # WORKERS: eval processes (one per free core)
+#   TASK=insertion bash scripts/aloha_recipe.sh   # the second task (configs/aloha/dit4dit_aloha_insertion_tiny.yaml)
 #   SMOKE=1 bash scripts/aloha_recipe.sh       # the same commands, tiny: 1 demo at 32x48, 2 steps,
 #                                              # one 16-step episode per checkpoint
 #   OBJECTIVE=joint VAE=fitted bash scripts/aloha_recipe.sh   # see below; SMOKE=1 works with each
@@ -26,7 +28,14 @@
 #   VAE=random (default) the tiny config's random frozen VAE; VAE=fitted: VAE_WEIGHTS (default
 #                      configs/aloha/tiny_vae_transfer_cube.safetensors, dit4dit-fit-tiny-vae on
 #                      sim frames; refitted on the demos when missing), its own latent statistics
-#   TASK=transfer_cube (the only task so far)
+#   TASK=transfer_cube (default) | insertion: the task's config (configs/aloha/dit4dit_aloha_TASK_tiny.yaml,
+#                      each with its own crop and state noise, reasons there), demos and eval scene;
+#                      insertion's runs are aloha_recipe_insertion[_joint_bp0...], its demos
+#                      data/aloha/insertion_SIZE_recipe (cache and statistics named after them).
+#                      VAE=fitted with insertion fits its own VAE on those demos when missing
+#                      (data/aloha/insertion_240x320_recipe_tiny_vae.safetensors, the fit stage
+#                      below): the committed fit saw only transfer-cube frames (another crop, no
+#                      peg, no blue socket; on insertion's frames MSE 0.098 against 0.043 on its own)
 #
 # Measured on the project's shared 2-core CPU machine: see RUNTIME in README.md (Closed-loop
 # simulation) and docs/sim_recipe_log.md.
@@ -35,14 +44,14 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 PY="${PY:-.venv/bin/python}"
-CONFIG=configs/aloha/dit4dit_aloha_transfer_cube_tiny.yaml
 WORKERS="${WORKERS:-1}"
 OBJECTIVE="${OBJECTIVE:-no_video}" TASK="${TASK:-transfer_cube}" VAE="${VAE:-random}"
 case "$TASK" in
-    transfer_cube) ;;
-    insertion) echo "error: TASK=insertion: not supported by this recipe yet (issue 32 item 6); TASK=transfer_cube" >&2; exit 2 ;;
-    *) echo "error: TASK=$TASK: expected transfer_cube" >&2; exit 2 ;;
+    transfer_cube) TASK_TAG="" ;;
+    insertion) TASK_TAG="_insertion" ;;
+    *) echo "error: TASK=$TASK: expected transfer_cube or insertion" >&2; exit 2 ;;
 esac
+CONFIG="configs/aloha/dit4dit_aloha_${TASK}_tiny.yaml"
 case "$OBJECTIVE" in no_video|joint) ;; *) echo "error: OBJECTIVE=$OBJECTIVE: expected no_video or joint" >&2; exit 2 ;; esac
 case "$VAE" in random|fitted) ;; *) echo "error: VAE=$VAE: expected random or fitted" >&2; exit 2 ;; esac
 if [ "$OBJECTIVE" = joint ]; then BACKPROP="${BACKPROP:-0}"; else BACKPROP="${BACKPROP:-1}"; fi
@@ -51,12 +60,12 @@ if [ "$OBJECTIVE" = no_video ] && [ "$BACKPROP" = 0 ]; then
     echo "error: BACKPROP=0 with OBJECTIVE=no_video: the action loss is all that trains its backbone" >&2; exit 2
 fi
 if [ "${SMOKE:-0}" = 1 ]; then
-    DEMOS=1 SIZE=32x48 STEPS=2 EVERY=1 EPISODES=1 EPISODE_STEPS=16 RUN="aloha_recipe_smoke"
+    DEMOS=1 SIZE=32x48 STEPS=2 EVERY=1 EPISODES=1 EPISODE_STEPS=16 RUN="aloha_recipe${TASK_TAG}_smoke"
     # one demo trains (nothing held out); 32x48 is the smallest size three side-by-side views allow
     EXTRA=(datasets.vla_data.val_fraction=0.0 trainer.eval_samples=0 datasets.vla_data.per_device_batch_size=2
            trainer.num_warmup_steps=0 "datasets.vla_data.image_size=[32, 48]")
 else
-    DEMOS=50 SIZE=240x320 STEPS="${STEPS:-15000}" EPISODES=50 EPISODE_STEPS=400 RUN="aloha_recipe"
+    DEMOS=50 SIZE=240x320 STEPS="${STEPS:-15000}" EPISODES=50 EPISODE_STEPS=400 RUN="aloha_recipe${TASK_TAG}"
     EVERY=$((STEPS / 3)) EXTRA=()
 fi
 # Today's recipe keeps its names (run aloha_recipe, its cache and statistics); every other setting
@@ -77,10 +86,14 @@ RUN_ID="${RUN_ID:-$RUN$VARIANT}"
 # noise) are the config's own, each with its reason there; the measurements are in
 # docs/sim_recipe_log.md.
 DATA_ROOT="${DATA_ROOT:-data/aloha}"  # (tests: a temp folder)
-DATA="$DATA_ROOT/transfer_cube_${SIZE}_recipe"
+DATA="$DATA_ROOT/${TASK}_${SIZE}_recipe"
 if [ "$VAE" = fitted ]; then
-    # the committed fit (dit4dit-fit-tiny-vae on 12 demos' frames); SMOKE fits its own in seconds
-    VAE_WEIGHTS="${VAE_WEIGHTS:-$([ "${SMOKE:-0}" = 1 ] && echo "${DATA}_tiny_vae_smoke.safetensors" || echo configs/aloha/tiny_vae_transfer_cube.safetensors)}"
+    # transfer cube: the committed fit (dit4dit-fit-tiny-vae on 12 demos' frames); insertion: its own
+    # fit on the recipe's demos, made below when missing; SMOKE fits its own in seconds
+    if [ "${SMOKE:-0}" = 1 ]; then DEFAULT_VAE="${DATA}_tiny_vae_smoke.safetensors"
+    elif [ "$TASK" = insertion ]; then DEFAULT_VAE="${DATA}_tiny_vae.safetensors"
+    else DEFAULT_VAE=configs/aloha/tiny_vae_transfer_cube.safetensors; fi
+    VAE_WEIGHTS="${VAE_WEIGHTS:-$DEFAULT_VAE}"
     EXTRA+=("framework.cosmos25.tiny.vae_weights=$VAE_WEIGHTS")
 fi
 OVERRIDES=(
@@ -92,7 +105,7 @@ stage() { echo "== $(date +%H:%M:%S) $*"; }
 t0=$SECONDS
 if [ ! -d "$DATA" ]; then
     stage "demos: $DEMOS expert episodes, seeds 100000.., $SIZE"
-    $PY -m dit4dit_npu.sim.demos --task transfer_cube --episodes "$DEMOS" --size "$SIZE" --out "$DATA"
+    $PY -m dit4dit_npu.sim.demos --task "$TASK" --episodes "$DEMOS" --size "$SIZE" --out "$DATA"
 fi
 if [ "$VAE" = fitted ] && [ ! -s "$VAE_WEIGHTS" ]; then
     stage "fit the tiny VAE to the demos' frames -> $VAE_WEIGHTS"
@@ -123,8 +136,9 @@ t_train=$SECONDS
 RUN_DIR="$($PY -m dit4dit_npu.train --config "$CONFIG" "${OVERRIDES[@]}" --dry-run | $PY -c '
 import sys, yaml; c = yaml.safe_load(sys.stdin); print(c["run_root_dir"] + "/" + c["run_id"])')"
 stage "closed-loop eval of every checkpoint of $RUN_DIR on seeds 0-$((EPISODES - 1))"
-CURVE=(--run "$RUN_DIR" --episodes "$EPISODES" --seed 0 --max-steps "$EPISODE_STEPS" --workers "$WORKERS")
-if [ "${SMOKE:-0}" = 1 ]; then CURVE+=(--out "$RUN_DIR/sim_curve/smoke.png"); fi
+CURVE=(--run "$RUN_DIR" --task "$TASK" --episodes "$EPISODES" --seed 0 --max-steps "$EPISODE_STEPS" --workers "$WORKERS")
+if [ "${SMOKE:-0}" = 1 ]; then CURVE+=(--out "$RUN_DIR/sim_curve/smoke.png")
+elif [ "$TASK" = insertion ]; then CURVE+=(--out docs/aloha_insertion_success_vs_steps.png); fi
 $PY -m dit4dit_npu.train.success_curve "${CURVE[@]}" | tee "$RUN_DIR/sim_curve.log"
 t_eval=$SECONDS
 echo "minutes: demos $(((t_demos - t0) / 60)), cache $(((t_cache - t_demos) / 60)), train $(((t_train - t_cache) / 60)), eval $(((t_eval - t_train) / 60))"

@@ -34,7 +34,7 @@ def demo_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_every_shipped_config_is_covered() -> None:
     names = {p.name for p in CONFIGS}
     assert {"dit4dit_robotwin.yaml", "dit4dit_robotwin_tiny.yaml", "dit4dit_aloha_transfer_cube.yaml",
-            "dit4dit_aloha_transfer_cube_tiny.yaml"} <= names
+            "dit4dit_aloha_transfer_cube_tiny.yaml", "dit4dit_aloha_insertion_tiny.yaml"} <= names
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.stem)

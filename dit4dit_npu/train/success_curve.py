@@ -1,7 +1,7 @@
 """Closed-loop success vs training steps, next to the held-out open-loop error at the same steps.
 
-    python -m dit4dit_npu.train.success_curve --run runs/aloha_recipe [--episodes 50] [--seed 0] [--replan K] \
-        [--workers W] [--out docs/aloha_success_vs_steps.png]          (console script dit4dit-sim-success-curve)
+    python -m dit4dit_npu.train.success_curve --run runs/aloha_recipe [--task transfer_cube] [--episodes 50] [--seed 0] \
+        [--replan K] [--workers W] [--out docs/aloha_success_vs_steps.png]   (console script dit4dit-sim-success-curve)
 
 Evaluates every saved checkpoint of the run (``checkpoints/step_*/policy``) with
 ``python -m dit4dit_npu.sim.eval`` (in this process) on seeds S..S+N-1 (results kept in ``RUN/sim_curve/step_N/``:
@@ -29,6 +29,7 @@ from dit4dit_npu.console import entry_point
 from dit4dit_npu.errors import DiT4DiTError
 from dit4dit_npu.files import atomic_write_json
 from dit4dit_npu.sim.success_rate import format_rate, wilson_interval
+from dit4dit_npu.sim.tasks import get_task
 from dit4dit_npu.train.metrics import read_metrics
 
 
@@ -39,7 +40,7 @@ def evaluate(policy: Path, out: Path, a: argparse.Namespace) -> dict:
 
     if not (out / "results.json").exists():
         argv = [
-            "--policy", str(policy), "--episodes", str(a.episodes), "--seed", str(a.seed), "--max-steps",
+            "--policy", str(policy), "--task", a.task, "--episodes", str(a.episodes), "--seed", str(a.seed), "--max-steps",
             str(a.max_steps), "--workers", str(a.workers), "--videos", "0", "--out", str(out),
         ]
         if a.replan is not None:
@@ -87,6 +88,7 @@ def plot(rows: list[dict], out: Path, title: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m dit4dit_npu.train.success_curve", description=__doc__.splitlines()[0])
     p.add_argument("--run", type=Path, required=True, help="a training run folder (with checkpoints/)")
+    p.add_argument("--task", default="transfer_cube", help="the scene the run was trained on (default: %(default)s)")
     p.add_argument("--episodes", type=int, default=50, help="episodes per checkpoint (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="first evaluation seed")
     p.add_argument("--replan", type=int, default=None, help="actions executed per query (default: whole chunk)")
@@ -96,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--smoke", action="store_true", help="one 16-step episode per checkpoint, plot in the run")
     p.add_argument("--label", default=None, help="the run's name in the plot's title (default: its folder name)")
     a = p.parse_args(argv)
+    get_task(a.task)  # an unknown task: one line before any checkpoint is loaded
     for name in ("episodes", "workers", "max_steps"):
         if getattr(a, name) < 1:
             raise DiT4DiTError(f"--{name.replace('_', '-')}: expected a positive integer, got {getattr(a, name)}")
@@ -118,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"step {step}: held-out action MSE {val} | closed loop {format_rate(k, n)} | eval {s['wall_s']:.0f} s",
               flush=True)
     atomic_write_json(a.run / "sim_curve" / f"curve_seed{a.seed}x{a.episodes}{suffix}.json", rows)
-    plot(rows, a.out, f"{a.label or a.run.name}: ALOHA transfer cube, seeds {a.seed}-{a.seed + a.episodes - 1}")
+    plot(rows, a.out, f"{a.label or a.run.name}: ALOHA {a.task.replace('_', ' ')}, seeds {a.seed}-{a.seed + a.episodes - 1}")
     print(f"plot -> {a.out}")
     print(f"success {format_rate(rows[-1]['successes'], rows[-1]['episodes'])}")
     return 0
