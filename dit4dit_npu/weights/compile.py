@@ -17,8 +17,8 @@ torch's default (automatic dynamic shapes) the second batch size seen recompiles
 batch dim symbolic and later sizes reuse that graph (batch 1 is always its own graph: torch
 specializes 0 and 1). Measured (the small test config, batch 1 to 5 in turn): with
 ``dynamic=False`` every new batch size recompiled; with the default, only the second did. Past
-torch's recompile limit (``torch._dynamo.config`` ``recompile_limit``, 8 per block) a block runs
-eager with torch's warning, so recompiles never grow without bound.
+torch's recompile limit (``torch._dynamo.config``, 8 by default) the block's forward runs eager
+with torch's warning, so recompiles never grow without bound.
 """
 
 from __future__ import annotations
