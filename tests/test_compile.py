@@ -48,7 +48,7 @@ def test_compile_is_refused_on_npu_in_one_line_naming_the_key(simulated_npu):
 def test_from_pretrained_refuses_compile_on_npu_before_loading_anything(simulated_npu, tmp_path):
     from dit4dit_npu.policy import DiT4DiTPolicy
 
-    with pytest.raises(dev.DeviceError, match=r"^compile: torch.compile is not verified on Ascend NPU"):
+    with pytest.raises(dev.DeviceError, match=r"^compile / --compile: torch.compile is not verified on Ascend NPU"):
         DiT4DiTPolicy.from_pretrained(tmp_path / "no_such_policy", compile=True)  # not a file error: refused first
 
 

@@ -120,11 +120,11 @@ class DiT4DiTPolicy(RequestChecks, RunTimeInstructions):
         adapter into the base transformer at load (no adapter cost per step). ``full_check`` hashes
         large files (a full-size model.safetensors) whole, not only their size and edges.
         ``compile`` torch.compiles each transformer block of the video backbone
-        (``weights/compile.py``; ``--compile`` of serve and eval): the same actions, the first call
+        (``weights/compile.py``; ``--compile`` of serve, eval and sim.eval): the same actions, the first call
         (and the first at a second batch size) slower while it compiles; refused on Ascend NPU.
         """
         if compile:  # before the load: a host that cannot compile is told at once
-            check_compile("compile")
+            check_compile("compile / --compile")
         loaded = load_policy_folder(policy_dir, base_model=base_model, merge_lora=merge_lora, full_check=full_check)
         target = torch.device(device) if device is not None else dev.get_device()
         if backbone_dtype is not None:
@@ -133,7 +133,7 @@ class DiT4DiTPolicy(RequestChecks, RunTimeInstructions):
             loaded.model.use_backbone_dtype(backbone_dtype)
         model = loaded.model.to(target)
         if compile:
-            compile_backbone(model, "compile")
+            compile_backbone(model, "compile / --compile")
         return cls(model, loaded.manifest, loaded.io, loaded.prompt_cache, loaded.path)
 
     @property
