@@ -2,7 +2,7 @@
 eager vs compiled, same model, same batch, in one process.
 
     python bench/compile.py [--config bench/medium.yaml] [--rounds 7] [--batch-size 2] [--threads 1]
-    python bench/compile.py --smoke   # the tiny config, 2 rounds: checks the script; its ratio means little
+    python bench/compile.py --smoke   # the tiny config, 2 rounds, no new-batch-size probe: checks the script
 
 Two copies of one model (same weights): "eager" as built, "compiled" with its transformer blocks
 compiled exactly as the trainer and ``from_pretrained(compile=True)`` do. Timed, in interleaved
@@ -63,7 +63,8 @@ def main() -> None:
     p.add_argument("--calls", type=int, default=3, help="predict_action calls per path per round (their median)")
     p.add_argument("--batch-size", type=int, default=2, help="training batch")
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--smoke", action="store_true", help="the tiny config, 2 rounds, 1 call: checks the script")
+    p.add_argument("--smoke", action="store_true", help="the tiny config, 2 rounds, 1 call, no new-batch-size probe: "
+                   "checks the script (its ratio means little)")
     p.add_argument("overrides", nargs="*", help="config overrides, key=value")
     args = p.parse_args()
     if args.smoke:
@@ -143,20 +144,22 @@ def main() -> None:
     print(f"{'predict_action batch 1, ms':<34}{1e3 * call['eager']:>12.2f}{1e3 * call['compiled']:>12.2f}"
           f"{call['eager'] / call['compiled']:>7.2f}x")
 
-    # what a new batch size costs the compiled copy (inductor's automatic dynamic shapes)
-    new_size = {}
-    for n in (2, 3):
-        t0 = time.perf_counter()
-        predict("compiled", n)
-        new_size[n] = time.perf_counter() - t0
-    eager_3 = statistics.median(timed(lambda: predict("eager", 3)) for _ in range(max(1, args.calls)))
-    again_3 = statistics.median(timed(lambda: predict("compiled", 3)) for _ in range(max(1, args.calls)))
     print(f"warm-up (compiling, once per process): first training step {first['compiled']:.1f} s "
           f"(+{first['compiled'] - step['compiled']:.1f} s over its median; eager's first {first['eager']:.2f} s), "
           f"first predict_action {first_predict['compiled']:.1f} s (+{first_predict['compiled'] - call['compiled']:.1f} s)")
-    print(f"a new batch size: first compiled predict_action at batch 2 {new_size[2]:.1f} s (recompiles with the "
-          f"batch dim symbolic), then batch 3 {new_size[3]:.2f} s (reuses it; eager {eager_3:.3f} s, compiled "
-          f"again {again_3:.3f} s)")
+    if args.smoke:  # the symbolic-batch recompile is the longest compile of all (minutes on torch 2.7, loaded)
+        print("a new batch size: not measured with --smoke")
+    else:  # what a new batch size costs the compiled copy (torch's automatic dynamic shapes)
+        new_size = {}
+        for n in (2, 3):
+            t0 = time.perf_counter()
+            predict("compiled", n)
+            new_size[n] = time.perf_counter() - t0
+        eager_3 = statistics.median(timed(lambda: predict("eager", 3)) for _ in range(max(1, args.calls)))
+        again_3 = statistics.median(timed(lambda: predict("compiled", 3)) for _ in range(max(1, args.calls)))
+        print(f"a new batch size: first compiled predict_action at batch 2 {new_size[2]:.1f} s (recompiles with the "
+              f"batch dim symbolic), then batch 3 {new_size[3]:.2f} s (reuses it; eager {eager_3:.3f} s, compiled "
+              f"again {again_3:.3f} s)")
     print(f"load average after: {load_average()}")
     print(f"reference: the same model eager (this bench's 'eager' copy), training step batch {args.batch_size} "
           f"uncached at {Path(args.config).stem} size; predict_action ratio {call['eager'] / call['compiled']:.2f}")
