@@ -99,6 +99,8 @@ def entry_point(main: Callable[..., int | None]) -> Callable[..., int]:
 # --out DIR         the folder a command writes (data.demo, encode_latents, convert, eval, sim.*)
 # --episodes N      how many episodes (data.demo, sim.*); --episode-indices I [I ...] which ones (eval)
 # --size HxW        camera frame size (data.demo, sim.*)
+# --compile         torch.compile the policy's backbone blocks (serve, eval, sim.eval; declared
+#                   once: add_compile_flag); training's switch is the config key trainer.compile
 # A renamed flag keeps its former spelling as a hidden alias that says once that it was renamed.
 
 
@@ -130,6 +132,16 @@ def require(parser: argparse.ArgumentParser, args: argparse.Namespace, *actions:
     missing = [a.option_strings[0] for a in actions if getattr(args, a.dest, None) is None]
     if missing:
         parser.error(f"the following arguments are required: {', '.join(missing)}")
+
+
+def add_compile_flag(parser: argparse.ArgumentParser) -> None:
+    """``--compile``: the same switch as ``DiT4DiTPolicy.from_pretrained(compile=True)`` in every
+    command that loads a policy (``args.compile``)."""
+    parser.add_argument(
+        "--compile", action="store_true",
+        help="torch.compile each transformer block of the video backbone (the same actions; the first calls, and the "
+        "first at a new batch size, are slower while it compiles; refused on Ascend NPU)",
+    )
 
 
 def size_hw(text: str, flag: str = "--size") -> tuple[int, int]:

@@ -41,6 +41,21 @@ def test_bench_smoke_ends_with_its_speedup(bench: str) -> None:
     assert_headline(run([sys.executable, f"bench/{bench}", "--smoke"])[-1])
 
 
+def test_compile_smoke_compares_eager_and_compiled_and_reports_the_warm_up() -> None:
+    """bench/compile.py (trainer.compile / --compile): the same results from both copies, both timed
+    rows, the warm-up apart, and the reference named on the line before last."""
+    from dit4dit_npu import device as dev
+
+    if (problem := dev.compile_problem()) is not None:
+        pytest.skip(problem)
+    lines = run([sys.executable, "bench/compile.py", "--smoke"])
+    assert_headline(lines[-1])
+    assert lines[-2].startswith("reference: the same model eager"), lines[-2]
+    for start in ("same results: ", "training step, s", "predict_action batch 1, ms", "warm-up (compiling",
+                  "a new batch size: ", "load average before: ", "load average after: "):
+        assert any(line.startswith(start) for line in lines), (start, lines)
+
+
 def test_full_size_script_smoke_runs_train_step_latency_and_memory(tmp_path: Path) -> None:
     log = tmp_path / "bench_full_size.log"
     lines = run(["bash", "bench/full_size.sh", "--smoke"], LOG=str(log))

@@ -321,6 +321,11 @@ class TrainerConfig:
     gradient_clipping: float = 1.0
     gradient_accumulation_steps: int = 1
     enable_gradient_checkpointing: bool = False
+    # torch.compile each transformer block of the video backbone (dit4dit_npu/weights/compile.py):
+    # the same losses, faster steps where inductor fuses the elementwise work (CPU: docs/
+    # performance.md), after a one-off warm-up of the first steps. Refused on Ascend NPU until a
+    # device run shows it works; inference has its own switch (from_pretrained(compile=True), --compile).
+    compile: bool = False
     # bf16 autocast on the device type from dit4dit_npu.device; "no" = fp32 (default on CPU runs).
     mixed_precision: Literal["bf16", "no"] = "bf16"
     # Path of an accelerate/DeepSpeed json (relative to the repo or absolute); null = no DeepSpeed.

@@ -31,6 +31,7 @@ if TYPE_CHECKING:  # the names below, for readers and type checkers; resolved by
         autocast,
         autocast_device_type,
         autocast_dtype,
+        compile_problem,
         deepspeed_accelerator_name,
         describe,
         device_count,
@@ -63,7 +64,7 @@ if TYPE_CHECKING:  # the names below, for readers and type checkers; resolved by
 _EXPORTS = {
     "api": (
         "CPU", "CUDA", "NPU", "DeviceError", "attention_backend_name", "attention_context", "autocast",
-        "autocast_device_type", "autocast_dtype", "deepspeed_accelerator_name", "describe", "device_count",
+        "autocast_device_type", "autocast_dtype", "compile_problem", "deepspeed_accelerator_name", "describe", "device_count",
         "device_type", "dist_backend", "empty_cache", "get_device", "local_rank", "memory_info", "memory_stats",
         "parse_device", "reset_cache", "reset_peak_memory", "seed_everything", "set_device",
         "supports_fused_adamw", "synchronize", "video_memory_format",

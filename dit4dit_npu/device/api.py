@@ -17,6 +17,7 @@ import functools
 import importlib.util
 import os
 import random
+import shutil
 from collections.abc import Iterator
 
 import numpy as np
@@ -179,6 +180,23 @@ def attention_context(requested: str = "auto") -> Iterator[None]:
 
     with attention_backend(attention_backend_name(requested)):
         yield
+
+
+def compile_problem() -> str | None:
+    """Why ``torch.compile`` (the opt-in compile of the backbone's blocks: ``trainer.compile``,
+    ``--compile``) is refused on this host, as one phrase; None where it may run. On Ascend NPU it
+    is refused, not silently skipped: it has not run this model on a card yet (torch_npu's
+    inductor path), and a run config that says compile must not train eager on 8 cards unnoticed;
+    the user sets it off. CPU needs a C++ compiler for inductor's kernels, CUDA needs triton:
+    without them torch fails only at the first compiled call, deep in a traceback."""
+    kind = device_type()
+    if kind == NPU:
+        return "torch.compile is not verified on Ascend NPU yet (off until a device run shows it works)"
+    if kind == CUDA and importlib.util.find_spec("triton") is None:
+        return "torch.compile on CUDA needs triton (pip install triton), which is not installed"
+    if kind == CPU and shutil.which(os.environ.get("CXX") or "g++") is None:
+        return "torch.compile on CPU needs a C++ compiler for inductor (g++, or $CXX), none found on PATH"
+    return None
 
 
 # --------------------------------------------------------------------------------------------

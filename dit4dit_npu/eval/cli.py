@@ -11,7 +11,7 @@ import argparse
 import logging
 from pathlib import Path
 
-from dit4dit_npu.console import entry_point, former_names, require
+from dit4dit_npu.console import add_compile_flag, entry_point, former_names, require
 from dit4dit_npu.eval.offline import EvalError, evaluate, output_dir
 
 
@@ -43,6 +43,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="also score the same frames with every camera view a constant grey image (metrics.json: cameras_blanked)",
     )
     p.add_argument("--merge-lora", action="store_true", help="fold a LoRA policy's adapter into the base transformer at load (no adapter cost per step)")
+    add_compile_flag(p)
     args = p.parse_args(argv)
     require(p, args, policy)
     return args

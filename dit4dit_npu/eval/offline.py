@@ -273,7 +273,7 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     out = output_dir(args.out, find_policy_dir(args.policy))
     prepare_output(out)
     policy = DiT4DiTPolicy.from_pretrained(
-        args.policy, device=args.device, base_model=args.base_model, merge_lora=args.merge_lora
+        args.policy, device=args.device, base_model=args.base_model, merge_lora=args.merge_lora, compile=args.compile
     )
     policy_dir = policy.path
     targets = resolve_targets(policy.manifest.data.datasets, args.data, args.episode_indices)

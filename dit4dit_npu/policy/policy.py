@@ -61,6 +61,7 @@ from dit4dit_npu.policy.requests import MAX_GUIDANCE_LIMIT, RequestChecks  # noq
 from dit4dit_npu.policy.rtc import ChunkPrefix
 from dit4dit_npu.transforms.observation import Observation, PolicyInputError, parse_seed
 from dit4dit_npu.transforms.policy_io import NonFiniteActionError, PolicyIO
+from dit4dit_npu.weights.compile import check_compile, compile_backbone
 
 __all__ = [
     "STATE_RANGE_LIMIT", "DiT4DiTPolicy", "NonFiniteActionError", "OutOfRangeError", "OutOfRangeWarning",
@@ -107,6 +108,7 @@ class DiT4DiTPolicy(RequestChecks, RunTimeInstructions):
         backbone_dtype: torch.dtype | None = None,
         merge_lora: bool = False,
         full_check: bool = False,
+        compile: bool = False,
     ) -> DiT4DiTPolicy:
         """Load an exported policy folder (or a checkpoint / run folder that holds one).
 
@@ -117,7 +119,12 @@ class DiT4DiTPolicy(RequestChecks, RunTimeInstructions):
         precision (fp32 weights + the config's autocast). ``merge_lora`` folds a LoRA policy's
         adapter into the base transformer at load (no adapter cost per step). ``full_check`` hashes
         large files (a full-size model.safetensors) whole, not only their size and edges.
+        ``compile`` torch.compiles each transformer block of the video backbone
+        (``weights/compile.py``; ``--compile`` of serve, eval and sim.eval): the same actions, the first call
+        (and the first at a second batch size) slower while it compiles; refused on Ascend NPU.
         """
+        if compile:  # before the load: a host that cannot compile is told at once
+            check_compile("compile / --compile")
         loaded = load_policy_folder(policy_dir, base_model=base_model, merge_lora=merge_lora, full_check=full_check)
         target = torch.device(device) if device is not None else dev.get_device()
         if backbone_dtype is not None:
@@ -125,6 +132,8 @@ class DiT4DiTPolicy(RequestChecks, RunTimeInstructions):
                 raise ValueError(f"backbone_dtype: expected float32 or {dev.autocast_dtype()}, got {backbone_dtype}")
             loaded.model.use_backbone_dtype(backbone_dtype)
         model = loaded.model.to(target)
+        if compile:
+            compile_backbone(model, "compile / --compile")
         return cls(model, loaded.manifest, loaded.io, loaded.prompt_cache, loaded.path)
 
     @property

@@ -11,7 +11,7 @@ import asyncio
 import logging
 import time
 
-from dit4dit_npu.console import entry_point, former_names, require
+from dit4dit_npu.console import add_compile_flag, entry_point, former_names, require
 from dit4dit_npu.serve.server import (
     DEFAULT_BATCH_WINDOW_MS,
     DEFAULT_MAX_BATCH,
@@ -37,6 +37,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--base-model", default=None, help="override the base model path recorded at export")
     p.add_argument("--bf16", action="store_true", help="cast the video backbone to bf16 (accelerators)")
     p.add_argument("--merge-lora", action="store_true", help="fold a LoRA policy's adapter into the base transformer at load (no adapter cost per step)")
+    add_compile_flag(p)
     p.add_argument("--max-message-mb", type=float, default=DEFAULT_MAX_MESSAGE_BYTES / 2**20,
                    help="largest request answered, in MiB (default: %(default)g); bigger ones get an error")
     p.add_argument("--max-batch", type=int, default=DEFAULT_MAX_BATCH,
@@ -89,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     policy = DiT4DiTPolicy.from_pretrained(
         args.policy, base_model=args.base_model, backbone_dtype=torch.bfloat16 if args.bf16 else None,
-        merge_lora=args.merge_lora,
+        merge_lora=args.merge_lora, compile=args.compile,
     )
     logger.info("policy loaded in %.1f s", time.perf_counter() - t0)
     server = PolicyServer(

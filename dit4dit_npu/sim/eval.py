@@ -29,7 +29,7 @@ from typing import Any
 
 from dit4dit_client import MODES
 
-from dit4dit_npu.console import entry_point, former_names, require
+from dit4dit_npu.console import add_compile_flag, entry_point, former_names, require
 from dit4dit_npu.files import atomic_write_json
 from dit4dit_npu.sim.errors import SimError
 from dit4dit_npu.sim.execution import Execution
@@ -71,6 +71,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--merge-lora", action="store_true", help="fold a LoRA policy folder's adapter into the base transformer at load"
     )
+    add_compile_flag(p)
     out = p.add_argument("--out", type=Path, help="folder for results.json and the videos (required)")
     former_names(p, out, "--output")
     args = p.parse_args(argv)
@@ -151,6 +152,7 @@ def make_setup(a: argparse.Namespace) -> EvalSetup:
         threads=max(1, cores // workers) if workers > 1 else None,
         connect_timeout_s=a.connect_timeout,
         merge_lora=a.merge_lora,
+        compile=a.compile,
         execution=execution,
     )
 

@@ -109,7 +109,8 @@ class FolderPolicy:
     takes_prefix = True
 
     def __init__(
-        self, path: str, threads: int | None = None, merge_lora: bool = False, allow_out_of_range: bool = False
+        self, path: str, threads: int | None = None, merge_lora: bool = False, allow_out_of_range: bool = False,
+        compile: bool = False,
     ) -> None:
         """``allow_out_of_range``: act on states far outside the training range (the policy's
         ``StateRangeWarning`` instead of a refusal), e.g. a policy trained on another robot's data
@@ -122,7 +123,7 @@ class FolderPolicy:
         if threads:
             torch.set_num_threads(threads)
         try:
-            self._policy = DiT4DiTPolicy.from_pretrained(path, merge_lora=merge_lora)
+            self._policy = DiT4DiTPolicy.from_pretrained(path, merge_lora=merge_lora, compile=compile)
         except (PolicyLoadError, FileNotFoundError, NotADirectoryError) as e:
             raise SimError(f"--policy {path}: {e}") from None
         self.name, self.metadata = path, self._policy.metadata
@@ -194,11 +195,14 @@ class RemotePolicy:
 
 
 def make_policy(
-    spec: str, threads: int | None = None, connect_timeout_s: float = CONNECT_TIMEOUT_S, merge_lora: bool = False
+    spec: str, threads: int | None = None, connect_timeout_s: float = CONNECT_TIMEOUT_S, merge_lora: bool = False,
+    compile: bool = False,
 ) -> SimPolicy:
     """``expert`` | ``expert_chunks`` | ``hold`` | ``ws://host:port`` | a policy folder -> a checked policy."""
     if merge_lora and (spec in BUILTIN or spec.startswith(("ws://", "wss://"))):
         raise SimError(f"--merge-lora: applies to a policy folder, not {spec} (serve a LoRA policy with --merge-lora)")
+    if compile and (spec in BUILTIN or spec.startswith(("ws://", "wss://"))):
+        raise SimError(f"--compile: applies to a policy folder, not {spec} (serve the policy with --compile)")
     if spec == "expert":
         return ExpertPolicy()
     if spec == "expert_chunks":
@@ -208,7 +212,7 @@ def make_policy(
     if spec.startswith(("ws://", "wss://")):
         policy: SimPolicy = RemotePolicy(spec, connect_timeout_s)
     else:
-        policy = FolderPolicy(spec, threads, merge_lora)
+        policy = FolderPolicy(spec, threads, merge_lora, compile=compile)
     check_compatible(policy.name, policy.metadata)
     return policy
 

@@ -36,6 +36,7 @@ class EvalSetup:
     threads: int | None = None  # torch threads per worker (parallel workers share the cores)
     connect_timeout_s: float = 30.0
     merge_lora: bool = False  # a LoRA policy folder: fold its adapter into the base at load
+    compile: bool = False  # a policy folder: torch.compile its backbone blocks (--compile)
     execution: Execution = Execution()  # merging mode and artificial inference delay
 
 
@@ -53,7 +54,7 @@ class Worker:
         from dit4dit_npu.sim.scene import AlohaScene
 
         self.setup = setup
-        self.policy = make_policy(setup.policy, setup.threads, setup.connect_timeout_s, setup.merge_lora)
+        self.policy = make_policy(setup.policy, setup.threads, setup.connect_timeout_s, setup.merge_lora, setup.compile)
         chunk = self.policy.metadata.get("chunk_length")
         if setup.replan is not None and chunk and setup.replan > chunk:
             raise SimError(f"--replan {setup.replan} exceeds the policy's chunk length {chunk}")

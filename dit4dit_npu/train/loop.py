@@ -27,6 +27,7 @@ from dit4dit_npu.train.optim import freeze_modules
 from dit4dit_npu.train.resume import check_config, check_data
 from dit4dit_npu.train.run_folder import RunFolder, discard_if_unused, fall_back, open_run, record_config
 from dit4dit_npu.train.trainer import Trainer, check_ema_supported
+from dit4dit_npu.weights.compile import check_compile, compile_backbone
 from dit4dit_npu.weights.prompt_cache import prepare_prompt_cache
 
 __all__ = ["TrainingError", "train"]
@@ -52,6 +53,8 @@ def train(cfg: Config) -> Path:
 
 def _train(cfg: Config, accelerator) -> Path:
     check_ema_supported(cfg, accelerator)  # before the run folder is touched
+    if cfg.trainer.compile:
+        check_compile("trainer.compile")
     check_sim_eval(cfg.trainer.sim_eval)
     run = open_run(
         cfg,
@@ -138,4 +141,7 @@ def build_model(cfg: Config, accelerator, data, run_dir: Path):
         prompt_cache = prepare_prompt_cache(cfg, accelerator, instructions, run_dir)
     model.set_prompt_cache(prompt_cache)
     freeze_modules(model, cfg.trainer.freeze_modules)
+    if cfg.trainer.compile:  # after freezing (requires_grad is part of what compiles); lazy: the first steps pay
+        n = compile_backbone(model, "trainer.compile")
+        accelerator.print(f"trainer.compile: {n} transformer blocks compiled on first use (the first steps are slower)")
     return model, prompt_cache

@@ -6,7 +6,9 @@
 - ``base_model.py``: loading a part from the folder (dtype keyword per library), the frozen
   parts' dtype, the identities of the text encoder and VAE weights;
 - ``build.py``: ``build_dit4dit(cfg, spec)`` and the parts (backbone, VAE, action head, prompt
-  encoder, the meta-device skeleton of ``--dry-run``).
+  encoder, the meta-device skeleton of ``--dry-run``);
+- ``compile.py``: the opt-in torch.compile of the built backbone's blocks (``trainer.compile``,
+  ``from_pretrained(compile=True)``), applied by the trainer and the policy loader.
 """
 
 from dit4dit_npu.weights.base_model import (
