@@ -55,6 +55,7 @@ from dit4dit_npu.models.rtc import PrefixGuidance, prefix_weights
 from dit4dit_npu.train.memory_plan import ROBOTWIN_DIMS
 from dit4dit_npu.transforms import PolicyIO
 from dit4dit_npu.weights import build_dit4dit, build_prompt_encoder
+from dit4dit_npu.weights.compile import compile_backbone
 from dit4dit_npu.weights.testing import make_batch
 
 REPO = Path(__file__).resolve().parents[1]
@@ -277,6 +278,8 @@ def end_to_end_vs_original(cfg: Config, args: argparse.Namespace) -> float:
     cache.build([instruction], encoder)
     model.set_prompt_cache(cache)
     model.train(False)
+    if args.compile:  # as from_pretrained(compile=True) / --compile; its warm-up is not timed
+        compile_backbone(model, "--compile")
     original = Original.start(args, original_spec(cfg, spec, io, args.native, instruction, args.threads))
     print(f"\nend to end vs the original ({args.native[0]}x{args.native[1]} uint8 x {len(io.camera_keys)} cameras, "
           f"raw state and instruction in, robot-unit actions out); load average before: "
@@ -295,7 +298,7 @@ def end_to_end_vs_original(cfg: Config, args: argparse.Namespace) -> float:
           f"over {len(ours)} interleaved calls each: {t / o:.2f}x; load average after: "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print(f"reference: original DiT4DiT {original.commit} at {Path(args.medium).stem} size, predict_action end to end "
-          f"(batch 1, median of {len(ours)} interleaved calls)")
+          f"(batch 1, median of {len(ours)} interleaved calls{'; ours with --compile' if args.compile else ''})")
     return t / o
 
 
@@ -312,6 +315,8 @@ def main() -> None:
     p.add_argument("--native", type=int, nargs=2, default=(240, 320), metavar=("H", "W"),
                    help="with the original: camera frame size the robot sends (RoboTwin's 240x320)")
     add_original_args(p)
+    p.add_argument("--compile", action="store_true",
+                   help="the end-to-end comparison with ours compiled as --compile does (its warm-up untimed)")
     p.add_argument("--smoke", action="store_true", help="a seconds-long run at tiny sizes (overrides the size options): checks that the bench works; its numbers mean nothing")
     args = p.parse_args()
     if args.smoke:

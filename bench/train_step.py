@@ -62,6 +62,7 @@ from dit4dit_npu.models.vae import vae_latents
 from dit4dit_npu.train.memory_plan import ROBOTWIN_DIMS
 from dit4dit_npu.transforms import PolicyIO
 from dit4dit_npu.weights import build_dit4dit, build_prompt_encoder
+from dit4dit_npu.weights.compile import compile_backbone
 from dit4dit_npu.weights.testing import make_batch
 
 # quiet the profiler's per-session log lines (set before torch loads kineto)
@@ -95,6 +96,9 @@ def setup(args: argparse.Namespace):
     cache.build(batch.instruction, encoder)
     print(f"prompt cache: {len(cache)} instruction(s) encoded once, {time.perf_counter() - t0:.3f} s")
     model.set_prompt_cache(cache)
+    if args.compile:  # trainer.compile's per-block compile; the rebuild shares these blocks, so it is compiled too
+        compile_backbone(model, "--compile")
+        print("--compile: the backbone's blocks compiled per block (trainer.compile); the warm-up step is not timed")
     params = [p for p in model.parameters() if p.requires_grad]
     # Fused AdamW wherever torch has it (CPU too): the optimizer is the same for both paths, and
     # on an accelerator it is a few % of a step; the unfused CPU loop would dilute the comparison.
@@ -167,6 +171,7 @@ def main() -> None:
     # 1 thread: on a shared 2-core box, 2 intra-op threads made steps 5-20x slower and erratic
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--no-projection", action="store_true", help="skip the meta-device full-size FLOP projection")
+    p.add_argument("--compile", action="store_true", help="compile ours as trainer.compile does (its warm-up untimed)")
     p.add_argument("--smoke", action="store_true", help="a seconds-long run at tiny sizes (overrides the size options): checks that the bench works; its numbers mean nothing")
     add_original_args(p)
     p.add_argument("overrides", nargs="*", help="config overrides, key=value")
