@@ -307,3 +307,25 @@ def test_compute_stats_over_a_mixture_of_datasets(tmp_path: Path) -> None:
     for f in ("min", "max", "mean", "std", "q01", "q99"):
         np.testing.assert_allclose(getattr(stats["action"], f), getattr(whole, f), rtol=1e-6, atol=1e-6)
     assert stats["action"].count == 2 * 12 + 4 * 9
+
+
+def test_tiny_config_latent_statistics_are_the_demo_datas(tmp_path: Path, capsys) -> None:
+    """The tiny config normalizes its random VAE's latents with statistics measured on the demo
+    data (the real Wan2.1 VAE's would leave the policy nearly blind); after a change of the
+    generator or of the views they must be measured again (python -m dit4dit_npu.data.latent_stats)."""
+    from dit4dit_npu.data import latent_stats
+
+    tiny = Path(__file__).resolve().parents[1] / "configs/robotwin/dit4dit_robotwin_tiny.yaml"
+    write_demo_dataset(tmp_path / "robotwin_demo", num_episodes=16)
+    assert latent_stats.main(["--config", str(tiny), "--samples", "96", f"datasets.vla_data.data_root_dir={tmp_path}"]) == 0
+    out = capsys.readouterr().out
+    measured = {
+        k: np.array([float(x) for x in line.split("[")[1].rstrip("]").split(",")])
+        for line in out.splitlines()
+        for k in ("vae_latents_mean", "vae_latents_std")
+        if line.strip().startswith(f"{k}:")
+    }
+    t = load_config(tiny).framework.cosmos25.tiny
+    mean, std = np.array(t.vae_latents_mean), np.array(t.vae_latents_std)
+    assert np.abs(measured["vae_latents_mean"] - mean).max() < 0.2 * std.min(), (measured, mean)
+    assert np.abs(measured["vae_latents_std"] / std - 1).max() < 0.2, (measured, std)

@@ -1,6 +1,6 @@
 """A small, learnable, RoboTwin-shaped LeRobot dataset (v2.1 or v3.0) with real mp4s (h264).
 
-    python -m dit4dit_npu.data.demo --out DIR [--version v2.1|v3.0] [--episodes 16] [--length 48]
+    python -m dit4dit_npu.data.demo --out DIR [--version v2.1|v3.0] [--episodes 64] [--length 48]
 
 Why it is learnable, and only with the cameras: each episode's goal is one of NUM_TARGETS places
 (two 14-d joint goals: reach, then carry with the task's grippers closed), drawn per episode
@@ -278,7 +278,7 @@ def demo_frames(ep: Episode, goals: list[np.ndarray], first: int, size_hw: tuple
 def write_demo_dataset(
     out: str | Path,
     version: str = "v2.1",
-    num_episodes: int = 16,
+    num_episodes: int = 64,
     episode_length: int = 48,
     fps: int = 15,
     image_size: tuple[int, int] = (32, 32),
@@ -345,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--version", default="v2.1", choices=["v2.1", "v3.0"], help="LeRobot format version (default: %(default)s)"
     )
-    p.add_argument("--episodes", type=int, default=16, help="number of episodes (default: %(default)s)")
+    p.add_argument("--episodes", type=int, default=64, help="number of episodes (default: %(default)s)")
     p.add_argument("--length", type=int, default=48, help="frames per episode (default: %(default)s)")
     p.add_argument("--fps", type=int, default=15, help="frames per second (default: %(default)s)")
     p.add_argument("--size", default="32x32", help="HxW of every camera, even, >= 16 (default: %(default)s)")
