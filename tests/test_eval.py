@@ -163,7 +163,7 @@ def test_trained_tiny_model_beats_hold_baseline(demo_run: Path, tmp_path: Path) 
     its exported policy evaluated on the held-out episodes.
 
     Measured on 2 cores with the config's own 1000 steps (demo data version 2, the goal only in
-    the frames): hold-position MSE ratio 0.29, dataset-mean ratio 0.06 (docs/performance.md);
+    the frames): hold-position MSE ratio 0.29, dataset-mean ratio 0.055 (docs/performance.md);
     500 steps not measured yet (the former default's half, 300 of 600 steps, gave 0.89).
     The eval runs in this process (its command line is tested above).
     """
