@@ -97,7 +97,7 @@ def test_flat_hparams_are_scalars_for_every_config_leaf() -> None:
     from dit4dit_npu.train.metrics import flat_hparams
 
     h = flat_hparams(load_config(TINY))
-    assert h["trainer.max_train_steps"] == 600 and h["run_id"] == "dit4dit_robotwin_tiny"
+    assert h["trainer.max_train_steps"] == 1000 and h["run_id"] == "dit4dit_robotwin_tiny"
     assert h["datasets.vla_data.image_size"] == "[32, 32]" and h["trainer.learning_rate.action_model"] == 1e-3
     assert all(isinstance(v, bool | int | float | str) for v in h.values())
 

@@ -158,13 +158,13 @@ def test_resolve_targets(tmp_path: Path, caplog) -> None:
 
 @pytest.mark.slow
 def test_trained_tiny_model_beats_hold_baseline(demo_run: Path, tmp_path: Path) -> None:
-    """The embedded default end to end, shortened to 300 of its 600 steps (``demo_run``, a
-    session run: the real trainer on the demo data it generates), then its exported policy
-    evaluated on the held-out episodes.
+    """The embedded default end to end, shortened to 500 of its 1000 steps (``demo_run``, a
+    session run: the real trainer on the demo data it generates, without the latent cache), then
+    its exported policy evaluated on the held-out episodes.
 
-    Measured on 2 cores: 300 steps (half the default's time): hold-position MSE ratio 0.89, dataset-mean
-    ratio 0.11; 400 steps: 0.79 and 0.10; the config's own 600 steps: 0.69 and 0.08; 200 steps do not beat
-    hold (1.31).
+    Measured on 2 cores with the config's own 1000 steps (demo data version 2, the goal only in
+    the frames): hold-position MSE ratio 0.29, dataset-mean ratio 0.055 (docs/performance.md);
+    500 steps not measured yet (the former default's half, 300 of 600 steps, gave 0.89).
     The eval runs in this process (its command line is tested above).
     """
     out = tmp_path / "eval"

@@ -248,17 +248,17 @@ def two_rank_runs(tmp_path_factory, demo_root) -> TwoRankRuns:
 
 @pytest.fixture(scope="session")
 def demo_run(tmp_path_factory) -> Path:
-    """The embedded default (the tiny config as a user runs it, DeepSpeed ZeRO-2) shortened to 300
-    of its 600 steps, from an empty working folder, so the demo data is generated at its default
+    """The embedded default (the tiny config as a user runs it, DeepSpeed ZeRO-2) shortened to 500
+    of its 1000 steps, from an empty working folder, so the demo data is generated at its default
     location (demo_data/robotwin_demo) as for a user; returns the run folder (its checkpoint at step
-    300). The only run long enough to learn: a test that needs a trained policy reads this one
+    500). The only run long enough to learn: a test that needs a trained policy reads this one
     (from test_eval.py, or from a file joined to its unit in tests/conftest.py, so that it is
     trained once)."""
     cwd = tmp_path_factory.mktemp("demo_run")
     here = os.getcwd()
     os.chdir(cwd)  # the config's relative data_root_dir (demo_data) is under the working folder
     try:
-        r = train_here(["run_id=t", f"run_root_dir={cwd}/runs", "trainer.max_train_steps=300"])
+        r = train_here(["run_id=t", f"run_root_dir={cwd}/runs", "trainer.max_train_steps=500"])
     finally:
         os.chdir(here)
     assert r.returncode == 0, f"the demo run exited with {r.returncode}"

@@ -80,27 +80,44 @@ def _demo_size(d: VLADataConfig) -> tuple[int, int]:
     return (h, w) if h % 2 == 0 and w % 2 == 0 and 16 <= min(h, w) and max(h, w) <= 256 else (32, 32)
 
 
+def _stale_demo(p: Path) -> bool:
+    """A demo dataset written by another version of the generator (regenerated, not reused)."""
+    from dit4dit_npu.data.demo import DEMO_VERSION, demo_version
+
+    found = demo_version(p) if p.exists() else None
+    return found is not None and found != DEMO_VERSION
+
+
 def ensure_demo_data(
     paths: list[Path], d: VLADataConfig, rank: int, world_size: int, barrier: Callable[[], None] | None
 ) -> None:
-    """Write the demo dataset at every missing path (rank 0); other ranks wait for it."""
+    """Write the demo dataset at every missing path, and again over one that another version of
+    the generator wrote (rank 0); other ranks wait for it."""
     missing = [p for p in paths if not p.exists()]
-    if not missing:
+    stale = [p for p in paths if _stale_demo(p)]
+    if not missing and not stale:
         if barrier is not None and world_size > 1:
             barrier()  # every rank calls the barrier the same number of times
         return
     if rank == 0:
-        from dit4dit_npu.data.demo import write_demo_dataset
+        from dit4dit_npu.data.demo import DEMO_VERSION, demo_version, write_demo_dataset
 
+        for p in stale:
+            print(
+                f"notice: {p} was written by version {demo_version(p)} of the demo generator; "
+                f"writing version {DEMO_VERSION} over it",
+                flush=True,
+            )
+            write_demo_dataset(p, image_size=_demo_size(d), replace=True)
         for p in missing:
             write_demo_dataset(p, image_size=_demo_size(d))  # an unwritable place: DatasetError
     if barrier is not None and world_size > 1:
         barrier()
     elif rank != 0:  # no barrier: the writer renames a finished folder into place, so poll for it
         deadline = time.monotonic() + 600
-        while not all(p.exists() for p in missing):
+        while not all(p.exists() and not _stale_demo(p) for p in missing + stale):
             if time.monotonic() > deadline:
-                raise DatasetError(f"timed out waiting for rank 0 to generate demo data at {missing}")
+                raise DatasetError(f"timed out waiting for rank 0 to generate demo data at {missing + stale}")
             time.sleep(0.5)
 
 
