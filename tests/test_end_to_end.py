@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from train_runs import TINY, run_training
+from train_runs import TINY, VIDEO_CLIPS, run_training
 from train_runs import tiny_overrides as base_overrides
 
 from dit4dit_npu.config import load_config
@@ -39,6 +39,7 @@ def test_train_export_predict(tmp_path, demo_root, state_norm: str, training: st
         "trainer.max_train_steps": 2,
         "trainer.eval_samples": 2,
         **(LAMBDA_0 if training == "joint" else {}),
+        **VIDEO_CLIPS,  # the video mode needs a future frame
     })
     run_dir = run_training(overrides)
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from train_runs import train_here
+from train_runs import VIDEO_CLIPS, train_here
 
 from dit4dit_npu.batch import Batch, BatchError
 from dit4dit_npu.config import ConfigError, load_config
@@ -38,6 +38,7 @@ def overrides(root: Path, *extra: str) -> list[str]:
         "datasets.vla_data.generate_demo_if_missing=false",
         "datasets.vla_data.num_workers=1",  # the encoder decodes in a loader process
         f"run_root_dir={root / 'runs'}",
+        *(f"{k}={v}" for k, v in VIDEO_CLIPS.items()),  # multi-frame clips: the cache holds future frames
         *extra,
     ]
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 from policy_fixtures import reseal
 from safetensors.torch import load_file
-from train_runs import EMA_ON, TINY, cut_at, run_training, tiny_overrides, train_here
+from train_runs import EMA_ON, TINY, VIDEO_CLIPS, cut_at, run_training, tiny_overrides, train_here
 
 from dit4dit_npu.config import ConfigError, load_config
 from dit4dit_npu.models.lora import ADAPTER_MARK, PEFT_PREFIX
@@ -26,10 +26,10 @@ def lora_runs(tmp_path_factory, demo_root):
     """A 4-step LoRA run with EMA, checkpoints at steps 2 and 4, and the same run cut after step 2
     and resumed (read-only use): (full, cut, config)."""
     root = tmp_path_factory.mktemp("lora")
-    overrides = tiny_overrides(root / "full", demo_root, **LORA, **EMA_ON)
+    overrides = tiny_overrides(root / "full", demo_root, **LORA, **EMA_ON, **VIDEO_CLIPS)
     full = run_training(overrides)
     cut = cut_at(full, root / "cut", 2)
-    run_training(tiny_overrides(root / "cut", demo_root, **{"trainer.resume": "auto", **LORA, **EMA_ON}))
+    run_training(tiny_overrides(root / "cut", demo_root, **{"trainer.resume": "auto", **LORA, **EMA_ON, **VIDEO_CLIPS}))
     return full, cut, load_config(TINY, overrides)
 
 

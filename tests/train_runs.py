@@ -37,6 +37,14 @@ TINY = ROOT / "configs/robotwin/dit4dit_robotwin_tiny.yaml"
 RUN = "dit4dit_robotwin_tiny"  # the tiny config's run_id: runs land in <run_root_dir>/RUN
 LOSS_KEYS = ("action_loss", "video_loss", "total_loss")
 EMA_ON = {"trainer.ema.decay": 0.5, "trainer.ema.start_step": 1}
+# The tiny config trains one-frame clips (the embedded default's recipe: no future frame, the action
+# loss into the backbone); tests of the video loss, the latent cache of multi-frame clips or the
+# frozen-feature path use its former 5-frame joint clips instead.
+VIDEO_CLIPS = {
+    "datasets.vla_data.video_delta_indices": "[0, 1, 2, 3, 4, 5, 6, 7, 8]",
+    "datasets.vla_data.action_video_freq_ratio": "2",
+    "framework.cosmos25.backprop_action_to_backbone": "false",
+}
 TRAIN_ENTRY = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]["dit4dit-train"]
 
 # Training processes here are CPU runs on every host, said explicitly rather than inherited: the
