@@ -12,6 +12,7 @@
 #
 #   bash scripts/aloha_recipe.sh [a.b=c ...]   # extra training overrides (a new RUN_ID for a new run)
 #   STEPS=6000 WORKERS=2 bash scripts/aloha_recipe.sh  # WORKERS: eval processes (one per free core)
+#   DEMOS=100 EPISODES=100 bash scripts/aloha_recipe.sh  # 100 demos (own data, cache, run), 100 eval seeds
 #   TASK=insertion bash scripts/aloha_recipe.sh   # the second task (configs/aloha/dit4dit_aloha_insertion_tiny.yaml)
 #   SMOKE=1 bash scripts/aloha_recipe.sh       # the same commands, tiny: 1 demo at 32x48, 2 steps,
 #                                              # one 16-step episode per checkpoint
@@ -65,7 +66,8 @@ if [ "${SMOKE:-0}" = 1 ]; then
     EXTRA=(datasets.vla_data.val_fraction=0.0 trainer.eval_samples=0 datasets.vla_data.per_device_batch_size=2
            trainer.num_warmup_steps=0 "datasets.vla_data.image_size=[32, 48]")
 else
-    DEMOS=50 SIZE=240x320 STEPS="${STEPS:-15000}" EPISODES=50 EPISODE_STEPS=400 RUN="aloha_recipe${TASK_TAG}"
+    DEMOS="${DEMOS:-50}" SIZE=240x320 STEPS="${STEPS:-15000}" EPISODES="${EPISODES:-50}" EPISODE_STEPS=400
+    RUN="aloha_recipe${TASK_TAG}"
     EVERY=$((STEPS / 3)) EXTRA=()
 fi
 # Today's recipe keeps its names (run aloha_recipe, its cache and statistics); every other setting
@@ -81,12 +83,13 @@ if [ "$OBJECTIVE" = joint ]; then
     if [ "${VIDEO_WEIGHT:-1.0}" != 1.0 ]; then VARIANT+="_vw${VIDEO_WEIGHT}"; fi
 fi
 if [ "$VAE" = fitted ]; then VARIANT+="_fittedvae"; fi
+if [ "$DEMOS" != 50 ] && [ "${SMOKE:-0}" != 1 ]; then VARIANT+="_${DEMOS}demos"; fi
 RUN_ID="${RUN_ID:-$RUN$VARIANT}"
 # The recipe's choices (one-frame clips, the action loss into the backbone, the cam_high crop, state
 # noise) are the config's own, each with its reason there; the measurements are in
 # docs/sim_recipe_log.md.
 DATA_ROOT="${DATA_ROOT:-data/aloha}"  # (tests: a temp folder)
-DATA="$DATA_ROOT/${TASK}_${SIZE}_recipe"
+DATA="$DATA_ROOT/${TASK}_${SIZE}_recipe$([ "$DEMOS" != 50 ] && [ "${SMOKE:-0}" != 1 ] && echo "_${DEMOS}demos" || true)"
 if [ "$VAE" = fitted ]; then
     # transfer cube: the committed fit (dit4dit-fit-tiny-vae on 12 demos' frames); insertion: its own
     # fit on the recipe's demos, made below when missing; SMOKE fits its own in seconds
