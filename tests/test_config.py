@@ -68,6 +68,17 @@ def test_cross_field_validation():
         load_config(REAL, ["datasets.vla_data.video_delta_indices=[1,2]"])
 
 
+def test_video_training_on_one_frame_clips_is_refused_at_load():
+    # the video loss alone on a clip with no future frame has no graph: backward would fail at step 1
+    with pytest.raises(ConfigError, match=r"datasets.vla_data.video_delta_indices: .*training='video'"):
+        load_config(REAL, ["framework.cosmos25.training=video", "datasets.vla_data.video_delta_indices=[0]"])
+    with pytest.raises(ConfigError, match="training='video'"):  # the ratio keeps only frame 0
+        load_config(REAL, ["framework.cosmos25.training=video", "datasets.vla_data.video_delta_indices=[0, 4]",
+                           "datasets.vla_data.action_video_freq_ratio=2"])
+    load_config(REAL, ["framework.cosmos25.training=video", "datasets.vla_data.video_delta_indices=[0, 4, 8, 12, 16]"])
+    load_config(REAL, ["framework.cosmos25.training=joint", "datasets.vla_data.video_delta_indices=[0]"])  # the tiny recipes'
+
+
 @pytest.mark.parametrize(
     "key, where",
     [

@@ -209,6 +209,13 @@ def validate(cfg: Config) -> None:
         d.latent_cache is None or c.condition_latent == "mean", "datasets.vla_data.latent_cache", d.latent_cache,
         "null with framework.cosmos25.condition_latent='sample' (a latent cache stores posterior means)",
     )
+    # 'video' trains the backbone by the video loss alone, on the frames after the observation: a
+    # one-frame clip has none, so its loss has no graph and backward would fail at the first step.
+    require(
+        c.training != "video" or len(d.clip_offsets) > 1, "datasets.vla_data.video_delta_indices", d.video_delta_indices,
+        "future frames after 0 with framework.cosmos25.training='video' (e.g. [0, 4, 8, 12, 16]; every "
+        "action_video_freq_ratio-th is kept)",
+    )
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:
