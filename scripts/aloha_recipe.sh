@@ -68,6 +68,9 @@ if [ "${SMOKE:-0}" = 1 ]; then
 else
     DEMOS="${DEMOS:-50}" SIZE=240x320 STEPS="${STEPS:-15000}" EPISODES="${EPISODES:-50}" EPISODE_STEPS=400
     RUN="aloha_recipe${TASK_TAG}"
+    for v in DEMOS EPISODES; do  # checked before anything runs (EPISODES is first used after training)
+        case "${!v}" in ''|0*|*[!0-9]*) echo "error: $v=${!v}: expected a positive integer" >&2; exit 2 ;; esac
+    done
     EVERY=$((STEPS / 3)) EXTRA=()
 fi
 # Today's recipe keeps its names (run aloha_recipe, its cache and statistics); every other setting

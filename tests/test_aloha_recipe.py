@@ -36,6 +36,8 @@ def recipe(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProces
     ({"VAE": "real"}, "error: VAE=real: expected random or fitted"),
     ({"OBJECTIVE": "joint", "BACKPROP": "yes"}, "error: BACKPROP=yes: expected 0 or 1"),
     ({"BACKPROP": "0"}, "error: BACKPROP=0 with OBJECTIVE=no_video"),
+    ({"EPISODES": "100x"}, "error: EPISODES=100x: expected a positive integer"),
+    ({"DEMOS": "0"}, "error: DEMOS=0: expected a positive integer"),
 ])
 def test_a_bad_setting_is_one_line_before_anything_runs(tmp_path: Path, env: dict[str, str], message: str) -> None:
     r = recipe(tmp_path, **env)
