@@ -349,7 +349,9 @@ def main() -> None:
                                 lambda: build_full_size(full, spec, device, dtype, args.full_size_layers))
         if "reference" in full_times and "ours" in full_times:
             times = full_times
-    if args.original_root is not None:  # asked for by name: --skip-small does not skip it
+    # asked for by --original-root (or DIT4DIT_ORIGINAL_ROOT): --skip-small alone does not skip it, but
+    # --full-size --skip-small (bench/full_size.sh) keeps its full-size line last, as before
+    if args.original_root is not None and not (args.full_size and args.skip_small):
         ratio = end_to_end_vs_original(load_config(args.medium), args)
         print(f"speedup: {ratio:.2f}")
     elif "reference" in times:

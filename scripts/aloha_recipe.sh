@@ -86,13 +86,14 @@ if [ "$OBJECTIVE" = joint ]; then
     if [ "${VIDEO_WEIGHT:-1.0}" != 1.0 ]; then VARIANT+="_vw${VIDEO_WEIGHT}"; fi
 fi
 if [ "$VAE" = fitted ]; then VARIANT+="_fittedvae"; fi
-if [ "$DEMOS" != 50 ] && [ "${SMOKE:-0}" != 1 ]; then VARIANT+="_${DEMOS}demos"; fi
+DEMOS_TAG="$([ "$DEMOS" != 50 ] && [ "${SMOKE:-0}" != 1 ] && echo "_${DEMOS}demos" || true)"  # data and run
+VARIANT+="$DEMOS_TAG"
 RUN_ID="${RUN_ID:-$RUN$VARIANT}"
 # The recipe's choices (one-frame clips, the action loss into the backbone, the cam_high crop, state
 # noise) are the config's own, each with its reason there; the measurements are in
 # docs/sim_recipe_log.md.
 DATA_ROOT="${DATA_ROOT:-data/aloha}"  # (tests: a temp folder)
-DATA="$DATA_ROOT/${TASK}_${SIZE}_recipe$([ "$DEMOS" != 50 ] && [ "${SMOKE:-0}" != 1 ] && echo "_${DEMOS}demos" || true)"
+DATA="$DATA_ROOT/${TASK}_${SIZE}_recipe$DEMOS_TAG"
 if [ "$VAE" = fitted ]; then
     # transfer cube: the committed fit (dit4dit-fit-tiny-vae on 12 demos' frames); insertion: its own
     # fit on the recipe's demos, made below when missing; SMOKE fits its own in seconds
