@@ -33,7 +33,7 @@ TORCH = torch.__version__
 GIB = 2**30
 REAL_LOAD_LIBRARIES = stack.load_libraries  # the simulated host substitutes it; one test needs the real one
 ORDER = ["python", "torch", "torch_npu", "CANN", "packages", "libraries", "cards", "attention", "step", "collective",
-         "base model", "model", "data", "run folder", "memory"]
+         "base model", "model", "compile", "data", "run folder", "memory"]
 # what CANN-less hosts print (torch_npu's own ImportError text, under torch's backend autoload)
 NO_CANN = ("libhccl.so: cannot open shared object file: No such file or directory. Please check that the cann "
            "package is installed. Please run 'source set_env.sh' in the CANN installation path.")
@@ -203,6 +203,17 @@ def test_a_healthy_ascend_node_passes_every_check(ascend, capsys):
     assert found["step"][1] == "8 npu card(s): forward + backward + fused AdamW under bf16 autocast, finite and updated"
     assert found["collective"][1] == "all-reduce over hccl across 8 npu card(s) (1.5 s; this node only)"
     assert found["memory"][1] == "plan (ZeRO-2, 8 ranks): 23.2 GiB per card; npu:0 has 60.0 of 64.0 GiB free"
+
+
+def test_a_run_config_that_compiles_on_ascend_is_one_fail_naming_the_key(ascend, capsys):
+    """trainer.compile is refused on NPU (not verified there yet): the doctor says so before the run
+    is launched, where the run itself would stop at its first step."""
+    rc, found = ascend.run(capsys=capsys)
+    assert found["compile"] == ("PASS", "trainer.compile is off: the backbone's blocks run eager")
+    rc, found = ascend.run("trainer.compile=true", capsys=capsys)
+    assert rc == 1 and fails(found) == ["compile"]
+    assert found["compile"][1].startswith("trainer.compile: torch.compile is not verified on Ascend NPU yet")
+    assert found["compile"][1].endswith("; set it off")
 
 
 def test_a_torch_npu_of_another_torch_is_one_fail(ascend, capsys):

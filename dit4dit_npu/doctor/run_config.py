@@ -46,6 +46,7 @@ def config_checks(args: argparse.Namespace, overrides: list[str]) -> Iterator[Re
     base = check_base_model(cfg)
     yield base
     yield check_model(cfg, args.config) if base.status != FAIL else Result(SKIP, "model", "the base model is not usable")
+    yield check_compile(cfg)
     yield check_data(cfg)
     yield check_run_folder(cfg, args.num_machines)
     yield check_memory(cfg, args)
@@ -63,6 +64,20 @@ def check_model(cfg, path: str) -> Result:
     except DiT4DiTError as e:
         return Result(FAIL, "model", str(e))
     return Result(PASS, "model", f"{path} loads; its model builds (module tree, learning-rate keys, freeze paths)")
+
+
+def check_compile(cfg) -> Result:
+    """``trainer.compile``: where this host cannot compile (device.compile_problem), the run would
+    stop at its first step with the same line; say so before it is launched on the cards."""
+    from dit4dit_npu import device as dev
+
+    if not cfg.trainer.compile:
+        return Result(PASS, "compile", "trainer.compile is off: the backbone's blocks run eager")
+    problem = dev.compile_problem()
+    if problem is not None:
+        return Result(FAIL, "compile", f"trainer.compile: {problem}; set it off")
+    return Result(PASS, "compile", "trainer.compile: the backbone's blocks compile on the first step (its warm-up "
+                                   "counts in that step's time)")
 
 
 def check_base_model(cfg) -> Result:
