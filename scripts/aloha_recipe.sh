@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# The CPU recipe for ALOHA transfer cube (issue 19; TASK=insertion: issue 32), from scratch: 50
-# scripted-expert demos at 240x320 -> the tiny VAE's own latent statistics on the config's views
+# The CPU recipe for ALOHA transfer cube (issue 19; TASK=insertion: issue 32), from scratch: DEMOS
+# (50) scripted-expert demos at 240x320 -> the tiny VAE's own latent statistics on the config's views
 # (cam_high cropped to the objects' table area, 96x128) -> latent cache (the VAE runs once per clip,
 # not every step) -> train the task's tiny config (configs/aloha/dit4dit_aloha_TASK_tiny.yaml: one-
 # frame clips, the action loss into the backbone, state noise) for STEPS steps, a checkpoint and
-# a held-out error every STEPS/3 -> closed-loop eval of every checkpoint on 50 unseen seeds (0-49)
+# a held-out error every STEPS/3 -> closed-loop eval of every checkpoint on EPISODES (50) unseen seeds (0..)
 # with python -m dit4dit_npu.train.success_curve (plot: docs/aloha_success_vs_steps.png; insertion:
-# docs/aloha_insertion_success_vs_steps.png). Each stage is skipped when its output is there (demos,
-# statistics, cached episodes, a finished run, an eval's results.json), so a rerun only redoes what
-# is missing. The last line is the last checkpoint's `success k/50 = p% (95% Wilson CI lo-hi%)`.
+# docs/aloha_insertion_success_vs_steps.png; any other setting or RUN_ID: RUN_DIR/sim_curve/curve.png).
+# Each stage is skipped when its output is there (demos, statistics, cached episodes, a finished run,
+# an eval's results.json), so a rerun only redoes what is missing. The last line is the last checkpoint's `success k/EPISODES = p% (95% Wilson CI lo-hi%)`.
 #
 #   bash scripts/aloha_recipe.sh [a.b=c ...]   # extra training overrides (a new RUN_ID for a new run)
 #   STEPS=6000 WORKERS=2 bash scripts/aloha_recipe.sh  # WORKERS: eval processes (one per free core)
@@ -144,8 +144,12 @@ RUN_DIR="$($PY -m dit4dit_npu.train --config "$CONFIG" "${OVERRIDES[@]}" --dry-r
 import sys, yaml; c = yaml.safe_load(sys.stdin); print(c["run_root_dir"] + "/" + c["run_id"])')"
 stage "closed-loop eval of every checkpoint of $RUN_DIR on seeds 0-$((EPISODES - 1))"
 CURVE=(--run "$RUN_DIR" --task "$TASK" --episodes "$EPISODES" --seed 0 --max-steps "$EPISODE_STEPS" --workers "$WORKERS")
+# Only the task's own recipe (no setting changed, no RUN_ID of its own) redraws the docs' plot; every
+# other run keeps its curve in its run folder (a joint or 100-demo run must not overwrite it).
 if [ "${SMOKE:-0}" = 1 ]; then CURVE+=(--out "$RUN_DIR/sim_curve/smoke.png")
-elif [ "$TASK" = insertion ]; then CURVE+=(--out docs/aloha_insertion_success_vs_steps.png); fi
+elif [ "$RUN_ID" != "$RUN" ]; then CURVE+=(--out "$RUN_DIR/sim_curve/curve.png")
+elif [ "$TASK" = insertion ]; then CURVE+=(--out docs/aloha_insertion_success_vs_steps.png)
+else CURVE+=(--out docs/aloha_success_vs_steps.png); fi
 $PY -m dit4dit_npu.train.success_curve "${CURVE[@]}" | tee "$RUN_DIR/sim_curve.log"
 t_eval=$SECONDS
 echo "minutes: demos $(((t_demos - t0) / 60)), cache $(((t_cache - t_demos) / 60)), train $(((t_train - t_cache) / 60)), eval $(((t_eval - t_train) / 60))"
