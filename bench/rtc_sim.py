@@ -64,9 +64,18 @@ def skip_reason(policy: str, mode: str, delay_ms: float, replan: int) -> str | N
     return None
 
 
+def with_rewards(results: dict) -> dict:
+    """The cell's summary and how many of its episodes reached each maximum reward (the issue's
+    distribution beside every rate: 0 nothing, 1 touched, 2 lifted, 4 handed over, for transfer cube)."""
+    counts: dict[str, int] = {}
+    for e in results["episodes"]:
+        counts[f"{e['max_reward']:g}"] = counts.get(f"{e['max_reward']:g}", 0) + 1
+    return {**results["summary"], "max_reward_counts": dict(sorted(counts.items(), key=lambda kv: float(kv[0])))}
+
+
 def run_cell(policy: str, mode: str, delay_ms: float, a: argparse.Namespace, out: Path) -> dict:
     if (out / "results.json").exists():
-        return json.loads((out / "results.json").read_text())["summary"]
+        return with_rewards(json.loads((out / "results.json").read_text()))
     if out.exists():  # a killed run's partial folder
         for f in sorted(out.rglob("*"), reverse=True):
             f.unlink() if f.is_file() else f.rmdir()
@@ -81,7 +90,7 @@ def run_cell(policy: str, mode: str, delay_ms: float, a: argparse.Namespace, out
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
     if proc.returncode:
         raise SystemExit(f"cell failed: {' '.join(cmd)}\n{proc.stderr[-2000:]}")
-    summary = json.loads((out / "results.json").read_text())["summary"]
+    summary = with_rewards(json.loads((out / "results.json").read_text()))
     print(f"  {Path(policy).name} {mode} {delay_ms:g} ms: {summary['successes']}/{summary['episodes']}, "
           f"boundary jerk {summary['boundary_jerk']} ({time.perf_counter() - t0:.0f} s)", flush=True)
     return summary
@@ -94,21 +103,27 @@ def jerk(value: float | None) -> str:
 
 
 def table(cells: list[dict]) -> str:
+    # s: the execution horizon the cell ran (actions executed per chunk; sync pauses for the delay
+    # after each s, the asynchronous modes request every max(s, d) steps); within 300: gym-aloha's
+    # episode length; max reward: how many episodes reached each (cells of older sweeps lack it: –)
     rows = [
-        "| policy | delay | mode | success | boundary jerk (rad/s³) | interior jerk (rad/s³) | boundary / interior | wall |",
-        "| --- | --- | --- | --- | ---: | ---: | ---: | ---: |",
+        "| policy | delay | mode | s | success | within 300 steps | max reward | boundary jerk (rad/s³) "
+        "| interior jerk (rad/s³) | boundary / interior | wall |",
+        "| --- | --- | --- | ---: | --- | --- | --- | ---: | ---: | ---: | ---: |",
     ]
     for c in cells:
         head = f"| {c['label']} | {c['delay_ms']:g} ms ({c['delay_steps']} steps) | {c['mode']} |"
         if c.get("skip"):
-            rows.append(f"{head} {c['skip']} | | | | |")
+            rows.append(f"{head} | {c['skip']} | | | | | | |")
             continue
         s = c["summary"]
         lo, hi = s["wilson95"]
         ratio = f"{s['boundary_jerk'] / s['interior_jerk']:.2f}" if s["boundary_jerk"] and s["interior_jerk"] else "–"
+        within = f"{s['successes_within_300']}/{s['episodes']}" if "successes_within_300" in s else "–"
+        rewards = " / ".join(f"{r}: {n}" for r, n in s["max_reward_counts"].items()) if "max_reward_counts" in s else "–"
         rows.append(
-            f"{head} {s['successes']}/{s['episodes']} ({100 * lo:.0f}–{100 * hi:.0f}%) | {jerk(s['boundary_jerk'])} | "
-            f"{jerk(s['interior_jerk'])} | {ratio} | {s['wall_s']:.0f} s |"
+            f"{head} {s.get('execution_horizon') or '–'} | {s['successes']}/{s['episodes']} ({100 * lo:.0f}–{100 * hi:.0f}%) | "
+            f"{within} | {rewards} | {jerk(s['boundary_jerk'])} | {jerk(s['interior_jerk'])} | {ratio} | {s['wall_s']:.0f} s |"
         )
     return "\n".join(rows)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.rtc_sim import plot, table
+from bench.rtc_sim import plot, table, with_rewards
 from dit4dit_npu.sim.execution import boundary_jerk
 
 
@@ -40,3 +40,14 @@ def test_table_and_plot_write_cells_without_interior_or_boundary_steps(tmp_path:
     assert "n/a: the robot would starve" in rows[5]
     plot(cells, tmp_path / "rtc_sim.png")
     assert (tmp_path / "rtc_sim.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_cell_row_names_its_horizon_its_300_step_rate_and_its_max_rewards() -> None:
+    """Every rate beside its 300-step rate (gym-aloha's episode), the distribution of the episodes'
+    maximum reward, and the execution horizon the cell ran."""
+    episodes = [{"max_reward": r} for r in (4.0, 0.0, 2.0, 4.0)]
+    s = with_rewards({"summary": {**summary(1000.0, 500.0), "successes_within_300": 1, "execution_horizon": 6},
+                      "episodes": episodes})
+    assert s["max_reward_counts"] == {"0": 1, "2": 1, "4": 2}
+    row = table([{"label": "p", "policy": "p", "delay_ms": 0.0, "delay_steps": 0, "mode": "rtc", "summary": s}])
+    assert "| rtc | 6 | 1/2 (9–91%) | 1/2 | 0: 1 / 2: 1 / 4: 2 | 1,000 | 500 | 2.00 |" in row.splitlines()[2], row
