@@ -35,6 +35,7 @@ import math
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 from dit4dit_client import MODES, delay_steps
@@ -67,10 +68,8 @@ def skip_reason(policy: str, mode: str, delay_ms: float, replan: int) -> str | N
 def with_rewards(results: dict) -> dict:
     """The cell's summary and how many of its episodes reached each maximum reward (the issue's
     distribution beside every rate: 0 nothing, 1 touched, 2 lifted, 4 handed over, for transfer cube)."""
-    counts: dict[str, int] = {}
-    for e in results["episodes"]:
-        counts[f"{e['max_reward']:g}"] = counts.get(f"{e['max_reward']:g}", 0) + 1
-    return {**results["summary"], "max_reward_counts": dict(sorted(counts.items(), key=lambda kv: float(kv[0])))}
+    counts = Counter(e["max_reward"] for e in results["episodes"])
+    return {**results["summary"], "max_reward_counts": {f"{r:g}": n for r, n in sorted(counts.items())}}
 
 
 def run_cell(policy: str, mode: str, delay_ms: float, a: argparse.Namespace, out: Path) -> dict:

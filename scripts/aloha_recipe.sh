@@ -8,7 +8,8 @@
 # with python -m dit4dit_npu.train.success_curve (plot: docs/aloha_success_vs_steps.png; insertion:
 # docs/aloha_insertion_success_vs_steps.png; any other setting or RUN_ID: RUN_DIR/sim_curve/curve.png).
 # Each stage is skipped when its output is there (demos, statistics, cached episodes, a finished run,
-# an eval's results.json), so a rerun only redoes what is missing. The last line is the last checkpoint's `success k/EPISODES = p% (95% Wilson CI lo-hi%)`.
+# an eval's results.json), so a rerun only redoes what is missing. The last line is the last
+# checkpoint's `success k/EPISODES = p% (95% Wilson CI lo-hi%)`.
 #
 #   bash scripts/aloha_recipe.sh [a.b=c ...]   # extra training overrides (a new RUN_ID for a new run)
 #   STEPS=6000 WORKERS=2 bash scripts/aloha_recipe.sh  # WORKERS: eval processes (one per free core)
