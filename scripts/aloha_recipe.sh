@@ -30,6 +30,12 @@
 #   VAE=random (default) the tiny config's random frozen VAE; VAE=fitted: VAE_WEIGHTS (default
 #                      configs/aloha/tiny_vae_transfer_cube.safetensors, dit4dit-fit-tiny-vae on
 #                      sim frames; refitted on the demos when missing), its own latent statistics
+#   PRETRAIN=N         N steps of video pretraining first (0, the default: none): a run with the
+#                      video loss only (framework.cosmos25.training: video; the episodes' actions
+#                      are never read) on PRETRAIN_DEMOS (50) demos' 5-frame clips, whose transformer
+#                      then starts the run (trainer.init_from; a fresh action head), normalized by
+#                      the pretraining demos' latent statistics. Issue 32 item 5: few labelled demos
+#                      (DEMOS=10) after video of many. Extra overrides apply to both runs
 #   TASK=transfer_cube (default) | insertion: the task's config (configs/aloha/dit4dit_aloha_TASK_tiny.yaml,
 #                      each with its own crop and state noise, reasons there), demos and eval scene;
 #                      insertion's runs are aloha_recipe_insertion[_joint_bp0...], its demos
@@ -61,7 +67,11 @@ case "$BACKPROP" in 0|1) ;; *) echo "error: BACKPROP=$BACKPROP: expected 0 or 1"
 if [ "$OBJECTIVE" = no_video ] && [ "$BACKPROP" = 0 ]; then
     echo "error: BACKPROP=0 with OBJECTIVE=no_video: the action loss is all that trains its backbone" >&2; exit 2
 fi
+PRETRAIN="${PRETRAIN:-0}" PRETRAIN_DEMOS="${PRETRAIN_DEMOS:-50}"
+case "$PRETRAIN" in 0) ;; ''|0*|*[!0-9]*) echo "error: PRETRAIN=$PRETRAIN: expected a number of steps (0 = none)" >&2; exit 2 ;; esac
+case "$PRETRAIN_DEMOS" in ''|0*|*[!0-9]*) echo "error: PRETRAIN_DEMOS=$PRETRAIN_DEMOS: expected a positive integer" >&2; exit 2 ;; esac
 if [ "${SMOKE:-0}" = 1 ]; then
+    PRETRAIN_DEMOS=1  # the smoke's one demo
     DEMOS=1 SIZE=32x48 STEPS=2 EVERY=1 EPISODES=1 EPISODE_STEPS=16 RUN="aloha_recipe${TASK_TAG}_smoke"
     # one demo trains (nothing held out); 32x48 is the smallest size three side-by-side views allow
     EXTRA=(datasets.vla_data.val_fraction=0.0 trainer.eval_samples=0 datasets.vla_data.per_device_batch_size=2
@@ -77,11 +87,12 @@ fi
 # Today's recipe keeps its names (run aloha_recipe, its cache and statistics); every other setting
 # gets its own run, latent cache and statistics, named by what changes them.
 VARIANT=""
+# The chunk's 16 steps ahead as 5 frames (1 + 4: one future latent frame of the causal VAE, the
+# cheapest clip that has one); the latent cache makes the VAE's 5x cost a one-off.
+VIDEO_CLIPS=("datasets.vla_data.video_delta_indices=[0, 4, 8, 12, 16]" datasets.vla_data.action_video_freq_ratio=1)
 if [ "$OBJECTIVE" = joint ]; then
     VARIANT="_joint_bp${BACKPROP}"
-    # The chunk's 16 steps ahead as 5 frames (1 + 4: one future latent frame of the causal VAE,
-    # the cheapest clip that has one); the latent cache makes the VAE's 5x cost a one-off.
-    EXTRA+=("datasets.vla_data.video_delta_indices=[0, 4, 8, 12, 16]" datasets.vla_data.action_video_freq_ratio=1
+    EXTRA+=("${VIDEO_CLIPS[@]}"
             "framework.cosmos25.backprop_action_to_backbone=$([ "$BACKPROP" = 1 ] && echo true || echo false)"
             "trainer.loss_scale.future_video=${VIDEO_WEIGHT:-1.0}")
     if [ "${VIDEO_WEIGHT:-1.0}" != 1.0 ]; then VARIANT+="_vw${VIDEO_WEIGHT}"; fi
@@ -89,6 +100,7 @@ fi
 if [ "$VAE" = fitted ]; then VARIANT+="_fittedvae"; fi
 DEMOS_TAG="$([ "$DEMOS" != 50 ] && [ "${SMOKE:-0}" != 1 ] && echo "_${DEMOS}demos" || true)"  # data and run
 VARIANT+="$DEMOS_TAG"
+if [ "$PRETRAIN" != 0 ]; then VARIANT+="_pretrain${PRETRAIN}x${PRETRAIN_DEMOS}"; fi
 RUN_ID="${RUN_ID:-$RUN$VARIANT}"
 # The recipe's choices (one-frame clips, the action loss into the backbone, the cam_high crop, state
 # noise) are the config's own, each with its reason there; the measurements are in
@@ -118,20 +130,50 @@ fi
 if [ "$VAE" = fitted ] && [ ! -s "$VAE_WEIGHTS" ]; then
     stage "fit the tiny VAE to the demos' frames -> $VAE_WEIGHTS"
     $PY -m dit4dit_npu.train.fit_tiny_vae --config "$CONFIG" --out "$VAE_WEIGHTS" $([ "${SMOKE:-0}" = 1 ] && echo --smoke || true) \
-        "${OVERRIDES[@]}" "datasets.vla_data.video_delta_indices=[0, 4, 8, 12, 16]" datasets.vla_data.action_video_freq_ratio=1
+        "${OVERRIDES[@]}" "${VIDEO_CLIPS[@]}"
 fi
 # The statistics and the latent cache of the VAE in use (a fitted one: named by its content, so a
 # refit measures and encodes again) and of the clips (one frame, or 5 for joint).
 FITTED="$([ "$VAE" = fitted ] && echo "_fitted$(sha256sum "$VAE_WEIGHTS" | cut -c1-12)" || true)"
 CACHE="${DATA}_latents$([ "$OBJECTIVE" = joint ] && echo _5frames || true)$FITTED"
 OVERRIDES+=("datasets.vla_data.latent_cache=$CACHE")
-STATS="${DATA}_tiny_vae${FITTED}_stats.txt"
-if [ ! -s "$STATS" ]; then
-    stage "the tiny VAE's latent statistics on the demos"
-    $PY -m dit4dit_npu.data.latent_stats --config "$CONFIG" "${OVERRIDES[@]}" | tee "$STATS.tmp"
-    mv "$STATS.tmp" "$STATS"
+latent_stats() {  # $1: the statistics file to fill when missing; then the overrides of the run it is for
+    local out="$1"; shift
+    if [ ! -s "$out" ]; then  # (the log gets stderr: stdout is the overrides)
+        stage "the tiny VAE's latent statistics on the demos -> $out" >&2
+        $PY -m dit4dit_npu.data.latent_stats --config "$CONFIG" "$@" | tee "$out.tmp" >&2
+        mv "$out.tmp" "$out"
+    fi
+    sed -n 's/^ *\(vae_latents_[a-z]*\): \[\(.*\)\]$/framework.cosmos25.tiny.\1=[\2]/p' "$out" | tr -d ' '
+}
+run_dir() {  # the run folder of a config + overrides, as the trainer resolves it
+    $PY -m dit4dit_npu.train --config "$CONFIG" "$@" --dry-run | $PY -c '
+import sys, yaml; c = yaml.safe_load(sys.stdin); print(c["run_root_dir"] + "/" + c["run_id"])'
+}
+if [ "$PRETRAIN" = 0 ]; then
+    OVERRIDES+=($(latent_stats "${DATA}_tiny_vae${FITTED}_stats.txt" "${OVERRIDES[@]}"))
+else
+    # Video pretraining: the video loss alone on the pretraining demos' 5-frame clips. Its latent
+    # statistics normalize both runs: the transformer learned latents normalized by them.
+    PT_TAG="$([ "$PRETRAIN_DEMOS" != 50 ] && [ "${SMOKE:-0}" != 1 ] && echo "_${PRETRAIN_DEMOS}demos" || true)"
+    PT_DATA="$DATA_ROOT/${TASK}_${SIZE}_recipe$PT_TAG"
+    if [ ! -d "$PT_DATA" ]; then
+        stage "demos for video pretraining: $PRETRAIN_DEMOS expert episodes, seeds 100000.., $SIZE"
+        $PY -m dit4dit_npu.sim.demos --task "$TASK" --episodes "$PRETRAIN_DEMOS" --size "$SIZE" --out "$PT_DATA"
+    fi
+    PT=("datasets.vla_data.data_root_dir=$DATA_ROOT" "datasets.vla_data.data_mix=[{path: $(basename "$PT_DATA"), weight: 1.0}]"
+        "run_id=$RUN$([ "$VAE" = fitted ] && echo _fittedvae || true)_video_only${PT_TAG}_$PRETRAIN"
+        "${EXTRA[@]}" "${VIDEO_CLIPS[@]}" framework.cosmos25.training=video trainer.eval_samples=0
+        "datasets.vla_data.latent_cache=${PT_DATA}_latents_5frames$FITTED" "$@")
+    STATS_OVERRIDES=($(latent_stats "${PT_DATA}_tiny_vae${FITTED}_stats.txt" "${PT[@]}"))
+    PT+=("${STATS_OVERRIDES[@]}")
+    stage "video pretraining: latent cache of $PT_DATA's 5-frame clips"
+    $PY -m dit4dit_npu.data.encode_latents --config "$CONFIG" --out "${PT_DATA}_latents_5frames$FITTED" "${PT[@]}"
+    stage "video pretraining: $PRETRAIN steps, the video loss only"
+    $PY -m dit4dit_npu.train --config "$CONFIG" "${PT[@]}" trainer.resume=auto "trainer.max_train_steps=$PRETRAIN" \
+        "trainer.save_interval=$PRETRAIN" "trainer.eval_interval=$PRETRAIN" trainer.keep_last_checkpoints=1
+    OVERRIDES+=("${STATS_OVERRIDES[@]}" "trainer.init_from=$(run_dir "${PT[@]}")")
 fi
-OVERRIDES+=($(sed -n 's/^ *\(vae_latents_[a-z]*\): \[\(.*\)\]$/framework.cosmos25.tiny.\1=[\2]/p' "$STATS" | tr -d ' '))
 t_demos=$SECONDS
 stage "latent cache: every training sample's clip, VAE-encoded once"
 $PY -m dit4dit_npu.data.encode_latents --config "$CONFIG" --out "$CACHE" "${OVERRIDES[@]}"
@@ -141,8 +183,7 @@ $PY -m dit4dit_npu.train --config "$CONFIG" "${OVERRIDES[@]}" trainer.resume=aut
     "trainer.max_train_steps=$STEPS" "trainer.save_interval=$EVERY" "trainer.eval_interval=$EVERY" \
     trainer.keep_last_checkpoints=3  # every checkpoint of the curve
 t_train=$SECONDS
-RUN_DIR="$($PY -m dit4dit_npu.train --config "$CONFIG" "${OVERRIDES[@]}" --dry-run | $PY -c '
-import sys, yaml; c = yaml.safe_load(sys.stdin); print(c["run_root_dir"] + "/" + c["run_id"])')"
+RUN_DIR="$(run_dir "${OVERRIDES[@]}")"
 stage "closed-loop eval of every checkpoint of $RUN_DIR on seeds 0-$((EPISODES - 1))"
 CURVE=(--run "$RUN_DIR" --task "$TASK" --episodes "$EPISODES" --seed 0 --max-steps "$EPISODE_STEPS" --workers "$WORKERS")
 # Only the task's own recipe (no setting changed, no RUN_ID of its own) redraws the docs' plot; every

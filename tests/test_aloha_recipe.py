@@ -1,8 +1,9 @@
-"""scripts/aloha_recipe.sh's settings: OBJECTIVE=, TASK=, VAE= and BACKPROP= are checked before
+"""scripts/aloha_recipe.sh's settings: OBJECTIVE=, TASK=, VAE=, BACKPROP= and PRETRAIN= are checked before
 anything runs (one line, exit code 2, nothing written), and each task runs end to end at SMOKE=1,
 each from its own one tiny demo (1 expert episode at 32x48, in a temp folder): transfer cube with
-the joint objective and the fitted VAE (the fit's smoke, 5-frame latent cache, joint training, the
-closed loop with the fitted VAE loaded from the exported policy), insertion with the defaults
+the joint objective and the fitted VAE after video pretraining (the fit's smoke, 5-frame latent
+cache, a video-only run, joint training started from its transformer, the closed loop with the
+fitted VAE loaded from the exported policy), insertion with the defaults
 (no_video, the random VAE: its own config, crop and state noise, demos, and eval scene). Between
 them both objectives and both VAEs run. Each smoke is a subprocess (the script is what users run);
 the insertion one took 264 s and 399 s in two runs here (2026-12-03, the shared 2-core machine at
@@ -38,6 +39,8 @@ def recipe(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProces
     ({"BACKPROP": "0"}, "error: BACKPROP=0 with OBJECTIVE=no_video"),
     ({"EPISODES": "100x"}, "error: EPISODES=100x: expected a positive integer"),
     ({"DEMOS": "0"}, "error: DEMOS=0: expected a positive integer"),
+    ({"PRETRAIN": "10k"}, "error: PRETRAIN=10k: expected a number of steps (0 = none)"),
+    ({"PRETRAIN": "100", "PRETRAIN_DEMOS": "-5"}, "error: PRETRAIN_DEMOS=-5: expected a positive integer"),
 ])
 def test_a_bad_setting_is_one_line_before_anything_runs(tmp_path: Path, env: dict[str, str], message: str) -> None:
     r = recipe(tmp_path, **env)
@@ -57,17 +60,24 @@ def test_the_curve_stage_takes_the_task_and_refuses_an_unknown_one(tmp_path: Pat
 
 
 @pytest.mark.slow
-def test_joint_with_the_fitted_vae_smoke(tmp_path: Path) -> None:
+def test_joint_with_the_fitted_vae_after_video_pretraining_smoke(tmp_path: Path) -> None:
     if importlib.util.find_spec("gym_aloha") is None:
         pytest.skip("simulation extra not installed (pip install -e '.[sim]')")
     r = recipe(tmp_path, f"run_root_dir={tmp_path / 'runs'}", SMOKE="1", OBJECTIVE="joint", VAE="fitted",
-               MUJOCO_GL=os.environ.get("MUJOCO_GL", "egl"))
+               PRETRAIN="2", MUJOCO_GL=os.environ.get("MUJOCO_GL", "egl"))
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert re.fullmatch(r"success \d+/1.*", r.stdout.strip().splitlines()[-1]), r.stdout[-1000:]
     data = tmp_path / "data"
     assert (data / "transfer_cube_32x48_recipe_tiny_vae_smoke.safetensors").is_file()
     assert any(p.name.startswith("transfer_cube_32x48_recipe_latents_5frames_fitted") for p in data.iterdir())
-    assert (tmp_path / "runs" / "aloha_recipe_smoke_joint_bp0_fittedvae").is_dir()
+    runs = tmp_path / "runs"
+    pretrained = runs / "aloha_recipe_smoke_fittedvae_video_only_2"
+    assert (pretrained / "checkpoints" / "step_000002" / "policy").is_dir()
+    # the joint run started from the video-only run's transformer, with a fresh action head
+    said = re.search(r"^trainer.init_from: backbone.transformer \(\d+ tensors\) from (\S+) \(step 2\); "
+                     r"action_model at its initialization$", r.stdout, re.M)
+    assert said and Path(said.group(1)).resolve() == (pretrained / "checkpoints" / "step_000002" / "policy").resolve()
+    assert (runs / "aloha_recipe_smoke_joint_bp0_fittedvae_pretrain2x1").is_dir()
 
 
 @pytest.mark.slow

@@ -333,6 +333,11 @@ class TrainerConfig:
     loss_scale: LossScaleConfig = field(default_factory=LossScaleConfig)
     # null = fresh run; "auto" = latest checkpoint of this run; or a checkpoint folder.
     resume: str | None = None
+    # A policy folder (or a checkpoint or run folder holding one) whose weights a fresh run starts
+    # from: a video-pretraining run's transformer, or a trained policy to fine-tune
+    # (dit4dit_npu/train/init_from.py). Parameters it does not hold keep their initialization; a
+    # resume ignores it (its checkpoint already holds the weights).
+    init_from: str | None = None
     keep_last_checkpoints: int = 2
     # Number of held-out samples scored at each eval_interval (0 = off).
     eval_samples: int = 32

@@ -112,7 +112,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrote {args.migrate_config}", file=sys.stderr)
         return 0
     if args.dry_run:
+        from dit4dit_npu.train.init_from import check_init_from
+
         check_model_build(cfg)
+        check_init_from(cfg)
         print(dump_yaml(cfg), end="")
         return 0
     from dit4dit_npu.train.loop import train  # heavy imports only when training

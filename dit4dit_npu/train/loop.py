@@ -2,7 +2,8 @@
 
 Open the run folder (refusing before anything is written, choosing a whole checkpoint), build
 the data (a resume refuses data that changed since its checkpoint) and the model (the prompt
-cache is filled once, here, never per step), hand them to a ``Trainer`` (optimizer,
+cache is filled once, here, never per step; a fresh run starts from ``trainer.init_from``'s
+weights when set), hand them to a ``Trainer`` (optimizer,
 schedule, accelerate + DeepSpeed), resume if asked (falling back past a checkpoint whose weights
 turn out non-finite once loaded), then step until ``max_train_steps``, logging, evaluating and
 saving on their intervals. The verbs are in ``trainer.py``.
@@ -23,6 +24,7 @@ from dit4dit_npu.train.distributed import (
     share_from_main,
 )
 from dit4dit_npu.train.errors import TrainingError
+from dit4dit_npu.train.init_from import check_init_from, init_weights
 from dit4dit_npu.train.optim import freeze_modules
 from dit4dit_npu.train.resume import check_config, check_data
 from dit4dit_npu.train.run_folder import RunFolder, discard_if_unused, fall_back, open_run, record_config
@@ -56,6 +58,7 @@ def _train(cfg: Config, accelerator) -> Path:
     if cfg.trainer.compile:
         check_compile("trainer.compile")
     check_sim_eval(cfg.trainer.sim_eval)
+    init = check_init_from(cfg)
     run = open_run(
         cfg,
         accelerator.is_main_process,
@@ -64,13 +67,13 @@ def _train(cfg: Config, accelerator) -> Path:
         gather_from_ranks(accelerator),
     )
     try:
-        return _run(cfg, accelerator, run)
+        return _run(cfg, accelerator, run, init)
     except BaseException:
         discard_if_unused(run, accelerator.is_main_process)
         raise
 
 
-def _run(cfg: Config, accelerator, run: RunFolder) -> Path:
+def _run(cfg: Config, accelerator, run: RunFolder, init) -> Path:
     accelerator.print(
         f"run folder: {run.path.resolve()} | {device.describe()} | processes: {accelerator.num_processes}"
         f" | mixed precision: {accelerator.mixed_precision}"
@@ -83,6 +86,10 @@ def _run(cfg: Config, accelerator, run: RunFolder) -> Path:
             accelerator.print(note)
     record_config(cfg, run, accelerator.is_main_process)
     model, prompt_cache = build_model(cfg, accelerator, data, run.path)
+    if init is not None and run.resume_from is None:  # before the optimizer, the EMA and DeepSpeed see it
+        accelerator.print(init_weights(model, *init))
+    elif init is not None:
+        accelerator.print(f"trainer.init_from ignored: resuming from {run.resume_from}, which holds the weights")
     trainer = Trainer(cfg, accelerator, model, data, prompt_cache, run.path)
     if run.resume_from is not None:
         resume(trainer, cfg, accelerator, data, run)
