@@ -4,7 +4,7 @@
 # (cam_high cropped to the objects' table area, 96x128) -> latent cache (the VAE runs once per clip,
 # not every step) -> train the task's tiny config (configs/aloha/dit4dit_aloha_TASK_tiny.yaml: one-
 # frame clips, the action loss into the backbone, state noise) for STEPS steps, a checkpoint and
-# a held-out error every STEPS/3 -> closed-loop eval of every checkpoint on EPISODES (50) unseen seeds (0..)
+# a held-out error every STEPS/3 (rounded up) -> closed-loop eval of every checkpoint on EPISODES (50) unseen seeds (0..)
 # with python -m dit4dit_npu.train.success_curve (plot: docs/aloha_success_vs_steps.png; insertion:
 # docs/aloha_insertion_success_vs_steps.png; any other setting or RUN_ID: RUN_DIR/sim_curve/curve.png).
 # Each stage is skipped when its output is there (demos, statistics, cached episodes, a finished run,
@@ -82,7 +82,7 @@ else
     for v in DEMOS EPISODES; do  # checked before anything runs (EPISODES is first used after training)
         case "${!v}" in ''|0*|*[!0-9]*) echo "error: $v=${!v}: expected a positive integer" >&2; exit 2 ;; esac
     done
-    EVERY=$((STEPS / 3)) EXTRA=()
+    EVERY=$(((STEPS + 2) / 3)) EXTRA=()  # rounded up: STEPS=8000 checkpoints 2667, 5334, 8000 (not 7998 and 8000)
 fi
 # Today's recipe keeps its names (run aloha_recipe, its cache and statistics); every other setting
 # gets its own run, latent cache and statistics, named by what changes them.
