@@ -79,7 +79,7 @@ if [ "${SMOKE:-0}" = 1 ]; then
 else
     DEMOS="${DEMOS:-50}" SIZE=240x320 STEPS="${STEPS:-15000}" EPISODES="${EPISODES:-50}" EPISODE_STEPS=400
     RUN="aloha_recipe${TASK_TAG}"
-    for v in DEMOS EPISODES; do  # checked before anything runs (EPISODES is first used after training)
+    for v in DEMOS EPISODES STEPS; do  # checked before anything runs (EPISODES is first used after training)
         case "${!v}" in ''|0*|*[!0-9]*) echo "error: $v=${!v}: expected a positive integer" >&2; exit 2 ;; esac
     done
     EVERY=$(((STEPS + 2) / 3)) EXTRA=()  # rounded up: STEPS=8000 checkpoints 2667, 5334, 8000 (not 7998 and 8000)

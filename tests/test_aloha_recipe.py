@@ -39,6 +39,7 @@ def recipe(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProces
     ({"BACKPROP": "0"}, "error: BACKPROP=0 with OBJECTIVE=no_video"),
     ({"EPISODES": "100x"}, "error: EPISODES=100x: expected a positive integer"),
     ({"DEMOS": "0"}, "error: DEMOS=0: expected a positive integer"),
+    ({"STEPS": "8k"}, "error: STEPS=8k: expected a positive integer"),
     ({"PRETRAIN": "10k"}, "error: PRETRAIN=10k: expected a number of steps (0 = none)"),
     ({"PRETRAIN": "100", "PRETRAIN_DEMOS": "-5"}, "error: PRETRAIN_DEMOS=-5: expected a positive integer"),
 ])
