@@ -159,7 +159,9 @@ class Trainer:
                 self.data.val_dataset,
                 samples=t.eval_samples,
                 batch_size=self.cfg.datasets.vla_data.per_device_batch_size,
-                seed=self.cfg.seed + self.global_step,
+                # one seed for every eval: the same noise at each step, so the curve shows the
+                # weights changing, not the draw (seed + step swung it 2x between neighbours)
+                seed=self.cfg.seed,
                 accelerator=self.accelerator,
                 make_batch=lambda samples: self._to_device(self._collate(samples)),
                 targets=self._targets,
