@@ -3,26 +3,26 @@
 Apart from ``policy_io.py`` (what the transforms do) because reading is its own job: the format
 versions and their readers, and the one line a malformed or unreadable file gets. The methods are
 mixed into ``PolicyIO``; ``cls`` is PolicyIO (``__init__`` for format 3, ``compose`` for the older
-top-level-key formats).
+top-level-key formats). This module never imports ``policy_io.py``: the mixin names its class ``_IO`` (a
+type variable), so the import runs one way only (lint-imports' "no import circles" contract).
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, TypeVar
 
 from dit4dit_npu.transforms.feature_stats import FeatureStats
 from dit4dit_npu.transforms.steps import PolicyIOError, steps_from_dicts
 from dit4dit_npu.transforms.vector import VectorPipeline
 
-if TYPE_CHECKING:
-    from dit4dit_npu.transforms.policy_io import PolicyIO
-
 # 3: the transforms as an ordered list of steps (``steps.py``), each writing itself. 1 (no crops)
 # and 2 (camera_crops) kept each setting as a top-level key; both are still read.
 FORMAT = "dit4dit_npu.policy_io/3"
 FORMAT_1, FORMAT_2 = "dit4dit_npu.policy_io/1", "dit4dit_npu.policy_io/2"
+
+_IO = TypeVar("_IO", bound="PolicyIOJson")  # the class it is mixed into: PolicyIO
 
 
 class PolicyIOJson:
@@ -36,6 +36,10 @@ class PolicyIOJson:
     stats: dict[str, FeatureStats]
     steps: list[Any]
 
+    @classmethod
+    def compose(cls: type[_IO], **settings: Any) -> _IO:  # PolicyIO.compose: the steps from their settings
+        raise NotImplementedError(f"{cls.__name__}.compose")
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "format": FORMAT,
@@ -48,7 +52,7 @@ class PolicyIOJson:
         }
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> PolicyIO:
+    def from_dict(cls: type[_IO], d: dict[str, Any]) -> _IO:
         formats = (FORMAT, FORMAT_1, FORMAT_2)
         if not isinstance(d, dict) or d.get("format") not in formats:
             got = d.get("format") if isinstance(d, dict) else type(d).__name__
@@ -79,7 +83,7 @@ class PolicyIOJson:
         Path(path).write_text(json.dumps(self.to_dict(), indent=1))
 
     @classmethod
-    def load(cls, path: str | Path) -> PolicyIO:
+    def load(cls: type[_IO], path: str | Path) -> _IO:
         try:
             data = json.loads(Path(path).read_text())
         except (OSError, json.JSONDecodeError) as e:
