@@ -12,7 +12,7 @@
 # checkpoint's `success k/EPISODES = p% (95% Wilson CI lo-hi%)`.
 #
 #   bash scripts/aloha_recipe.sh [a.b=c ...]   # extra training overrides (a new RUN_ID for a new run)
-#   STEPS=6000 WORKERS=2 bash scripts/aloha_recipe.sh  # WORKERS: eval processes (one per free core)
+#   STEPS=6000 WORKERS=2 bash scripts/aloha_recipe.sh  # its own run (..._6000steps); WORKERS: eval processes
 #   DEMOS=100 EPISODES=100 bash scripts/aloha_recipe.sh  # 100 demos (own data, cache, run), 100 eval seeds
 #   TASK=insertion bash scripts/aloha_recipe.sh   # the second task (configs/aloha/dit4dit_aloha_insertion_tiny.yaml)
 #   SMOKE=1 bash scripts/aloha_recipe.sh       # the same commands, tiny: 1 demo at 32x48, 2 steps,
@@ -100,6 +100,9 @@ fi
 if [ "$VAE" = fitted ]; then VARIANT+="_fittedvae"; fi
 DEMOS_TAG="$([ "$DEMOS" != 50 ] && [ "${SMOKE:-0}" != 1 ] && echo "_${DEMOS}demos" || true)"  # data and run
 VARIANT+="$DEMOS_TAG"
+# Another STEPS is another run: resuming the default one instead would skip training when STEPS is
+# smaller (and report its checkpoints) or extend it on a stretched learning-rate schedule when larger.
+if [ "$STEPS" != 15000 ] && [ "${SMOKE:-0}" != 1 ]; then VARIANT+="_${STEPS}steps"; fi
 if [ "$PRETRAIN" != 0 ]; then VARIANT+="_pretrain${PRETRAIN}x${PRETRAIN_DEMOS}"; fi
 RUN_ID="${RUN_ID:-$RUN$VARIANT}"
 # The recipe's choices (one-frame clips, the action loss into the backbone, the cam_high crop, state

@@ -121,7 +121,11 @@ def write_trainer_state(
     tmp: Path, cfg: Config, data_fp: dict[str, Any], step: int, scheduler, sampler_state: dict, world_size: int
 ) -> None:
     (tmp / FINGERPRINT).write_text(json.dumps({**fingerprint(cfg), "data": data_fp}, indent=1))
-    state = {"step": step, "scheduler": scheduler.state_dict(), "sampler": sampler_state, "world_size": world_size}
+    state = {
+        "step": step, "scheduler": scheduler.state_dict(), "sampler": sampler_state, "world_size": world_size,
+        # the schedule's length: a resume with another one follows another curve (CheckpointManager.load)
+        "max_train_steps": cfg.trainer.max_train_steps,
+    }
     torch.save(state, tmp / TRAINER_STATE)
 
 

@@ -65,6 +65,7 @@ class CheckpointManager:
         if bad is not None:
             raise UnusableCheckpoint(f"{ckpt} holds {bad} (a checkpoint of a diverged run)")
         self.scheduler.load_state_dict(state["scheduler"])
+        self._warn_if_schedule_moved(ckpt, state)
         self.stream.load_state_dict(state["sampler"])
         saved_world = int(state.get("world_size", self.accelerator.num_processes))
         if saved_world != self.accelerator.num_processes:
@@ -73,6 +74,28 @@ class CheckpointManager:
                 f"{self.accelerator.num_processes}: the data order does not continue exactly"
             )
         return state["step"]
+
+    def _warn_if_schedule_moved(self, ckpt: Path, state: dict) -> None:
+        """The scheduler's saved state is its step, not its shape: the learning rate of every later
+        step comes from this run's config. A resume with another schedule (above all a larger
+        trainer.max_train_steps: extending a finished cosine run) takes the learning rate from
+        where the checkpoint left it to where the new curve is at that step, on the next step.
+        Allowed (extending a run is what the larger max_train_steps asks for), but said."""
+        saved = state["scheduler"].get("_last_lr")
+        lambdas = getattr(self.scheduler, "lr_lambdas", None)  # transformers' schedules are LambdaLR
+        if not saved or lambdas is None:
+            return
+        step = int(state["step"])
+        now = [base * f(step) for base, f in zip(self.scheduler.base_lrs, lambdas)]
+        if all(abs(a - b) <= 1e-6 * max(abs(a), abs(b), 1e-12) for a, b in zip(saved, now)):
+            return
+        was = state.get("max_train_steps")
+        what = (f"a {was}-step schedule, this run's has {self.cfg.trainer.max_train_steps} steps" if was is not None
+                and was != self.cfg.trainer.max_train_steps else "another learning-rate schedule than this run's")
+        self.accelerator.print(
+            f"warning: {ckpt} was trained on {what} ({self.cfg.trainer.lr_scheduler_type}): the learning rate "
+            f"at step {step} moves from {saved[0]:.3g} to {now[0]:.3g}; a new run_id starts a schedule of its own"
+        )
 
     def _load_files(self, ckpt: Path) -> str | None:
         """Load the accelerate state and the EMA of ``ckpt``; None, or why a file failed to load.
