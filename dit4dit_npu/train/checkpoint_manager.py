@@ -77,24 +77,28 @@ class CheckpointManager:
 
     def _warn_if_schedule_moved(self, ckpt: Path, state: dict) -> None:
         """The scheduler's saved state is its step, not its shape: the learning rate of every later
-        step comes from this run's config. A resume with another schedule (above all a larger
-        trainer.max_train_steps: extending a finished cosine run) takes the learning rate from
-        where the checkpoint left it to where the new curve is at that step, on the next step.
-        Allowed (extending a run is what the larger max_train_steps asks for), but said."""
+        update comes from this run's config. A resume with another schedule (above all a larger
+        trainer.max_train_steps: extending a finished cosine run) moves the learning rate from
+        where the checkpoint left it to where the new curve is at that step (from the second
+        update on: the first uses the rate the optimizer state restored). Allowed (extending a
+        run is what a larger max_train_steps asks for), but said. Nothing to say when the run is
+        already at its end (nothing trains)."""
         saved = state["scheduler"].get("_last_lr")
         lambdas = getattr(self.scheduler, "lr_lambdas", None)  # transformers' schedules are LambdaLR
-        if not saved or lambdas is None:
+        step = self.scheduler.last_epoch  # the step the schedule continues from
+        if not saved or lambdas is None or step >= self.cfg.trainer.max_train_steps:
             return
-        step = int(state["step"])
         now = [base * f(step) for base, f in zip(self.scheduler.base_lrs, lambdas)]
         if all(abs(a - b) <= 1e-6 * max(abs(a), abs(b), 1e-12) for a, b in zip(saved, now)):
             return
-        was = state.get("max_train_steps")
+        was = state.get("max_train_steps")  # (not recorded by older versions)
         what = (f"a {was}-step schedule, this run's has {self.cfg.trainer.max_train_steps} steps" if was is not None
                 and was != self.cfg.trainer.max_train_steps else "another learning-rate schedule than this run's")
+        group = self.scheduler.optimizer.param_groups[0].get("name", "0")
         self.accelerator.print(
             f"warning: {ckpt} was trained on {what} ({self.cfg.trainer.lr_scheduler_type}): the learning rate "
-            f"at step {step} moves from {saved[0]:.3g} to {now[0]:.3g}; a new run_id starts a schedule of its own"
+            f"({group}) at step {step} moves from {saved[0]:.2e} to {now[0]:.2e}; a new run_id starts a schedule "
+            "of its own"
         )
 
     def _load_files(self, ckpt: Path) -> str | None:
