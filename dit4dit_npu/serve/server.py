@@ -41,6 +41,7 @@ import websockets.asyncio.server as ws_server
 from dit4dit_client import msgpack_numpy
 
 from dit4dit_npu.errors import DiT4DiTError
+from dit4dit_npu.policy import NonFiniteActionError
 from dit4dit_npu.serve.batching import Batcher
 from dit4dit_npu.serve.handlers import (
     Call,
@@ -54,7 +55,6 @@ from dit4dit_npu.serve.handlers import (
 from dit4dit_npu.serve.metadata import server_metadata
 from dit4dit_npu.serve.protocol import RequestLimits
 from dit4dit_npu.serve.session import Session
-from dit4dit_npu.transforms.policy_io import NonFiniteActionError
 
 logger = logging.getLogger("dit4dit_npu.serve")
 
