@@ -28,11 +28,11 @@ from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
+from dit4dit_npu.policy import PolicyInputError
 from dit4dit_npu.policy.contract import OutOfRangeError, ParsedRequest, PolicyDescription
 from dit4dit_npu.serve import protocol
 from dit4dit_npu.serve.batching import Timing
 from dit4dit_npu.serve.session import Session
-from dit4dit_npu.transforms.observation import PolicyInputError
 
 Reply = dict[str, Any] | str
 
