@@ -29,6 +29,7 @@ import numpy as np
 
 from dit4dit_npu.console import entry_point
 from dit4dit_npu.errors import DiT4DiTError
+from dit4dit_npu.sim.tasks import check_seed_range
 
 FOLDS = 5
 RIDGE_GRID = (1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0, 100.0)  # x the feature count (standardized features)
@@ -58,6 +59,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         )
     if min(a.at) < 0:
         raise ProbeError(f"--at: got {a.at}, expected step counts >= 0")
+    check_seed_range(a.seed, a.episodes)  # before any scene is built
     return a
 
 

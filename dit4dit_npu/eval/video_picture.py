@@ -29,6 +29,7 @@ import numpy as np
 
 from dit4dit_npu.console import entry_point
 from dit4dit_npu.eval.offline import EvalError, build_eval_dataset, observation
+from dit4dit_npu.sim.tasks import check_seed_range
 
 TITLE = "real future frames / their VAE round trip / imagined by the video backbone (frame 0: the observation's reconstruction)"
 
@@ -50,6 +51,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         raise EvalError(f"--steps: expected >= 1, got {a.steps}")
     if a.out.suffix.lower() != ".png":
         raise EvalError(f"--out {a.out}: expected a .png file")
+    check_seed_range(a.seed, 1, count_flag=None)  # its one closed-loop episode, before the policy loads
     return a
 
 
