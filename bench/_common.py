@@ -36,7 +36,8 @@ def count_flops(fn: Callable[[], object]) -> int:
 def part_flops(model: DiT4DiT, encoder: PromptEncoder, batch: Batch) -> dict[str, float]:
     """Per-sample FLOPs of: the text encoder on one prompt, one full transformer forward on the
     training clip, one VAE encode of that clip (the proportions the real model has are
-    7.3 : 2.52 : 2.35 TFLOP = 2.9 : 1 : 0.93, cosmos25_tiny_recipe.md §4)."""
+    7.3 : 2.52 : 2.35 TFLOP = 2.9 : 1 : 0.93: Qwen2.5-VL-7B's language model, Cosmos-Predict2.5-2B's
+    transformer, Wan2.1's VAE)."""
     one = first_row(batch).to(model.device)
     video = model.video_input(one.frames)
     prompts = encoder.encode(one.instruction).to(model.device)

@@ -5,7 +5,7 @@
 
 The model's part of inference, on a ``Batch`` (tiled uint8 frame, encoded state; PolicyIO's
 pre/post-processing is not timed here). Stages (device synchronised between them): text (prompt-
-cache lookup; the reference runs the text encoder on every call, SPEC B1), VAE encode of the
+cache lookup; the reference runs the text encoder on every call, B1 in bench/reference.py), VAE encode of the
 conditioning frame (the reference encodes it zero-padded to the clip length, per sample, B4),
 feature pass (ours stops after ``extract_layer``; the reference runs every block and the output
 head with autograd on, B2/B3), action sampling (the Euler steps of the head).
@@ -206,7 +206,7 @@ def build_full_size(
     cfg: Config, spec: BatchSpec, device: torch.device, dtype: torch.dtype, layers: int = 28
 ) -> tuple[DiT4DiT, Any]:
     """Cosmos-Predict2.5-2B transformer + Wan2.1 VAE + a Qwen2.5-VL-7B-sized text model, random,
-    built directly on ``device`` (cosmos25_tiny_recipe.md §1 configs) and composed with the
+    built directly on ``device`` from the real configs (``FULL_SIZE``) and composed with the
     ``framework`` sections of ``cfg``. The tokenizer is the tiny one: its
     vocabulary only changes the embedding table, not the per-token compute. ``layers`` < 28 keeps
     every width but fewer blocks (a CPU smoke test of this builder)."""

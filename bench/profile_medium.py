@@ -1,4 +1,4 @@
-"""Where the time goes in one training step and one predict_action call (issue 31, item 1), ours, per stage.
+"""Where the time goes in one training step and one predict_action call, ours, per stage.
 
     python bench/profile_medium.py [--config bench/medium.yaml] [--rounds 5] [key=value overrides ...]
     python bench/profile_medium.py --smoke   # seconds: the tiny config, 1 round; its numbers mean nothing

@@ -5,7 +5,7 @@
     python bench/train_step.py --full-size [--peak-tflops 989]   # accelerator: random-init real sizes, bf16
     python bench/train_step.py --smoke   # seconds: the tiny config, batch 2, 1 timed step per path, no projection
 
-"reference" is the original DiT4DiT's step (SPEC 1.7, B1-B5), built by ``bench/reference.py`` from the
+"reference" is the original DiT4DiT's step (B1-B5 of ``bench/reference.py``), built by ``bench/reference.py`` from the
 same modules and weights: the text encoder every step; a full-depth feature pass with autograd on
 (its graph kept alive until the loss); a second, per-sample VAE encode of the zero-padded
 conditioning clip (stochastic sample) besides the batched ground-truth encode; and R materialised

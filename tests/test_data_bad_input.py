@@ -221,7 +221,7 @@ def test_inspect_check_episode_length_mismatch(ds_copy: Path) -> None:
         LeRobotDataset(ds_copy)
 
 
-# -- issue 10: more bad datasets ----------------------------------------------------------------
+# -- more bad datasets ---------------------------------------------------------------------------
 
 
 def set_info(root: Path, **changes) -> None:

@@ -172,7 +172,7 @@ def test_a_corrupt_video_read_in_a_loader_worker_is_one_line(tmp_path, capsys):
     ]
 
 
-# -- issue 22: the cache fingerprints content --------------------------------------------------
+# -- the cache fingerprints content ---------------------------------------------------------------
 
 
 def scale_x100(tensors: dict[str, torch.Tensor]) -> None:

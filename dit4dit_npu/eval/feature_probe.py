@@ -1,4 +1,4 @@
-"""Do a policy's features carry where the object is? A linear probe (issue 32).
+"""Do a policy's features carry where the object is? A linear probe.
 
     python -m dit4dit_npu.eval.feature_probe --policy DIR [DIR ...] [--task transfer_cube]
         [--episodes 200] [--seed 0] [--at 0] [--out probe.json]

@@ -1,4 +1,4 @@
-"""A picture of the video model (issue 32 item 4): at a few steps of a recorded demo episode and of
+"""A picture of the video model: at a few steps of a recorded demo episode and of
 a closed-loop episode of the policy in the ALOHA scene, three rows of frames each:
 
 - **real**: the clip the video loss trains on at that step (the policy's clip offsets, e.g. 0, 4,
