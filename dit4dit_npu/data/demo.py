@@ -61,10 +61,6 @@ CODE_BITS = 16
 DEMO_VERSION = 2
 DEMO_META = "demo.json"
 
-
-DemoEpisode = Episode  # (states (T, 14), actions (T, 14), task_index)
-
-
 # Where an episode's goal is: one of NUM_TARGETS places, drawn per episode independently of its
 # task (the instruction names the task = which grippers close, never where), and the start state
 # does not depend on it either, so only the frames' goal markers tell the policy where to go.
@@ -125,7 +121,7 @@ def demo_phase(state: np.ndarray, task_index: int) -> int:
     return int(bool(closed) and all(closed))
 
 
-def demo_episode(episode_index: int, length: int, num_tasks: int, seed: int = 0) -> DemoEpisode:
+def demo_episode(episode_index: int, length: int, num_tasks: int, seed: int = 0) -> Episode:
     """The expert trajectory of one episode (the parquet values are exactly these)."""
     task = episode_index % num_tasks
     goals = episode_goals(episode_index, num_tasks, seed)
