@@ -14,10 +14,10 @@ import pytest
 
 from dit4dit_npu.config import load_config
 from dit4dit_npu.data import build_training_data
+from dit4dit_npu.data.cli import inspect_main
 from dit4dit_npu.data.demo import write_demo_dataset
 from dit4dit_npu.data.errors import DatasetError
 from dit4dit_npu.data.inspect import check_dataset
-from dit4dit_npu.data.inspect import main as inspect_main
 from dit4dit_npu.data.lerobot import LeRobotDataset
 
 HIGH = "observation.images.cam_high"

@@ -16,7 +16,7 @@ from safetensors.torch import load_file, save_file
 
 from dit4dit_npu.config import load_config
 from dit4dit_npu.data import DatasetError, build_training_data
-from dit4dit_npu.data.encode_latents import main as encode_main
+from dit4dit_npu.data.cli import encode_latents_main as encode_main
 from dit4dit_npu.data.latents import FORMAT, LatentCache
 from dit4dit_npu.weights import vae_identity
 

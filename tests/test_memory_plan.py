@@ -119,7 +119,7 @@ def test_zero2_accounting_matches_what_deepspeed_allocates(tmp_path):
 
 def test_a_json_path_under_a_file_or_a_folder_is_one_line_before_measuring(tmp_path, capsys):
     # was a NotADirectoryError traceback at the end, after the minutes of measuring
-    from dit4dit_npu.train.memory_plan import main
+    from dit4dit_npu.train.ops_cli import memory_plan_main as main
 
     a_file = tmp_path / "a_file"
     a_file.write_text("kept")
