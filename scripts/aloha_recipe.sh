@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The CPU recipe for ALOHA transfer cube (issue 19; TASK=insertion: issue 32), from scratch: DEMOS
+# The CPU recipe for ALOHA transfer cube (TASK=insertion: the second task), from scratch: DEMOS
 # (50) scripted-expert demos at 240x320 -> the tiny VAE's own latent statistics on the config's views
 # (cam_high cropped to the objects' table area, 96x128) -> latent cache (the VAE runs once per clip,
 # not every step) -> train the task's tiny config (configs/aloha/dit4dit_aloha_TASK_tiny.yaml: one-
@@ -34,7 +34,7 @@
 #                      video loss only (framework.cosmos25.training: video; the episodes' actions
 #                      are never read) on PRETRAIN_DEMOS (50) demos' 5-frame clips, whose transformer
 #                      then starts the run (trainer.init_from; a fresh action head), normalized by
-#                      the pretraining demos' latent statistics. Issue 32 item 5: few labelled demos
+#                      the pretraining demos' latent statistics. The point: few labelled demos
 #                      (DEMOS=10) after video of many. Extra overrides apply to both runs
 #   TASK=transfer_cube (default) | insertion: the task's config (configs/aloha/dit4dit_aloha_TASK_tiny.yaml,
 #                      each with its own crop and state noise, reasons there), demos and eval scene;

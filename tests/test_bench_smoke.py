@@ -67,7 +67,7 @@ def test_full_size_script_smoke_runs_train_step_latency_and_memory(tmp_path: Pat
 
 
 def test_profile_medium_smoke_times_every_stage_and_names_its_reference() -> None:
-    """bench/profile_medium.py (issue 31's per-stage profile): a row with a time for every training
+    """bench/profile_medium.py (the per-stage profile): a row with a time for every training
     and inference stage in its tables (training at batch 2 and 4), and, ours only, a line saying the
     original is not measured."""
     lines = run([sys.executable, "bench/profile_medium.py", "--smoke"], DIT4DIT_ORIGINAL_ROOT="")

@@ -322,7 +322,7 @@ def test_malformed_statistics_are_one_line(run, tmp_path, change, message):
     assert re.search(message, _convert(run, tmp_path, stats=_stats_with(change), robot_type="libero_franka"))
 
 
-# -- issue 22 ---------------------------------------------------------------------------------------
+# -- the import verifies what it reads ------------------------------------------------------------
 
 
 def test_constant_statistics_on_normalized_dims_are_refused_unless_allowed(run, tmp_path):
@@ -482,7 +482,7 @@ def test_round_trip_original_ours_original(run, tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------
-# The export checks as much as the import (issue 30 item 5)
+# The export checks as much as the import
 # ---------------------------------------------------------------------------------------------
 
 

@@ -1,5 +1,5 @@
-"""``trainer.init_from``: a video-only pretraining run's transformer starts an action run (issue 32
-item 5's two stages), on the tiny model in this process; bad folders are one line before the run
+"""``trainer.init_from``: a video-only pretraining run's transformer starts an action run (video
+pretraining, then few-demo training), on the tiny model in this process; bad folders are one line before the run
 folder exists. Runs: the session's ``full_run`` (joint, 4 steps), one 2-step video-only run and
 one 2-step action run from it (~3 s each here)."""
 

@@ -16,7 +16,7 @@ from safetensors.torch import load_file, save_file
 
 from dit4dit_npu.config import load_config
 from dit4dit_npu.data import DatasetError, build_training_data
-from dit4dit_npu.data.encode_latents import main as encode_main
+from dit4dit_npu.data.cli import encode_latents_main as encode_main
 from dit4dit_npu.data.latents import FORMAT, LatentCache
 from dit4dit_npu.weights import vae_identity
 
@@ -172,7 +172,7 @@ def test_a_corrupt_video_read_in_a_loader_worker_is_one_line(tmp_path, capsys):
     ]
 
 
-# -- issue 22: the cache fingerprints content --------------------------------------------------
+# -- the cache fingerprints content ---------------------------------------------------------------
 
 
 def scale_x100(tensors: dict[str, torch.Tensor]) -> None:

@@ -1,4 +1,4 @@
-"""Policy folders are content-verified (issue 30 item 3; format_version 4): every file loading reads
+"""Policy folders are content-verified (format_version 4): every file loading reads
 has the size and content hash recorded in policy.json when it was written, policy.json carries its
 own hash, and a file changed after export (same size, other bytes: a LoRA adapter with every weight
 changed) is one line naming it. Folders of formats 2 and 3 load with one notice that they are

@@ -1,4 +1,4 @@
-"""Issue 10 for policies and eval: nothing non-finite reaches a robot, damaged or mixed policy
+"""Reliability of policies and eval: nothing non-finite reaches a robot, damaged or mixed policy
 folders are refused naming the file, eval's bad arguments and failures are one line.
 
 Every case damages a copy of a real exported policy folder (tests/policy_fixtures.py) on disk."""
@@ -129,7 +129,7 @@ def test_non_finite_actions_never_leave_predict_action(setup):
 
 
 def test_a_state_in_degrees_is_refused_naming_the_dims_or_allowed_with_a_warning(setup):
-    """Issue 22: a state sent in degrees instead of radians got normal-looking actions (one log line
+    """A state sent in degrees instead of radians got normal-looking actions (one log line
     per process). Refused by default, one line naming the dims, values and training ranges; allowed
     on request, the same line comes back to the caller as a StateRangeWarning."""
     policy = DiT4DiTPolicy.from_pretrained(setup.policy_dir)

@@ -2,7 +2,7 @@
 once on its way to the model (a real PolicyIO subclass counts), non-finite actions refused in
 each kind's own format, unknown message shapes answered in one line on a connection that stays
 usable, requests over the row or decoded-size caps and states far outside the training range
-refused before any work (issue 22). Real websockets, the real tiny policy."""
+refused before any work. Real websockets, the real tiny policy."""
 
 from __future__ import annotations
 
@@ -157,7 +157,7 @@ def test_non_finite_actions_are_refused_in_each_kinds_format(policy: DiT4DiTPoli
             client.close()
 
 
-# -- issue 22: a server that cannot be flooded, states that are not plausible ---------------------
+# -- a server that cannot be flooded, states that are not plausible --------------------------------
 
 
 def _flood(policy: DiT4DiTPolicy, obs: dict[str, Any], rows: int) -> dict[str, Any]:

@@ -132,8 +132,8 @@ def test_feature_probe_reads_the_policys_own_features(run_dir: Path, tmp_path: P
     import numpy as np
     import torch
 
+    from dit4dit_npu.eval.cli import feature_probe_main as probe_main
     from dit4dit_npu.eval.feature_probe import collect
-    from dit4dit_npu.eval.feature_probe import main as probe_main
     from dit4dit_npu.policy import DiT4DiTPolicy
 
     policy_dir = run_dir / "checkpoints" / "step_000002" / "policy"
@@ -166,9 +166,9 @@ def test_video_picture_shows_real_round_trip_and_imagined_clips(run_dir: Path, t
     import numpy as np
     import torch
 
+    from dit4dit_npu.eval.cli import video_picture_main as picture_main
     from dit4dit_npu.eval.offline import build_eval_dataset
     from dit4dit_npu.eval.video_picture import closed_loop_strips, demo_strips
-    from dit4dit_npu.eval.video_picture import main as picture_main
     from dit4dit_npu.models.dit4dit import video_input
     from dit4dit_npu.models.pixels import to_uint8
 
@@ -214,7 +214,7 @@ def test_video_picture_shows_real_round_trip_and_imagined_clips(run_dir: Path, t
     ],
 )
 def test_bad_video_picture_flags_are_one_line_before_anything_is_written(tmp_path, capsys, args, expected) -> None:
-    from dit4dit_npu.eval.video_picture import main as picture_main
+    from dit4dit_npu.eval.cli import video_picture_main as picture_main
 
     out = tmp_path / "picture.png"
     flags = {"--policy": str(tmp_path / "missing"), "--demos": str(tmp_path), "--out": str(out)}

@@ -1,6 +1,6 @@
 """Episode-level train/validation split and the weighted, sharded, resumable mixture sampler.
 
-Sampling follows the original (SPEC 4.4): dataset weights are normalised and dataset size does
+Sampling follows the original's mixture: dataset weights are normalised and dataset size does
 not change them; an epoch has ``max_i(size_i / weight_i)`` samples. Two things differ on purpose:
 within a dataset, indices are drawn from fresh random permutations (every frame once before any
 repeats) instead of i.i.d. uniform steps, and the sequence is a pure function of

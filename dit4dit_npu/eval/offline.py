@@ -14,7 +14,7 @@ worse than the real score shows the policy uses its cameras.
 Writes ``metrics.json`` (MSE/MAE overall, per joint and per horizon step for the model and both
 baselines, the model/baseline ratios; < 1 means better than the baseline) and PNG plots
 (``eval/plots.py``). The original's offline G1 evaluator normalized state differently from
-training (SPEC A7); here the same PolicyIO as training is applied, inside the policy.
+training; here the same PolicyIO as training is applied, inside the policy.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """``trainer.init_from``: a fresh run that starts from another run's trained weights.
 
-Video pretraining before few-demo training (issue 32 item 5) is two runs: one with
+Video pretraining before few-demo training is two runs: one with
 ``framework.cosmos25.training: video`` (the video loss only: the episodes' actions are never read),
 whose exported policy holds the transformer alone, then the action run with
 ``trainer.init_from`` naming that policy: its transformer, a fresh action head. Fine-tuning a
