@@ -20,7 +20,7 @@
 #   OBJECTIVE=joint VAE=fitted bash scripts/aloha_recipe.sh   # see below; SMOKE=1 works with each
 #
 # What is trained (docs/simulation.md, "Fitted tiny VAE and OBJECTIVE="):
-#   OBJECTIVE=no_video (default) today's recipe: one-frame clips, video loss 0, the action loss
+#   OBJECTIVE=no_video (default) the shipped config's: one-frame clips, video loss 0, the action loss
 #                      into the backbone (the config's choices)
 #   OBJECTIVE=joint    5-frame clips (the observation + 4 frames up to 16 steps = one action chunk
 #                      ahead), the video flow-matching loss on the future latent frame (weight
@@ -45,8 +45,7 @@
 #                      below): the committed fit saw only transfer-cube frames (another crop, no
 #                      peg, no blue socket; on insertion's frames MSE 0.098 against 0.043 on its own)
 #
-# Measured on the project's shared 2-core CPU machine: see RUNTIME in README.md (Closed-loop
-# simulation) and docs/sim_recipe_log.md.
+# Measured on the project's shared 2-core CPU machine: docs/simulation.md ("What to expect").
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -84,8 +83,9 @@ else
     done
     EVERY=$(((STEPS + 2) / 3)) EXTRA=()  # rounded up: STEPS=8000 checkpoints 2667, 5334, 8000 (not 7998 and 8000)
 fi
-# Today's recipe keeps its names (run aloha_recipe, its cache and statistics); every other setting
-# gets its own run, latent cache and statistics, named by what changes them.
+# The defaults (no_video, random VAE, 50 demos, 15000 steps) keep the plain names (run aloha_recipe,
+# its cache and statistics); every other setting gets its own run, latent cache and statistics,
+# named by what changes them.
 VARIANT=""
 # The chunk's 16 steps ahead as 5 frames (1 + 4: one future latent frame of the causal VAE, the
 # cheapest clip that has one); the latent cache makes the VAE's 5x cost a one-off.

@@ -164,7 +164,7 @@ def test_trained_tiny_model_beats_hold_baseline(demo_run: Path, tmp_path: Path) 
 
     Measured on 2 cores with the config's own 1000 steps (demo data version 2, the goal only in
     the frames): hold-position MSE ratio 0.29, dataset-mean ratio 0.055 (docs/performance.md);
-    500 steps not measured yet (the former default's half, 300 of 600 steps, gave 0.89).
+    these 500 steps (2026-12-06, CONTRIBUTING.md's Timings): 0.551 and 0.106.
     The eval runs in this process (its command line is tested above).
     """
     out = tmp_path / "eval"

@@ -98,6 +98,8 @@ def _check_order(order: list[int] | None, key: str) -> None:
 @dataclass
 class VLADataConfig:
     data_root_dir: str = "data"
+    # The datasets and their weights; empty = every LeRobot dataset folder under data_root_dir (or
+    # data_root_dir itself when it is one), weight 1.0 each (data/mixture.py: mixture_entries).
     data_mix: list[DatasetEntry] = field(default_factory=list)
     # Create the generated demo dataset under data_root_dir when it is missing (embedded default).
     generate_demo_if_missing: bool = False

@@ -40,6 +40,7 @@ import torch
 
 from dit4dit_npu.batch import BatchSpec
 from dit4dit_npu.config import Config, TinyCosmosConfig, load_config
+from dit4dit_npu.data.mixture import mixture_entries
 from dit4dit_npu.errors import DiT4DiTError
 from dit4dit_npu.train.activations import FULL_SIZE, QWEN_VOCAB, full_size_text_config
 from dit4dit_npu.train.distributed import resolve_path
@@ -247,7 +248,7 @@ def plan(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     cfg = load_config(args.config)
     batch = args.batch or cfg.datasets.vla_data.per_device_batch_size
-    n_instr = args.instructions or len(cfg.datasets.vla_data.data_mix)
+    n_instr = args.instructions or len(mixture_entries(cfg.datasets.vla_data))
 
     t0 = time.perf_counter()
     parts = meta_parts(cfg)
