@@ -23,7 +23,7 @@ from serve_fixtures import (
 )
 
 from dit4dit_npu.batch import Batch
-from dit4dit_npu.policy import DiT4DiTPolicy, StateRangeWarning
+from dit4dit_npu.policy import DiT4DiTPolicy, StateOutOfRangeError, StateRangeWarning
 from dit4dit_npu.serve import protocol
 from dit4dit_npu.serve.handlers import Handlers, InstructionGate
 from dit4dit_npu.transforms.observation import Observation
@@ -150,7 +150,7 @@ def test_non_finite_actions_are_refused_in_each_kinds_format(policy: DiT4DiTPoli
         try:
             err = client.predict_action({"examples": [_example(policy, obs["instruction"], 1e30)], "request_id": 8})
             assert (err["status"], err["ok"], err["type"], err["request_id"]) == ("error", False, "inference_result", 8)
-            assert err["error"]["message"].startswith("NonFiniteActionError: predict_normalized produced ")
+            assert err["error"]["message"].startswith("NonFiniteActionError: predict_batch (model space) produced ")
             ok = client.predict_action({"examples": [_example(policy, obs["instruction"])]})
             assert ok["status"] == "ok" and np.isfinite(ok["data"]["normalized_actions"]).all()
         finally:
@@ -211,8 +211,9 @@ def test_a_state_far_outside_the_training_range_is_refused_or_answered_with_a_wa
 ) -> None:
     obs = observations[0]
     degrees = {**obs, "state": np.degrees(obs["state"])}
-    expected = policy.state_range_problem(np.degrees(obs["state"])[None])
-    assert expected is not None
+    with pytest.raises(StateOutOfRangeError) as refused:
+        policy.parse(degrees)
+    expected = refused.value.problem
     with RunningServer(policy) as srv, srv.client() as client:
         with pytest.raises(ServerError) as e:
             client.infer({**degrees, "seed": 0})
@@ -244,9 +245,12 @@ class InterfaceOnly:
 
     def __init__(self, policy: DiT4DiTPolicy) -> None:
         self._p = policy
-        self.max_added_instructions = None
         self.parse, self.with_rtc, self.predict_batch = policy.parse, policy.with_rtc, policy.predict_batch
-        self.predict_normalized, self.describe = policy.predict_normalized, policy.describe
+        self.describe = policy.describe
+
+    @property
+    def max_added_instructions(self) -> int | None:  # read-only: a server that set it would fail here
+        return self._p.max_added_instructions
 
 
 def test_the_server_needs_only_the_policys_small_interface(policy, observations) -> None:

@@ -49,10 +49,6 @@ from dit4dit_npu.transforms.vector import NORM_MODES, Normalize, TooNarrowError,
 STATE_MODES = (*NORM_MODES, "sincos", "none")
 
 
-class NonFiniteActionError(DiT4DiTError, RuntimeError):
-    """The model computed NaN/inf actions: they are never returned to a robot."""
-
-
 @dataclass(eq=False)
 class PolicyIO(PolicyIOJson):
     camera_keys: list[str]
