@@ -27,7 +27,6 @@ import torch
 
 from dit4dit_npu.batch import Batch, BatchSpec
 from dit4dit_npu.config import Config, ConfigError
-from dit4dit_npu.errors import DiT4DiTError
 from dit4dit_npu.transforms import encodings
 from dit4dit_npu.transforms.feature_stats import FeatureStats
 from dit4dit_npu.transforms.images import crop_box
