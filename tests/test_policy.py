@@ -159,6 +159,22 @@ def test_unseen_instruction_is_encoded_once_and_cached(setup) -> None:
     assert "wave at the camera" in policy.metadata["instructions"]
 
 
+def test_one_policy_object_with_two_predictions_and_settings_given_at_construction(setup) -> None:
+    """One class, no mixins sharing its state; two public predictions (the users' and the
+    server's); the instruction cap is a setting given when it is built, read-only after."""
+    assert DiT4DiTPolicy.__mro__ == (DiT4DiTPolicy, object)
+    public = {n for n in dir(DiT4DiTPolicy) if not n.startswith("_")}
+    assert {n for n in public if n.startswith("predict")} == {"predict_action", "predict_batch"}
+    assert not {"predict_video", "reconstruct_video", "observation_features", "predict_normalized"} & public
+    capped = DiT4DiTPolicy.from_pretrained(setup.policy_dir, max_added_instructions=1)
+    assert capped.max_added_instructions == 1 and capped.describe().instructions
+    with pytest.raises(AttributeError):
+        capped.max_added_instructions = 8  # a server never sets it
+    for bad in (-1, 1.5, True, "8"):
+        with pytest.raises(PolicyInputError, match=r"max_added_instructions: expected an int >= 0 or None, got "):
+            DiT4DiTPolicy.from_pretrained(setup.policy_dir, max_added_instructions=bad)
+
+
 def test_unseen_instruction_without_text_encoder_is_a_clear_error(setup, tmp_path: Path) -> None:
     from dit4dit_npu.weights import save_tiny_base_model
 

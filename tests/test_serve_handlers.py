@@ -57,6 +57,13 @@ def policy() -> DiT4DiTPolicy:
     return load_policy()
 
 
+def counting_policy() -> tuple[DiT4DiTPolicy, CountingIO]:
+    """A fresh policy built around a counting copy of its PolicyIO (given at construction)."""
+    loaded = load_policy()
+    io = CountingIO.from_dict(loaded.io.to_dict())
+    return DiT4DiTPolicy(loaded.model, loaded.manifest, io, loaded.prompt_cache, loaded.path), io
+
+
 @pytest.fixture(scope="module")
 def observations(policy: DiT4DiTPolicy) -> list[dict[str, Any]]:
     return sample_observations(policy, 4)
@@ -117,8 +124,7 @@ def test_every_kind_on_one_connection_and_unknown_shapes_get_one_line(policy: Di
 
 
 def test_an_observation_is_parsed_once_on_its_way_to_the_model(observations) -> None:
-    fresh = load_policy()
-    fresh.io = io = CountingIO.from_dict(fresh.io.to_dict())
+    fresh, io = counting_policy()
     cams, (h, w) = fresh.camera_keys, fresh.image_size
     rng = np.random.default_rng(0)
     # Camera-size images: resized on arrival (on a helper thread, being large), never again.
@@ -168,8 +174,7 @@ def _flood(policy: DiT4DiTPolicy, obs: dict[str, Any], rows: int) -> dict[str, A
 
 
 def test_rows_and_decoded_size_of_a_request_are_capped_before_any_work(observations) -> None:
-    fresh = load_policy()
-    fresh.io = io = CountingIO.from_dict(fresh.io.to_dict())
+    fresh, io = counting_policy()
     obs = observations[0]
     h, w = fresh.image_size
     cams = len(fresh.camera_keys)
@@ -273,3 +278,30 @@ def test_the_server_needs_only_the_policys_small_interface(policy, observations)
             assert reply["data"]["normalized_actions"].shape == (1, policy.chunk_length, policy.describe().action_width)
         finally:
             d4d.close()
+
+
+class FailingPredictions(InterfaceOnly):
+    """The real policy's interface whose predictions fail with a plain ValueError, as a bug deeper
+    in the stack would raise it (a shape mismatch in a model, say)."""
+
+    def __init__(self, policy: DiT4DiTPolicy) -> None:
+        super().__init__(policy)
+        self.predict_batch = self._fail
+
+    @staticmethod
+    def _fail(requests: Any, seed: Any = None) -> Any:
+        raise ValueError("operands could not be broadcast together")
+
+
+def test_whose_fault_is_decided_by_class_not_by_valueerror(policy, observations) -> None:
+    """A ValueError that is no refusal class of the server's (docs/serving.md) is the server's
+    fault: "internal error: ..." (it was answered as if the client had sent bad input); the
+    client's own errors still come back as their line."""
+    obs = observations[0]
+    with RunningServer(FailingPredictions(policy)) as srv, srv.raw() as ws:
+        ws.send(msgpack_numpy.packb({**obs, "seed": 1}))
+        assert ws.recv(timeout=TIMEOUT) == "internal error: ValueError: operands could not be broadcast together"
+        ws.send(msgpack_numpy.packb({**obs, "seed": 1.5}))
+        assert ws.recv(timeout=TIMEOUT) == "seed: expected an int in [0, 2**63), got float 1.5"
+        ws.send(b"\xc1\x00garbage")  # the client package's WireFormatError: the client's fault
+        assert ws.recv(timeout=TIMEOUT).startswith("malformed msgpack message")

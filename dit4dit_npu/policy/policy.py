@@ -107,10 +107,10 @@ class DiT4DiTPolicy:
         *,
         max_added_instructions: int | None = None,
     ) -> None:
-        self.model = model.eval()
+        # Read-only once built: its parts (the request checks, the prompt cache) hold the same
+        # objects, so a policy with another model, PolicyIO or manifest is a new policy.
+        self._model, self._manifest, self._io = model.eval(), manifest, io
         self.path = path  # the policy folder it was loaded from (None when built in memory)
-        self.manifest = manifest
-        self.io = io
         self._lock = threading.RLock()
         self._instructions = RunTimeInstructions(prompt_cache, manifest, max_added_instructions)
         self._checks = RequestChecks(io, manifest)
@@ -159,6 +159,20 @@ class DiT4DiTPolicy:
             compile_backbone(model, "compile / --compile")
         return cls(model, loaded.manifest, loaded.io, loaded.prompt_cache, loaded.path,
                    max_added_instructions=max_added_instructions)
+
+    @property
+    def model(self) -> torch.nn.Module:
+        return self._model
+
+    @property
+    def manifest(self) -> PolicyManifest:
+        """The folder's policy.json in memory (``policy/manifest.py``)."""
+        return self._manifest
+
+    @property
+    def io(self) -> PolicyIO:
+        """Every transform between robot and model (``transforms/policy_io.py``)."""
+        return self._io
 
     @property
     def device(self) -> torch.device:
