@@ -255,7 +255,8 @@ class DiT4DiTPolicy:
         chunk, action width) the Euler start in the model's normalized, padded action space,
         ``feature`` (B, 16, T_lat, h, w) the feature-pass latents, and ``condition`` (B, 16, 1,
         h, w) the conditioning latent's posterior eps (policies imported from DiT4DiT); B = 1 for
-        unbatched input. See dit4dit_npu/models/noise.py.
+        unbatched input. See dit4dit_npu/models/noise.py. A non-finite result with ``noise`` given
+        is blamed on it (``NonFiniteActionError`` names ``noise=`` and its largest value).
 
         Real-time chunking (``policy/rtc.py``): ``prev_chunk`` (L, action_dim) robot units, the
         previous chunk's actions still to execute from this observation on; ``inference_delay`` d
