@@ -79,14 +79,15 @@ def test_eval_on_demo_data_writes_metrics_and_plots(tmp_path: Path) -> None:
 
 
 class RecordingPolicy:
-    """The real policy, recording the views each ``predict_parsed`` call is given."""
+    """The real policy, recording the views each ``parse`` call is given."""
 
     def __init__(self, policy) -> None:
         self.policy, self.views = policy, []
+        self.predict_batch = policy.predict_batch
 
-    def predict_parsed(self, observation, **kwargs):
+    def parse(self, observation, **kwargs):
         self.views.append(np.array(observation.views))
-        return self.policy.predict_parsed(observation, **kwargs)
+        return self.policy.parse(observation, **kwargs)
 
 
 def test_blank_cameras_shows_the_model_constant_views_and_writes_both_scores(tmp_path: Path) -> None:

@@ -5,7 +5,7 @@
 
 For each seed the ALOHA scene is reset (the object placed as gym-aloha places it) and, with
 ``--at`` > 0, the scripted expert runs that many steps first. The policy's observation path gives
-what its action head reads (``DiT4DiTPolicy.observation_features``): the conditioning VAE latent and
+what its action head reads (``research.observation_features``): the conditioning VAE latent and
 block ``extract_layer``'s output. A ridge regression from each of them (and, as a control, from the
 14-d joint state) to the object's x, y is fitted and scored on held-out seeds (5-fold
 cross-validation, the ridge strength chosen inside each training fold): R^2 near 1 says the
@@ -96,12 +96,13 @@ def collect(
 
 
 def policy_rows(policy_dir: str, observations: list[dict], targets: np.ndarray) -> dict[str, Any]:
+    from dit4dit_npu.eval.research import observation_features
     from dit4dit_npu.policy import DiT4DiTPolicy
 
     policy = DiT4DiTPolicy.from_pretrained(policy_dir, device="cpu")
     latents, feats, states = [], [], []
     for obs in observations:
-        out = policy.observation_features(obs, seed=0)
+        out = observation_features(policy, obs, seed=0)
         latents.append(out["latent"][0])
         feats.append(out["features"][0])
         states.append(np.asarray(obs["state"], np.float64))

@@ -4,10 +4,10 @@ a closed-loop episode of the policy in the ALOHA scene, three rows of frames eac
 - **real**: the clip the video loss trains on at that step (the policy's clip offsets, e.g. 0, 4,
   8, 12, 16 steps ahead; clamped to the episode's last frame), views cropped, resized and tiled
   as the model sees them;
-- **round trip**: that clip through the VAE (encode -> decode, ``DiT4DiTPolicy.reconstruct_video``):
+- **round trip**: that clip through the VAE (encode -> decode, ``research.reconstruct_video``):
   the best the decoder can show;
 - **imagined**: the backbone's predicted future from the step's frame alone
-  (``DiT4DiTPolicy.predict_video``: frame 0 is the observation's reconstruction).
+  (``research.predict_video``: frame 0 is the observation's reconstruction).
 
     python -m dit4dit_npu.eval.video_picture --policy RUN/checkpoints/step_006000/policy \\
         --demos data/aloha/transfer_cube_240x320_recipe --episode 0 --at 0 100 200 \\
@@ -33,13 +33,14 @@ TITLE = "real future frames / their VAE round trip / imagined by the video backb
 def rows(policy: Any, clip_views: np.ndarray, obs: Any, steps: int, seed: int) -> list[tuple[str, np.ndarray]]:
     """[("real", ...), ("round trip", ...), ("imagined", ...)] for one clip of views (T, V, H, W, 3)
     and the parsed observation of its frame 0; each (T, H, W_tiled, 3) uint8."""
+    from dit4dit_npu.eval.research import predict_video, reconstruct_video
     from dit4dit_npu.transforms.images import untile
 
     real = untile(policy.io.frames(clip_views).numpy())
     return [
         ("real", real),
-        ("round trip", policy.reconstruct_video(clip_views)),
-        ("imagined", policy.predict_video(obs, steps=steps, seed=seed)[0]),
+        ("round trip", reconstruct_video(policy, clip_views)),
+        ("imagined", predict_video(policy, obs, steps=steps, seed=seed)[0]),
     ]
 
 

@@ -17,7 +17,7 @@
                                        not hashed: editing it changes nothing)
 
 The frozen base model (VAE, text encoder; "tiny" or a local Cosmos folder) is referred to by
-path, never copied (the original stored ~21 GB of frozen weights per checkpoint, SPEC B7).
+path, never copied (the original stored ~21 GB of frozen weights in every checkpoint).
 The folder is written to a temporary sibling and renamed into place, so a crash never leaves a
 half-written policy that looks complete. Loading reads the manifest and PolicyIO, never the
 training schema; it first checks the manifest's own hash and every file's size and hash
