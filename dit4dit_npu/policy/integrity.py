@@ -75,14 +75,10 @@ def width_problem(io: PolicyIO, weights: dict[str, Any]) -> str | None:
 
 
 def nonfinite_weights(weights: dict[str, Any]) -> str | None:
-    """The first tensor holding NaN/inf (checked tensor by tensor: no second copy of the model)."""
-    import torch
+    """The first tensor holding NaN/inf (``weights/finite.py``: no second copy of the model)."""
+    from dit4dit_npu.weights.finite import nonfinite
 
-    for name, t in weights.items():
-        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
-            n = int((~torch.isfinite(t)).sum())
-            return f"tensor {name!r} has {n} NaN/inf value(s)"
-    return None
+    return nonfinite(weights.items())
 
 
 def feature_names(dataset_paths: Sequence[str | Path], key: str, dim: int) -> list[str] | None:
