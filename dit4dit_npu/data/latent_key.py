@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from dit4dit_npu.files import edges_hash, hash_files
+from dit4dit_npu.files import edges_hash, hash_file
 
 
 @dataclass(frozen=True)
@@ -96,7 +96,7 @@ def source_record(path: Path) -> dict[str, Any]:
     read of the episode in a run checks, ``source_content_problem``). The encoder has just decoded
     the file, so hashing it reads bytes that are in the page cache."""
     st = path.stat()
-    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "edges": edges_hash(path), "sha256": hash_files([path])[path]}
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "edges": edges_hash(path), "sha256": hash_file(path)}
 
 
 def source_problem(path: Path, saved: dict[str, Any]) -> str | None:
@@ -120,7 +120,7 @@ def source_problem(path: Path, saved: dict[str, Any]) -> str | None:
 def source_content_problem(path: Path, saved: dict[str, Any]) -> str | None:
     """Whether a source file's whole content is what the episode was encoded from (read whole)."""
     try:
-        digest = hash_files([path])[path]
+        digest = hash_file(path)
     except OSError as e:
         return f"its source {path} cannot be read ({e.strerror or e})"
     if digest != saved.get("sha256"):
