@@ -121,6 +121,16 @@ def test_latent_stats_command_smoke_ends_with_its_speedup(demo_root: Path) -> No
     assert_headline(lines[-1])
 
 
+def test_latent_verify_smoke_ends_with_the_share_of_an_epoch_spent_verifying() -> None:
+    """bench/latent_verify.py: the latent cache's first-read content check against an epoch of
+    training from the cache; its headline is that share (the goal: <= 5%), not a speedup."""
+    import re
+
+    lines = run([sys.executable, "bench/latent_verify.py", "--smoke"])
+    m = re.fullmatch(r"verify/epoch: (\d+\.\d{4})", lines[-1])
+    assert m and 0 < float(m.group(1)) < 1, lines[-3:]
+
+
 def test_sim_replay_and_success_curve_smoke_end_with_a_success_line(tmp_path: Path) -> None:
     """The two closed-loop benches measure a success rate, so their last line is ``success k/n``
     (documented in each): the replay check's whole path (demos, ground truth, latent cache,

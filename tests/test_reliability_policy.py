@@ -238,8 +238,8 @@ def test_files_of_another_run_are_refused(setup, tmp_path):
     edit_json(folder / "policy.json", lambda d: d.__setitem__("step", 7))
     refused(
         folder,
-        f"{folder}/model.safetensors holds the weights of step 0 but {folder}/policy.json records step 7 "
-        "(files of different checkpoints mixed?)",
+        f"{folder} holds files of two checkpoints: {folder}/policy.json records step 7 but {folder}/model.safetensors "
+        "holds the weights of step 0 (copy every file of one checkpoint's policy folder)",
     )
 
 
