@@ -1,4 +1,4 @@
-"""The original DiT4DiT beside ours in bench/ (issue 31 item 4): its side virtualenv as a worker.
+"""The original DiT4DiT beside ours in bench/: its side virtualenv as a worker.
 
 ``bench/profile_medium.py``, ``bench/latency.py`` and ``bench/train_step.py`` take the same flags as
 ``bench/parity_dit4dit.py`` (``--original-root`` a checkout of Mondo-Robotics/DiT4DiT,

@@ -5,7 +5,7 @@
 
 The model's part of inference, on a ``Batch`` (tiled uint8 frame, encoded state; PolicyIO's
 pre/post-processing is not timed here). Stages (device synchronised between them): text (prompt-
-cache lookup; the reference runs the text encoder on every call, SPEC B1), VAE encode of the
+cache lookup; the reference runs the text encoder on every call, B1 in bench/reference.py), VAE encode of the
 conditioning frame (the reference encodes it zero-padded to the clip length, per sample, B4),
 feature pass (ours stops after ``extract_layer``; the reference runs every block and the output
 head with autograd on, B2/B3), action sampling (the Euler steps of the head).
@@ -31,7 +31,6 @@ script, on the tiny config, 3 calls each, whose ratio means little).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import statistics
 import time
@@ -41,7 +40,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from _common import FULL_SIZE, bench_spec, full_size_text_config
+from _common import bench_spec, build_full_size, observation, placeholder, plain_predict
 from _original import Original, add_original_args, original_spec
 from reference import ReferenceDiT4DiT
 
@@ -202,45 +201,6 @@ def report(title: str, times: dict[str, dict[str, list[float]]], batch_size: int
 # --------------------------------------------------------------------------------------------
 
 
-def build_full_size(
-    cfg: Config, spec: BatchSpec, device: torch.device, dtype: torch.dtype, layers: int = 28
-) -> tuple[DiT4DiT, Any]:
-    """Cosmos-Predict2.5-2B transformer + Wan2.1 VAE + a Qwen2.5-VL-7B-sized text model, random,
-    built directly on ``device`` (cosmos25_tiny_recipe.md §1 configs) and composed with the
-    ``framework`` sections of ``cfg``. The tokenizer is the tiny one: its
-    vocabulary only changes the embedding table, not the per-token compute. ``layers`` < 28 keeps
-    every width but fewer blocks (a CPU smoke test of this builder)."""
-    from diffusers import AutoencoderKLWan, CosmosTransformer3DModel
-    from transformers import Qwen2_5_VLTextConfig, Qwen2_5_VLTextModel
-
-    from dit4dit_npu.models import CosmosBackbone, PromptEncoder
-    from dit4dit_npu.models import tiny as tiny_parts
-    from dit4dit_npu.weights import build_action_head
-    from dit4dit_npu.weights.model_config import backbone_config, dit4dit_config, tiny_sizes
-
-    real = dataclasses.replace(FULL_SIZE, num_layers=layers, text_num_layers=layers)
-    c = cfg.framework.cosmos25
-    bb_cfg = dataclasses.replace(c, extract_layer=min(c.extract_layer, layers - 1))
-    with torch.device(device):
-        transformer = CosmosTransformer3DModel(**tiny_parts.transformer_kwargs(tiny_sizes(real))).to(dtype)
-        vae = AutoencoderKLWan().to(dtype)  # the class defaults are Wan2.1's
-        tok = tiny_parts.build_tokenizer()
-        text = Qwen2_5_VLTextModel(
-            Qwen2_5_VLTextConfig(**full_size_text_config(len(tok), layers, tok.pad_token_id, tok.eos_token_id))
-        ).to(dtype)
-    backbone = CosmosBackbone(
-        transformer, vae, tiny_parts.build_scheduler(), backbone_config(bb_cfg), cfg.trainer.enable_gradient_checkpointing
-    )
-    head = build_action_head(cfg, spec, backbone.hidden_size).to(device)
-    encoder = PromptEncoder(tok, text, cfg.framework.cosmos25.max_sequence_length, identity="full-size-random")
-    framework = dataclasses.replace(cfg.framework, cosmos25=bb_cfg)
-    model = DiT4DiT(backbone, head, dit4dit_config(framework), spec, autocast=True)
-    return model, encoder
-
-
-# --------------------------------------------------------------------------------------------
-
-
 def run_config(
     title: str, args: argparse.Namespace, spec: BatchSpec, paths: list[str],
     build: Callable[[], tuple[DiT4DiT, Any]],
@@ -266,9 +226,6 @@ def end_to_end_vs_original(cfg: Config, args: argparse.Namespace) -> float:
     """predict_action end to end (batch 1): ours = PolicyIO parse + ``DiT4DiT.predict_action`` +
     unnormalize, the original = its client side + its ``predict_action`` (bench/_profile_original.py),
     on native-size frames, alternating call by call; returns the original's median over ours."""
-    # same directory: the one recipe of a robot observation and of an end-to-end call
-    from profile_medium import observation, placeholder, plain_predict
-
     spec = bench_spec(cfg)
     model, encoder = build_dit4dit(cfg, spec).to(dev.get_device()), build_prompt_encoder(cfg)
     io = PolicyIO.from_config(cfg, placeholder(ROBOTWIN_DIMS), placeholder(ROBOTWIN_DIMS), warn=False)

@@ -10,7 +10,7 @@ Writes a demo dataset (RoboTwin-like: 3 cameras at 240x320, 15 fps) into a temp 
 2. per-sample decode time of the same clips two ways, in the same run, on the same open files:
    - sparse (ours): one seek, decode forward, convert only the T kept frames to RGB at the stored
      size, then the PolicyIO's view step (crop + resize), the path live images take too;
-   - whole clip (the original, SPEC B8/B9): convert every frame from the first to the last delta
+   - whole clip (the original's loader): convert every frame from the first to the last delta
      to RGB at full size, then resize the kept ones one by one (one seek per clip, which is
      kinder to the baseline than the original's seek per timestamp).
    - for reference, the whole clip with the original's primitives (a fresh swscale context per
@@ -67,7 +67,7 @@ def whole_clip(
 def original_clip(
     container: av.container.InputContainer, t0: float, t1: float, kept: np.ndarray, size_hw: tuple[int, int]
 ) -> list[torch.Tensor]:
-    """Closer to the original's primitives (SPEC 4.5): every clip frame to RGB with a fresh
+    """Closer to the original's primitives (its image preprocessing): every clip frame to RGB with a fresh
     swscale context (``to_ndarray``), kept frames to float [0, 1], then ``F.interpolate`` each."""
     stream = container.streams.video[0]
     container.seek(max(int((t0 - 1e-4) / stream.time_base), 0), stream=stream, backward=True)

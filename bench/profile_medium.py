@@ -1,4 +1,4 @@
-"""Where the time goes in one training step and one predict_action call (issue 31, item 1), ours, per stage.
+"""Where the time goes in one training step and one predict_action call, ours, per stage.
 
     python bench/profile_medium.py [--config bench/medium.yaml] [--rounds 5] [key=value overrides ...]
     python bench/profile_medium.py --smoke   # seconds: the tiny config, 1 round; its numbers mean nothing
@@ -43,17 +43,16 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from _common import bench_spec
+from _common import bench_spec, observation, placeholder, plain_predict, with_cached_latents
 from _original import Original, add_original_args, original_spec
 from torch.profiler import record_function
 from torch.utils.flop_counter import FlopCounterMode
-from train_step import with_cached_latents
 
 from dit4dit_npu import device as dev
 from dit4dit_npu.config import load_config
 from dit4dit_npu.models.prompt_cache import PromptCache
 from dit4dit_npu.train.memory_plan import ROBOTWIN_DIMS
-from dit4dit_npu.transforms import FeatureStats, PolicyIO
+from dit4dit_npu.transforms import PolicyIO
 from dit4dit_npu.weights import build_dit4dit, build_prompt_encoder
 from dit4dit_npu.weights.testing import make_batch
 
@@ -144,24 +143,6 @@ def staged_predict(model, io: PolicyIO, obs: dict, seed: int, stage: Callable) -
         normalized = model.action_model.sample(feats, b.state, torch.Generator().manual_seed(seed))
     with stage("unnormalize"):
         return io.decode_actions(normalized)
-
-
-def plain_predict(model, io: PolicyIO, obs: dict, seed: int) -> np.ndarray:
-    batch, _ = io.encode_observation(obs)
-    return io.decode_actions(model.predict_action(batch, seed=seed))
-
-
-def placeholder(dim: int) -> FeatureStats:  # [-1, 1] statistics: values only, widths come from the config
-    return FeatureStats(*(np.full(dim, v) for v in (-1.0, 1.0, 0.0, 1.0, -1.0, 1.0)), count=0)
-
-
-def observation(io: PolicyIO, native: tuple[int, int], instruction: str, seed: int) -> dict:
-    """One robot observation: native-size uint8 RGB frames per camera, raw state, the instruction."""
-    rng = np.random.default_rng(seed)
-    obs: dict = {k: rng.integers(0, 256, (*native, 3), dtype=np.uint8) for k in io.camera_keys}
-    obs["state"] = rng.uniform(-1, 1, io.state_dim).astype(np.float32)
-    obs["instruction"] = instruction
-    return obs
 
 
 def table(title: str, stages: tuple[str, ...], times: dict[str, list[float]], flops: dict[str, float],

@@ -1,6 +1,6 @@
 """The original DiT4DiT's per-step work, rebuilt from the SAME modules and weights as ours.
 
-What the original does that our model does not (SPEC 1.7, B1-B5), each a small function here:
+What the original does that our model does not (labelled B1-B5 here), each a small function here:
 
 - B1 ``prompt_embeddings``: the text encoder runs on every step and every ``predict_action`` call
   (ours: a prompt cache built once per instruction);

@@ -5,7 +5,7 @@
     python bench/train_step.py --full-size [--peak-tflops 989]   # accelerator: random-init real sizes, bf16
     python bench/train_step.py --smoke   # seconds: the tiny config, batch 2, 1 timed step per path, no projection
 
-"reference" is the original DiT4DiT's step (SPEC 1.7, B1-B5), built by ``bench/reference.py`` from the
+"reference" is the original DiT4DiT's step (B1-B5 of ``bench/reference.py``), built by ``bench/reference.py`` from the
 same modules and weights: the text encoder every step; a full-depth feature pass with autograd on
 (its graph kept alive until the loss); a second, per-sample VAE encode of the zero-padded
 conditioning clip (stochastic sample) besides the batched ground-truth encode; and R materialised
@@ -49,7 +49,17 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from _common import bench_spec, count_flops, param_mib, part_flops, step_peak_mib, timed
+from _common import (
+    bench_spec,
+    build_full_size,
+    count_flops,
+    param_mib,
+    part_flops,
+    placeholder,
+    step_peak_mib,
+    timed,
+    with_cached_latents,
+)
 from _original import Original, add_original_args, original_spec
 from reference import ReferenceDiT4DiT
 
@@ -84,8 +94,6 @@ def setup(args: argparse.Namespace):
     device = dev.get_device()
     spec = bench_spec(cfg)
     if args.full_size:
-        from latency import build_full_size  # same directory: the full-size builder is shared
-
         model, encoder = build_full_size(cfg, spec, device, torch.bfloat16, args.full_size_layers)
     else:
         model = build_dit4dit(cfg, spec).to(device)
@@ -112,12 +120,6 @@ def setup(args: argparse.Namespace):
     return cfg, model, encoder, batches, opt, cache, steps
 
 
-def with_cached_latents(model, batch: Batch) -> Batch:
-    """The batch as a latent cache delivers it: the clip's VAE posterior mean, no frames."""
-    video = model.video_input(batch.frames.to(model.device))
-    return dataclasses.replace(batch, frames=None, latents=vae_latents(model.backbone.vae, video))
-
-
 def train_step(step: Callable[[Batch], dict], batch: Batch, opt: torch.optim.Optimizer, video_weight: float) -> None:
     out = step(batch)
     opt.zero_grad(set_to_none=True)
@@ -129,8 +131,6 @@ def full_size_projection() -> None:
     """The latent cache's saving at the real config, from FLOPs: the full-size model on the meta
     device, one sample's training step (forward + backward, gradient checkpointing as configured)
     counted with and without the VAE encode."""
-    from latency import build_full_size
-
     cfg = load_config(REAL_CONFIG)
     spec = bench_spec(cfg)
     meta = torch.device("meta")
@@ -204,8 +204,6 @@ def main() -> None:
 
     original = None
     if args.original_root is not None and not args.full_size:  # its own step, in its venv (bench/_original.py)
-        from profile_medium import placeholder  # same directory
-
         io = PolicyIO.from_config(cfg, placeholder(ROBOTWIN_DIMS), placeholder(ROBOTWIN_DIMS), warn=False)
         original = Original.start(args, original_spec(cfg, bench_spec(cfg), io, (240, 320), batch.instruction[0], args.threads))
         print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")

@@ -148,10 +148,3 @@ def _check(x: torch.Tensor | None, name: str, shape: tuple, dtype: torch.dtype, 
     if tuple(x.shape) != shape or x.dtype != dtype:
         raise BatchError(f"batch.{name}: expected {dtype} {shape}, got {x.dtype} {tuple(x.shape)}")
 
-
-# Legacy dict keys, used until data/ and models/ move to ``Batch`` (removed in the same change).
-FRAMES, INSTRUCTION, STATE, ACTION, ACTION_MASK, FRAMES_IS_PAD = (
-    "frames", "instruction", "state", "action", "action_mask", "frames_is_pad"
-)
-TRAINING_KEYS = (FRAMES, INSTRUCTION, STATE, ACTION, ACTION_MASK)
-INFERENCE_KEYS = (FRAMES, INSTRUCTION, STATE)

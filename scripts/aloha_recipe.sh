@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The CPU recipe for ALOHA transfer cube (issue 19; TASK=insertion: issue 32), from scratch: DEMOS
+# The CPU recipe for ALOHA transfer cube (TASK=insertion: the second task), from scratch: DEMOS
 # (50) scripted-expert demos at 240x320 -> the tiny VAE's own latent statistics on the config's views
 # (cam_high cropped to the objects' table area, 96x128) -> latent cache (the VAE runs once per clip,
 # not every step) -> train the task's tiny config (configs/aloha/dit4dit_aloha_TASK_tiny.yaml: one-
@@ -20,7 +20,7 @@
 #   OBJECTIVE=joint VAE=fitted bash scripts/aloha_recipe.sh   # see below; SMOKE=1 works with each
 #
 # What is trained (docs/simulation.md, "Fitted tiny VAE and OBJECTIVE="):
-#   OBJECTIVE=no_video (default) today's recipe: one-frame clips, video loss 0, the action loss
+#   OBJECTIVE=no_video (default) the shipped config's: one-frame clips, video loss 0, the action loss
 #                      into the backbone (the config's choices)
 #   OBJECTIVE=joint    5-frame clips (the observation + 4 frames up to 16 steps = one action chunk
 #                      ahead), the video flow-matching loss on the future latent frame (weight
@@ -35,7 +35,7 @@
 #                      video loss only (framework.cosmos25.training: video; the episodes' actions
 #                      are never read) on PRETRAIN_DEMOS (50) demos' 5-frame clips, whose transformer
 #                      then starts the run (trainer.init_from; a fresh action head), normalized by
-#                      the pretraining demos' latent statistics. Issue 32 item 5: few labelled demos
+#                      the pretraining demos' latent statistics. The point: few labelled demos
 #                      (DEMOS=10) after video of many. Extra overrides apply to both runs
 #   TASK=transfer_cube (default) | insertion: the task's config (configs/aloha/dit4dit_aloha_TASK_tiny.yaml,
 #                      each with its own crop and state noise, reasons there), demos and eval scene;
@@ -51,8 +51,7 @@
 # config: a bad value is one line naming it, exit code 2. A setting the chosen run does not read
 # (VIDEO_WEIGHT without OBJECTIVE=joint, DEMOS with SMOKE=1, ...) is refused, never ignored.
 #
-# Measured on the project's shared 2-core CPU machine: see RUNTIME in README.md (Closed-loop
-# simulation) and docs/sim_recipe_log.md.
+# Measured on the project's shared 2-core CPU machine: docs/simulation.md ("What to expect").
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -125,8 +124,9 @@ else
     fi
     EVERY=$(((STEPS + 2) / 3)) EXTRA=()  # rounded up: STEPS=8000 checkpoints 2667, 5334, 8000 (not 7998 and 8000)
 fi
-# Today's recipe keeps its names (run aloha_recipe, its cache and statistics); every other setting
-# gets its own run, latent cache and statistics, named by what changes them.
+# The defaults (no_video, random VAE, 50 demos, 15000 steps) keep the plain names (run aloha_recipe,
+# its cache and statistics); every other setting gets its own run, latent cache and statistics,
+# named by what changes them.
 VARIANT=""
 # The chunk's 16 steps ahead as 5 frames (1 + 4: one future latent frame of the causal VAE, the
 # cheapest clip that has one); the latent cache makes the VAE's 5x cost a one-off.

@@ -8,6 +8,7 @@
 # Multi-node: the same script on every node with --num_machines=M --machine_rank=R
 # --main_process_ip=IP [--main_process_port=P]; --num_processes is per node.
 # --dry_run: check the counts and this host, print the exports and the launch command, exit.
+# Flags take _ or - (--num-processes 8 = --num_processes=8), with = or a space before the value.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -22,16 +23,22 @@ main_process_ip=127.0.0.1
 main_process_port=29500
 dry_run=0
 overrides=()
-for arg in "$@"; do
+# Each flag is taken as --flag=VALUE or --flag VALUE, spelled with _ (accelerate's, the original
+# launch script's) or - (the doctor's): --num-processes 8 means --num_processes=8.
+while [ "$#" -gt 0 ]; do
+  arg="$1"; shift
   case "$arg" in
-    --num_processes=*) num_processes="${arg#*=}" ;;
-    --max_train_steps=*) max_train_steps="${arg#*=}" ;;
-    --per_device_batch_size=*) per_device_batch_size="${arg#*=}" ;;
-    --config=*) config="${arg#*=}" ;;
-    --num_machines=*) num_machines="${arg#*=}" ;;
-    --machine_rank=*) machine_rank="${arg#*=}" ;;
-    --main_process_ip=*) main_process_ip="${arg#*=}" ;;
-    --main_process_port=*) main_process_port="${arg#*=}" ;;
+    --*=*) flag="${arg%%=*}"; value="${arg#*=}"; has_value=1 ;;
+    *) flag="$arg"; value=""; has_value=0 ;;
+  esac
+  case "$flag" in --*) flag="--$(printf '%s' "${flag#--}" | tr - _)" ;; esac
+  case "$flag" in
+    --num_processes|--max_train_steps|--per_device_batch_size|--config|--num_machines|--machine_rank|--main_process_ip|--main_process_port)
+      if [ "$has_value" = 0 ]; then
+        if [ "$#" -eq 0 ]; then echo "train_8p.sh: $arg: expected a value ($arg VALUE or $arg=VALUE)" >&2; exit 2; fi
+        value="$1"; shift
+      fi
+      printf -v "${flag#--}" '%s' "$value" ;;
     --dry_run) dry_run=1 ;;
     -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
     --*) echo "train_8p.sh: unknown flag $arg" >&2; exit 2 ;;

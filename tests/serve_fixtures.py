@@ -131,12 +131,12 @@ def dit4dit_example(obs: dict[str, Any], camera_keys: list[str], state_min: np.n
             "wrist_image": obs[camera_keys[1]]}  # the LIBERO client leaves this in: ignored
 
 
-def load_policy() -> Any:
+def load_policy(**kwargs: Any) -> Any:
     from policy_fixtures import shared_tiny_setup
 
     from dit4dit_npu.policy import DiT4DiTPolicy
 
-    return DiT4DiTPolicy.from_pretrained(shared_tiny_setup().policy_dir)
+    return DiT4DiTPolicy.from_pretrained(shared_tiny_setup().policy_dir, **kwargs)
 
 
 def sample_observations(policy: Any, n: int = 8) -> list[dict[str, Any]]:
@@ -158,5 +158,7 @@ def in_training_range(policy: Any, chunk: np.ndarray) -> np.ndarray:
 def own_chunk_action(policy: Any, obs: dict[str, Any], seed: int, prev_chunk: np.ndarray, **rtc: Any) -> np.ndarray:
     """The policy's RTC call onto the rest of a chunk it returned itself, as a server's session
     makes it (``own_chunk``: not range-checked), through the server's interface."""
-    parsed = policy.with_rtc(policy.parse(obs), prev_chunk, own_chunk=True, **rtc)
+    from dit4dit_npu.policy import RTCRequest
+
+    parsed = policy.with_rtc(policy.parse(obs), RTCRequest(prev_chunk, own_chunk=True, **rtc))
     return policy.predict_batch([parsed], seed=seed)[0]

@@ -67,7 +67,7 @@ def test_full_size_script_smoke_runs_train_step_latency_and_memory(tmp_path: Pat
 
 
 def test_profile_medium_smoke_times_every_stage_and_names_its_reference() -> None:
-    """bench/profile_medium.py (issue 31's per-stage profile): a row with a time for every training
+    """bench/profile_medium.py (the per-stage profile): a row with a time for every training
     and inference stage in its tables (training at batch 2 and 4), and, ours only, a line saying the
     original is not measured."""
     lines = run([sys.executable, "bench/profile_medium.py", "--smoke"], DIT4DIT_ORIGINAL_ROOT="")
@@ -119,6 +119,16 @@ def test_latent_stats_command_smoke_ends_with_its_speedup(demo_root: Path) -> No
                  "datasets.vla_data.generate_demo_if_missing=false"])
     assert any(line.strip().startswith("vae_latents_std: [") for line in lines), lines
     assert_headline(lines[-1])
+
+
+def test_latent_verify_smoke_ends_with_the_share_of_an_epoch_spent_verifying() -> None:
+    """bench/latent_verify.py: the latent cache's first-read content check against an epoch of
+    training from the cache; its headline is that share (the goal: <= 5%), not a speedup."""
+    import re
+
+    lines = run([sys.executable, "bench/latent_verify.py", "--smoke"])
+    m = re.fullmatch(r"verify/epoch: (\d+\.\d{4})", lines[-1])
+    assert m and 0 < float(m.group(1)) < 1, lines[-3:]
 
 
 def test_sim_replay_and_success_curve_smoke_end_with_a_success_line(tmp_path: Path) -> None:

@@ -322,7 +322,7 @@ def test_malformed_statistics_are_one_line(run, tmp_path, change, message):
     assert re.search(message, _convert(run, tmp_path, stats=_stats_with(change), robot_type="libero_franka"))
 
 
-# -- issue 22 ---------------------------------------------------------------------------------------
+# -- the import verifies what it reads ------------------------------------------------------------
 
 
 def test_constant_statistics_on_normalized_dims_are_refused_unless_allowed(run, tmp_path):
@@ -482,7 +482,7 @@ def test_round_trip_original_ours_original(run, tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------
-# The export checks as much as the import (issue 30 item 5)
+# The export checks as much as the import
 # ---------------------------------------------------------------------------------------------
 
 
@@ -559,6 +559,34 @@ def test_a_convention_flag_error_names_the_flag_and_the_valid_values(run, tmp_pa
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert r.stderr.strip().splitlines() == [f"error: {message}"]
     assert not (tmp_path / "p").exists()
+
+
+def test_export_unknown_flags_print_its_usage_with_exit_2(imported, tmp_path, capfd):
+    """A mistyped flag was taken for a config override ("takes no overrides", exit 1, no usage)."""
+    out = tmp_path / "run"
+    for extra in (["--frobnicate"], ["--tag=x", "trainer.seed=3"]):
+        capfd.readouterr()
+        with pytest.raises(SystemExit) as e:
+            from dit4dit_npu.convert.__main__ import main
+
+            main(["to-dit4dit", str(imported), "--out", str(out), *extra])
+        err = capfd.readouterr().err
+        assert e.value.code == 2 and err.startswith("usage: python -m dit4dit_npu.convert to-dit4dit "), err
+        assert err.strip().splitlines()[-1].endswith(f"error: unrecognized arguments: {extra[-1]}"), err
+    assert not out.exists()
+
+
+def test_export_names_a_head_type_outside_dit4dits_presets(imported, tmp_path, capfd):
+    """--action-model-type DiT-Q exported silently with exit 0: a name DiT4DiT's table lacks is said
+    (an entry the user added loads; one they did not, fails in DiT4DiT's from_pretrained)."""
+    r = convert_cli(capfd, "to-dit4dit", str(imported), "--out", str(tmp_path / "q"), "--action-model-type", "DiT-Q")
+    assert r.returncode == 0, r.stderr
+    assert ("  --action-model-type 'DiT-Q' is none of DiT4DiT's presets (DiT-B, DiT-L): the run loads only where its "
+            "DiTConfig has an entry 'DiT-Q' with (width, heads, head dim) (768, 12, 64)") in r.stderr.splitlines(), r.stderr
+    config = yaml.safe_load((tmp_path / "q" / "config.yaml").read_text())
+    assert config["framework"]["action_model"]["action_model_type"] == "DiT-Q"
+    r = convert_cli(capfd, "to-dit4dit", str(imported), "--out", str(tmp_path / "b"), "--action-model-type", "DiT-B")
+    assert r.returncode == 0 and "presets" not in r.stderr, r.stderr
 
 
 def test_export_of_a_damaged_unhashed_model_file_or_an_unmakeable_out_is_one_line(imported, tmp_path, capfd):

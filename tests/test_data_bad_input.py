@@ -14,10 +14,10 @@ import pytest
 
 from dit4dit_npu.config import load_config
 from dit4dit_npu.data import build_training_data
+from dit4dit_npu.data.cli import inspect_main
 from dit4dit_npu.data.demo import write_demo_dataset
 from dit4dit_npu.data.errors import DatasetError
 from dit4dit_npu.data.inspect import check_dataset
-from dit4dit_npu.data.inspect import main as inspect_main
 from dit4dit_npu.data.lerobot import LeRobotDataset
 
 HIGH = "observation.images.cam_high"
@@ -221,7 +221,7 @@ def test_inspect_check_episode_length_mismatch(ds_copy: Path) -> None:
         LeRobotDataset(ds_copy)
 
 
-# -- issue 10: more bad datasets ----------------------------------------------------------------
+# -- more bad datasets ---------------------------------------------------------------------------
 
 
 def set_info(root: Path, **changes) -> None:

@@ -202,7 +202,7 @@ def test_decoder_cache_survives_pickle(root: Path) -> None:
 
 
 def test_demo_cli_and_refusal_to_overwrite(tmp_path: Path, capsys) -> None:
-    from dit4dit_npu.data.demo import main as demo_main
+    from dit4dit_npu.data.cli import demo_main
 
     out = tmp_path / "cli"
     demo_main(
@@ -240,7 +240,7 @@ def test_demo_cli_and_refusal_to_overwrite(tmp_path: Path, capsys) -> None:
     ],
 )
 def test_demo_cli_bad_input_is_one_line_and_writes_nothing(tmp_path: Path, capsys, args, message) -> None:
-    from dit4dit_npu.data.demo import main as demo_main
+    from dit4dit_npu.data.cli import demo_main
 
     out = tmp_path / "demo"
     if not args:

@@ -313,11 +313,11 @@ def test_tiny_config_latent_statistics_are_the_demo_datas(tmp_path: Path, capsys
     """The tiny config normalizes its random VAE's latents with statistics measured on the demo
     data (the real Wan2.1 VAE's would leave the policy nearly blind); after a change of the
     generator or of the views they must be measured again (python -m dit4dit_npu.data.latent_stats)."""
-    from dit4dit_npu.data import latent_stats
+    from dit4dit_npu.data.cli import latent_stats_main
 
     tiny = Path(__file__).resolve().parents[1] / "configs/robotwin/dit4dit_robotwin_tiny.yaml"
     write_demo_dataset(tmp_path / "robotwin_demo", num_episodes=16)
-    assert latent_stats.main(["--config", str(tiny), "--samples", "96", f"datasets.vla_data.data_root_dir={tmp_path}"]) == 0
+    assert latent_stats_main(["--config", str(tiny), "--samples", "96", f"datasets.vla_data.data_root_dir={tmp_path}"]) == 0
     out = capsys.readouterr().out
     measured = {
         k: np.array([float(x) for x in line.split("[")[1].rstrip("]").split(",")])

@@ -1,7 +1,8 @@
 """The front door and the topic pages stay navigable: every relative link in README.md,
 CONTRIBUTING.md, client/README.md and docs/*.md names a file of the repository (and, with a
-``#fragment``, a heading of that page), and README.md stays a front door (<= 250 lines; the rest
-lives in docs/ and CONTRIBUTING.md)."""
+``#fragment``, a heading of that page), README.md stays a front door (<= 150 lines, a results
+table of <= 12 rows of <= 200 characters; the rest lives in docs/ and CONTRIBUTING.md), and the
+dated lab log is reached from one place (the simulation guide), not cited as a reference."""
 
 from __future__ import annotations
 
@@ -46,5 +47,17 @@ def test_relative_links_resolve(page: Path) -> None:
 
 
 def test_readme_is_a_front_door() -> None:
-    lines = (REPO / "README.md").read_text(encoding="utf-8").count("\n")
-    assert lines <= 250, f"README.md has {lines} lines; reference and lab notes belong in docs/"
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    lines = text.count("\n")
+    assert lines <= 150, f"README.md has {lines} lines; reference and lab notes belong in docs/"
+    results = text.split("## Results at a glance", 1)[1].split("\n## ", 1)[0]
+    rows = [r for r in results.splitlines() if r.startswith("| ") and not r.startswith("| ---")][1:]
+    assert 0 < len(rows) <= 12, f"README.md's results table has {len(rows)} rows (at most 12: the rest in docs/)"
+    long = [r[:60] for r in rows if len(r) > 200]
+    assert not long, f"README.md's results rows over 200 characters: {long}"
+
+
+def test_the_lab_log_is_linked_from_one_place() -> None:
+    where = [str(page.relative_to(REPO)) for page in PAGES for link in relative_links(page)
+             if link.partition("#")[0].endswith("sim_recipe_log.md")]
+    assert where == ["docs/simulation.md"], f"docs/sim_recipe_log.md is linked from {where}"

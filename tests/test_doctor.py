@@ -381,3 +381,12 @@ def test_a_config_that_does_not_load_is_its_fail_line(capsys, tmp_path, monkeypa
     assert cmd.main(["--config", str(tmp_path / "nope.yaml")]) == 1
     found = parse(capsys.readouterr().out)
     assert found["config"] == ("FAIL", f"config file not found: {tmp_path / 'nope.yaml'}")
+
+
+def test_the_counts_take_the_launch_scripts_spelling_too():
+    """``--num_processes`` (scripts/train_8p.sh, accelerate) is ``--num-processes``: a flag copied
+    from the launch line is the same count, not a stray config override."""
+    dashed = cmd.parse_args(["--num-processes", "8", "--num-machines=2"])
+    for argv in (["--num_processes=8", "--num_machines", "2"], ["--num_processes", "8", "--num-machines", "2"]):
+        assert cmd.parse_args(argv) == dashed
+    assert (dashed[0].num_processes, dashed[0].num_machines, dashed[1]) == (8, 2, [])

@@ -79,14 +79,15 @@ def test_eval_on_demo_data_writes_metrics_and_plots(tmp_path: Path) -> None:
 
 
 class RecordingPolicy:
-    """The real policy, recording the views each ``predict_parsed`` call is given."""
+    """The real policy, recording the views each ``parse`` call is given."""
 
     def __init__(self, policy) -> None:
         self.policy, self.views = policy, []
+        self.predict_batch = policy.predict_batch
 
-    def predict_parsed(self, observation, **kwargs):
+    def parse(self, observation, **kwargs):
         self.views.append(np.array(observation.views))
-        return self.policy.predict_parsed(observation, **kwargs)
+        return self.policy.parse(observation, **kwargs)
 
 
 def test_blank_cameras_shows_the_model_constant_views_and_writes_both_scores(tmp_path: Path) -> None:
@@ -164,7 +165,7 @@ def test_trained_tiny_model_beats_hold_baseline(demo_run: Path, tmp_path: Path) 
 
     Measured on 2 cores with the config's own 1000 steps (demo data version 2, the goal only in
     the frames): hold-position MSE ratio 0.29, dataset-mean ratio 0.055 (docs/performance.md);
-    500 steps not measured yet (the former default's half, 300 of 600 steps, gave 0.89).
+    these 500 steps (2026-12-06, CONTRIBUTING.md's Timings): 0.551 and 0.106.
     The eval runs in this process (its command line is tested above).
     """
     out = tmp_path / "eval"

@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dit4dit_npu.eval.feature_probe import ProbeError, parse_args, probe_r2
+from dit4dit_npu.eval.cli import feature_probe_args as parse_args
+from dit4dit_npu.eval.feature_probe import ProbeError, probe_r2
 
 
 def test_a_linearly_readable_target_scores_near_one_and_noise_near_zero() -> None:

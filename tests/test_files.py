@@ -118,3 +118,15 @@ def test_is_out_of_space_follows_the_cause_chain() -> None:
         assert is_out_of_space(wrapped)
     assert not is_out_of_space(OSError(errno.EACCES, "Permission denied"))
     assert not is_out_of_space(ValueError("bad value"))
+
+
+def test_hash_file_is_hash_files_without_threads(tmp_path):
+    """The one-file hash (the latent cache's source files) gives the same digest as the threaded
+    one, for an empty file, a small one and one of several 64 MiB pieces."""
+    from dit4dit_npu.files import hash_file, hash_files
+
+    files = [tmp_path / "empty", tmp_path / "small", tmp_path / "pieces"]
+    files[0].write_bytes(b"")
+    files[1].write_bytes(b"abc" * 1000)
+    files[2].write_bytes(bytes(range(256)) * (130 * 2**20 // 256))  # three pieces, the last partial
+    assert [hash_file(f) for f in files] == [hash_files([f])[f] for f in files]

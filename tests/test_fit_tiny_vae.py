@@ -16,7 +16,7 @@ from policy_fixtures import TINY_YAML
 from safetensors.torch import load_file
 
 from dit4dit_npu.config import ConfigError, load_config
-from dit4dit_npu.train.fit_tiny_vae import main
+from dit4dit_npu.train.ops_cli import fit_tiny_vae_main as main
 from dit4dit_npu.weights import build_vae, tiny_base_model, vae_identity
 
 LAST = re.compile(r"reconstruction MSE random (\d+\.\d+) -> fitted (\d+\.\d+) \(PSNR [\d.]+ -> [\d.]+ dB\)")

@@ -1,5 +1,5 @@
-"""``trainer.init_from``: a video-only pretraining run's transformer starts an action run (issue 32
-item 5's two stages), on the tiny model in this process; bad folders are one line before the run
+"""``trainer.init_from``: a video-only pretraining run's transformer starts an action run (video
+pretraining, then few-demo training), on the tiny model in this process; bad folders are one line before the run
 folder exists. Runs: the session's ``full_run`` (joint, 4 steps), one 2-step video-only run and
 one 2-step action run from it (~3 s each here)."""
 
@@ -81,3 +81,33 @@ def test_weights_of_another_shape_are_one_line(full_run, tmp_path, demo_root, ca
     last = r.stderr.strip().splitlines()[-1]
     assert re.search(r"trainer.init_from: .*model.safetensors: action_model\.\S+ has shape \(.*\), this model's \(", last), last
     assert not list((tmp_path / "wider").glob("checkpoints/step_*"))
+
+
+def test_a_policy_of_fewer_blocks_names_the_blocks_that_start_fresh(tmp_path, demo_root):
+    """A 3-block policy into a 5-block model: every tensor fits, so it is accepted, and the line said
+    the transformer came from the policy and kept its initialization at once, never which blocks."""
+    import torch
+    from policy_fixtures import build_tiny_setup, tiny_config
+
+    from dit4dit_npu.train.init_from import check_init_from, init_weights
+    from dit4dit_npu.weights import build_dit4dit
+
+    shallow = build_tiny_setup(tmp_path / "shallow", "framework.cosmos25.tiny.num_layers=3", data_root=demo_root)
+    cfg = tiny_config(tmp_path / "deep", "framework.cosmos25.tiny.num_layers=5",
+                      f"trainer.init_from={shallow.policy_dir}", data_root=demo_root)
+    model = build_dit4dit(cfg, shallow.data.io.spec)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    line = init_weights(model, *check_init_from(cfg))
+    held = load_file(str(shallow.policy_dir / "model.safetensors"))
+    n_head = sum(k.startswith("action_model.") for k in held)
+    n_transformer = sum(k.startswith(TRANSFORMER) for k in held)
+    total = sum(n.startswith(TRANSFORMER) for n, _ in model.named_parameters())
+    assert line == (
+        f"trainer.init_from: action_model ({n_head} tensors), backbone.transformer ({n_transformer} of its {total} "
+        f"tensors) from {shallow.policy_dir} (step 0); backbone.transformer.transformer_blocks.3-4 at their "
+        "initialization (not in the policy)"
+    )
+    params = dict(model.named_parameters())
+    assert all(torch.equal(params[k], v) for k, v in held.items())
+    fresh = [n for n in params if n.startswith(TRANSFORMER + "transformer_blocks.3.")]
+    assert fresh and all(torch.equal(params[n], before[n]) for n in fresh)

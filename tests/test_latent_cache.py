@@ -18,7 +18,7 @@ from train_runs import VIDEO_CLIPS, train_here
 from dit4dit_npu.batch import Batch, BatchError
 from dit4dit_npu.config import ConfigError, load_config
 from dit4dit_npu.data import DatasetError, build_training_data
-from dit4dit_npu.data.encode_latents import main as encode_main
+from dit4dit_npu.data.cli import encode_latents_main as encode_main
 from dit4dit_npu.models.prompt_cache import PromptCache
 from dit4dit_npu.weights import build_dit4dit, build_prompt_encoder, vae_identity
 

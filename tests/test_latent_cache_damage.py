@@ -16,7 +16,7 @@ from safetensors.torch import load_file, save_file
 
 from dit4dit_npu.config import load_config
 from dit4dit_npu.data import DatasetError, build_training_data
-from dit4dit_npu.data.encode_latents import main as encode_main
+from dit4dit_npu.data.cli import encode_latents_main as encode_main
 from dit4dit_npu.data.latents import FORMAT, LatentCache
 from dit4dit_npu.weights import vae_identity
 
@@ -54,14 +54,19 @@ def episode_files(cache: Path) -> list[Path]:
     return sorted(cache.glob("*/episode_*.safetensors"))
 
 
-def edit_latents(path: Path, change, metadata: bool = True, forge_mtime: bool = False) -> None:
+def edit_latents(path: Path, change, metadata: bool = True, forge_mtime: bool = False, forge_hash: bool = False) -> None:
     """Rewrite an episode file with ``change(tensors)`` applied: keeping its metadata (a careful
-    edit) or not (``save_file`` as is), and with its recorded mtime set back (``forge_mtime``: an
-    edit the start-up check cannot see, only the per-read checks)."""
+    edit) or not (``save_file`` as is), with its recorded mtime set back (``forge_mtime``: an edit
+    the start-up check cannot see, only the first read's content check), and with its recorded
+    latents hash rewritten to match (``forge_hash``: what only the per-sample checks behind it see)."""
+    from dit4dit_npu.data.latent_key import latents_sha256
+
     with safe_open(str(path), "pt") as f:
         meta = f.metadata()
         tensors = {k: f.get_tensor(k) for k in f.keys()}
     change(tensors)
+    if forge_hash:
+        meta = {**meta, "latents_sha256": latents_sha256(tensors["latents"])}
     save_file(tensors, str(path), metadata=meta if metadata else None)
     if forge_mtime:
         os.utime(path, ns=(int(meta["mtime_ns"]),) * 2)
@@ -121,7 +126,7 @@ def test_a_damaged_episode_file_is_named_at_start_and_encoded_again(made, cache,
 
 def test_non_finite_latents_are_never_read(made, cache):
     victim = episode_files(cache)[0]
-    edit_latents(victim, lambda d: d["latents"][4, 0, 0, 2, 3].fill_(float("nan")), forge_mtime=True)
+    edit_latents(victim, lambda d: d["latents"][4, 0, 0, 2, 3].fill_(float("nan")), forge_mtime=True, forge_hash=True)
     ds = train_data(made, cache).train_dataset
     episode = int(victim.stem.split("_")[1])
     assert ds.latents.read(0, episode, 3).isfinite().all()
@@ -172,7 +177,7 @@ def test_a_corrupt_video_read_in_a_loader_worker_is_one_line(tmp_path, capsys):
     ]
 
 
-# -- issue 22: the cache fingerprints content --------------------------------------------------
+# -- the cache fingerprints content ---------------------------------------------------------------
 
 
 def scale_x100(tensors: dict[str, torch.Tensor]) -> None:
@@ -213,11 +218,11 @@ def test_edited_latents_are_refused_at_start_and_encoded_again(made, cache, caps
 
 
 def test_latents_far_outside_the_vae_range_are_refused_when_read_and_written(made, cache):
-    """An edit the start-up check cannot see (metadata kept, mtime set back): the per-read bound
-    (the VAE's probe range x10, in the manifest) refuses the x100 episode; the writer refuses such
-    latents from the VAE too."""
+    """An edit no content check can see (metadata kept, mtime set back, the recorded hash rewritten):
+    the per-read bound (the VAE's probe range x10, in the manifest) refuses the x100 episode; the
+    writer refuses such latents from the VAE too."""
     victim = episode_files(cache)[1]
-    edit_latents(victim, scale_x100, forge_mtime=True)
+    edit_latents(victim, scale_x100, forge_mtime=True, forge_hash=True)
     ds = train_data(made, cache).train_dataset
     lc: LatentCache = ds.latents
     episode = int(victim.stem.split("_")[1])
@@ -256,6 +261,68 @@ def test_a_changed_source_video_is_found_for_its_episode_only(made, cache, tmp_p
     assert rc == 0 and "encoded 12 clips (1 episodes)" in out, (out, err)
     assert [p.name for p in episode_files(cache) if p.stat().st_mtime_ns != before[p]] == ["episode_000003.safetensors"]
     build_training_data(cfg, vae_identity=vae_identity(cfg))
+
+
+# -- the cache checks content, not mtimes -------------------------------------------------------
+
+
+def flip_middle_byte(path: Path) -> None:
+    """One byte in the middle of a file changed, its size and mtime as they were: an edit that
+    neither the size nor the mtime (nor the file's first and last MiB) shows."""
+    st = path.stat()
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+@pytest.mark.parametrize("edit", ["one latent x1.5", "every latent x100", "a source video's middle byte"])
+def test_edits_with_the_mtime_put_back_are_caught_at_the_first_read(made, cache, tmp_path, edit):
+    """The start-up check trusts an mtime that is the recorded one (one ``stat`` per file); these
+    three edits put it back, pass it, and were trained on (or, x100, refused only per sample by
+    the bound). The first read of the episode in the run hashes its latents and its source files
+    whole: one line naming the file and what changed, before any of its samples is returned."""
+    data = tmp_path / "data"
+    shutil.copytree(made / "data", data, copy_function=shutil.copy2)  # times kept, as cp -a
+    victim = episode_files(cache)[2]
+    episode = int(victim.stem.split("_")[1])
+    video = sorted((data / "robotwin_demo" / "videos").rglob(f"episode_{episode:06d}.mp4"))[0]
+    if edit == "one latent x1.5":
+        edit_latents(victim, lambda d: d["latents"][3, 1, 0, 1, 2].mul_(1.5), forge_mtime=True)
+        what = (f"latent cache file {victim}: episode {episode}'s latents do not match the sha256 recorded when they "
+                "were encoded (changed since, its mtime set back)")
+    elif edit == "every latent x100":
+        edit_latents(victim, scale_x100, forge_mtime=True)
+        what = f"latent cache file {victim}: episode {episode}'s latents do not match the sha256 recorded"
+    else:
+        flip_middle_byte(video)
+        what = (f"latent cache file {victim}: episode {episode}: its source {video} changed since it was encoded (same "
+                "size and mtime, other content: its sha256 differs)")
+    cfg = load_config(TINY, overrides(tmp_path, f"datasets.vla_data.latent_cache={cache}"))
+    ds = build_training_data(cfg, vae_identity=vae_identity(cfg)).train_dataset  # the first look passes
+    rows = [i for i in range(len(ds)) if ds.locate(i)[0] == 0 and ds.raw_sample(i, decode_views=False).episode == episode]
+    with pytest.raises(DatasetError) as e:
+        ds[rows[-1]]
+    assert one_line(e).startswith(what) and one_line(e).endswith(
+        "; delete it and re-encode with python -m dit4dit_npu.data.encode_latents --config FILE --out DIR"), one_line(e)
+    other = next(i for i in range(len(ds)) if ds.raw_sample(i, decode_views=False).episode != episode)
+    assert ds[other]["latents"].isfinite().all()  # the other episodes are read as before
+
+
+def test_each_episode_and_source_is_verified_once_per_run_across_loader_workers(made, cache):
+    """The flags live in shared memory: an episode a worker verified is not hashed again by the
+    next epoch's workers (they start afresh each epoch), nor by the main process."""
+    import torch.utils.data
+
+    ds = train_data(made, cache).train_dataset
+    lc: LatentCache = ds.latents
+    assert not lc._verified.any() and lc._verified.is_shared()
+    loader = torch.utils.data.DataLoader(ds, batch_size=4, num_workers=2, collate_fn=lambda b: b)
+    assert sum(len(b) for b in loader) == len(ds)
+    assert lc._verified.all()  # set by the workers, seen here
+    for i in range(len(ds)):
+        ds[i]
+    assert lc.verify_seconds == 0.0  # nothing left for this process to hash
 
 
 @pytest.mark.slow

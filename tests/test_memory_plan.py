@@ -24,8 +24,8 @@ def memory():
 
 
 def cosmos_transformer_params(c: dict) -> int:
-    """Cosmos-Predict2.5 transformer parameters from its config, written out from the architecture
-    (cosmos25_tiny_recipe.md §1): per block self-attention q/k/v/o and cross-attention q/o (d x d,
+    """Cosmos-Predict2.5 transformer parameters from its config, written out from the architecture:
+    per block self-attention q/k/v/o and cross-attention q/o (d x d,
     no bias), cross-attention k/v (text_embed_dim x d), q/k RMSNorms per head dim, a 4x GELU FFN,
     three AdaLN-LoRA norms (d x r + r x 3d); then the text projection, the time embedding, the patch
     embedding and the output AdaLN-LoRA + projection."""
@@ -58,7 +58,7 @@ def test_parameter_counts_are_the_real_module_shapes(memory):
     counts = memory.parameter_counts(memory.meta_parts(load_config(REAL)))
     assert counts["transformer"] == cosmos_transformer_params(tiny.transformer_kwargs(FULL_SIZE)) == 2_059_174_912
     assert counts["text_model"] == qwen_text_params(full_size_text_config(QWEN_VOCAB)) == 7_070_619_136
-    # Wan2.1's VAE: the number cosmos25_tiny_recipe.md §1 measured from the converter's folder
+    # Wan2.1's VAE: the parameter count of its diffusers-format folder
     assert counts["vae"] == 126_892_531
     assert 100e6 < counts["action_model"] < 200e6  # DiT-B, 16 layers, hidden 2560 (built from the config)
 
@@ -119,7 +119,7 @@ def test_zero2_accounting_matches_what_deepspeed_allocates(tmp_path):
 
 def test_a_json_path_under_a_file_or_a_folder_is_one_line_before_measuring(tmp_path, capsys):
     # was a NotADirectoryError traceback at the end, after the minutes of measuring
-    from dit4dit_npu.train.memory_plan import main
+    from dit4dit_npu.train.ops_cli import memory_plan_main as main
 
     a_file = tmp_path / "a_file"
     a_file.write_text("kept")

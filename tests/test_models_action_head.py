@@ -1,4 +1,4 @@
-"""DiT flow-matching action head (SPEC §2)."""
+"""DiT flow-matching action head ("DiT-B", GR00T-N1 style, as in the original)."""
 
 import dataclasses
 
@@ -38,7 +38,7 @@ def test_dit_b_matches_the_spec_sizes():
     with torch.device("meta"):
         head = FlowMatchingActionHead(head_config(ActionModelConfig()), 2048, state_width=16, action_width=8)
     n = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
-    assert round(n(head.model) / 1e6, 1) == 151.9  # SPEC 2.2: DiT ~151.9M, head ~163M
+    assert round(n(head.model) / 1e6, 1) == 151.9  # the original's DiT-B: DiT ~151.9M, head ~163M
     assert round(n(head) / 1e6) == 163
     blocks = head.model.blocks
     assert len(blocks) == 16 and [b.is_cross for b in blocks[:4]] == [True, False, True, False]

@@ -12,6 +12,7 @@ import torch
 from policy_fixtures import build_tiny_setup, observation_from_sample, reseal, shared_tiny_setup
 
 from dit4dit_npu.batch import Batch
+from dit4dit_npu.eval.research import predict_video
 from dit4dit_npu.policy import DiT4DiTPolicy, PolicyInputError, PolicyLoadError, export_policy
 from dit4dit_npu.transforms.images import resize_rgb
 
@@ -99,7 +100,7 @@ def test_deterministic_under_seed(setup, policy: DiT4DiTPolicy) -> None:
     a, b = policy.predict_action(obs, seed=5), policy.predict_action(obs, seed=5)
     np.testing.assert_array_equal(a, b)
     assert not np.array_equal(a, policy.predict_action(obs, seed=6))
-    v1, v2 = policy.predict_video(obs, steps=2, seed=1), policy.predict_video(obs, steps=2, seed=1)
+    v1, v2 = predict_video(policy, obs, steps=2, seed=1), predict_video(policy, obs, steps=2, seed=1)
     np.testing.assert_array_equal(v1, v2)
     h, w = policy.image_size
     assert v1.dtype == np.uint8 and v1.ndim == 4 and v1.shape[1:] == (h, w * len(policy.camera_keys), 3)
@@ -121,10 +122,10 @@ def test_batch_and_single_agree(setup, policy: DiT4DiTPolicy) -> None:
     for i, o in enumerate(singles):
         one, _ = policy.io.encode_observation(o)
         assert torch.equal(batch.frames[i], one.frames[0]) and torch.equal(batch.state[i], one.state[0])
-    v = policy.predict_video(batched, steps=1, seed=0)
+    v = predict_video(policy, batched, steps=1, seed=0)
     assert v.shape[0] == 3 and v.ndim == 5
     for i, o in enumerate(singles):  # imagined videos too: a row is its single call's answer
-        single = policy.predict_video(o, steps=1, seed=0)
+        single = predict_video(policy, o, steps=1, seed=0)
         assert np.abs(v[i].astype(int) - single.astype(int)).max() <= 1  # uint8 rounding
 
 
@@ -151,11 +152,27 @@ def test_unseen_instruction_is_encoded_once_and_cached(setup) -> None:
     n = len(policy.prompt_cache)
     obs = {**_obs(policy, setup), "instruction": "wave at the camera"}
     a = policy.predict_action(obs, seed=0)
-    calls = policy._text_encoder.num_calls
+    calls = policy._instructions.text_encoder.num_calls
     b = policy.predict_action(obs, seed=0)
-    assert len(policy.prompt_cache) == n + 1 and policy._text_encoder.num_calls == calls == 1
+    assert len(policy.prompt_cache) == n + 1 and policy._instructions.text_encoder.num_calls == calls == 1
     np.testing.assert_array_equal(a, b)
     assert "wave at the camera" in policy.metadata["instructions"]
+
+
+def test_one_policy_object_with_two_predictions_and_settings_given_at_construction(setup) -> None:
+    """One class, no mixins sharing its state; two public predictions (the users' and the
+    server's); the instruction cap is a setting given when it is built, read-only after."""
+    assert DiT4DiTPolicy.__mro__ == (DiT4DiTPolicy, object)
+    public = {n for n in dir(DiT4DiTPolicy) if not n.startswith("_")}
+    assert {n for n in public if n.startswith("predict")} == {"predict_action", "predict_batch"}
+    assert not {"predict_video", "reconstruct_video", "observation_features", "predict_normalized"} & public
+    capped = DiT4DiTPolicy.from_pretrained(setup.policy_dir, max_added_instructions=1)
+    assert capped.max_added_instructions == 1 and capped.describe().instructions
+    with pytest.raises(AttributeError):
+        capped.max_added_instructions = 8  # a server never sets it
+    for bad in (-1, 1.5, True, "8"):
+        with pytest.raises(PolicyInputError, match=r"max_added_instructions: expected an int >= 0 or None, got "):
+            DiT4DiTPolicy.from_pretrained(setup.policy_dir, max_added_instructions=bad)
 
 
 def test_unseen_instruction_without_text_encoder_is_a_clear_error(setup, tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""The policy folder as a versioned format (issue 18): version 3's layout holds each fact once and
+"""The policy folder as a versioned format: version 3's layout holds each fact once and
 loads without the training schema; folders version 2 wrote (tests/fixtures/policy_v2, with the
 actions that version predicted) load and act as they did; unknown versions are one line."""
 

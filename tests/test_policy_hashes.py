@@ -1,4 +1,4 @@
-"""Policy folders are content-verified (issue 30 item 3; format_version 4): every file loading reads
+"""Policy folders are content-verified (format_version 4): every file loading reads
 has the size and content hash recorded in policy.json when it was written, policy.json carries its
 own hash, and a file changed after export (same size, other bytes: a LoRA adapter with every weight
 changed) is one line naming it. Folders of formats 2 and 3 load with one notice that they are
@@ -200,3 +200,40 @@ def test_doctor_checks_a_policy_fully(exported, tmp_path, capsys):
     flip_middle_byte(folder / ADAPTER)
     assert main(["--policy", str(folder)]) == 1
     assert capsys.readouterr().out.strip() == f"FAIL policy: {folder / ADAPTER} {CHANGED}"
+
+
+def test_files_of_two_checkpoints_of_one_run_are_named_as_such(exported, tmp_path, capsys):
+    """A policy.json (or a weight file) copied from another checkpoint of the same run matches its
+    own hash; the steps the files record tell that they come from two checkpoints, in
+    from_pretrained and in the doctor, instead of blaming the weights as changed after export."""
+    from dit4dit_npu.doctor.cli import main
+
+    first = exported["lora"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UnverifiedPolicyWarning)
+        loaded = load_policy_folder(first)
+    step = loaded.manifest.step
+    import torch
+
+    with torch.no_grad():
+        for p in loaded.model.parameters():
+            if p.requires_grad:
+                p.add_(0.01)  # trained on: other weights at a later step
+    cfg = load_config(V3 / "lora" / "train_config.yaml")
+    split = {p: r.held_out_episodes for p, r in loaded.manifest.data.datasets.items()}
+    later = export_policy(tmp_path / "later", loaded.model, cfg, loaded.io, loaded.prompt_cache, split, list(split),
+                          step + 5)
+    cases = {"policy.json": ("policy.json", "model.safetensors", "weights"),
+             "model.safetensors": ("model.safetensors", "model.safetensors", "weights"),
+             ADAPTER: (ADAPTER, ADAPTER, "adapter")}
+    for name, (copied, named, what) in cases.items():
+        folder = copy(later, tmp_path / name.replace("/", "_"))
+        shutil.copyfile(first / copied, folder / copied)
+        theirs = step if copied != "policy.json" else step + 5
+        ours = step + 5 if copied != "policy.json" else step
+        message = (f"{folder} holds files of two checkpoints: {folder}/policy.json records step {ours} but "
+                   f"{folder / named} holds the {what} of step {theirs} (copy every file of one checkpoint's policy "
+                   "folder)")
+        assert refused(folder) == message, name
+        assert main(["--policy", str(folder)]) == 1
+        assert capsys.readouterr().out.strip() == f"FAIL policy: {message}"

@@ -1,4 +1,4 @@
-"""Issue 10 for policies and eval: nothing non-finite reaches a robot, damaged or mixed policy
+"""Reliability of policies and eval: nothing non-finite reaches a robot, damaged or mixed policy
 folders are refused naming the file, eval's bad arguments and failures are one line.
 
 Every case damages a copy of a real exported policy folder (tests/policy_fixtures.py) on disk."""
@@ -128,8 +128,22 @@ def test_non_finite_actions_never_leave_predict_action(setup):
     )
 
 
+def test_non_finite_actions_from_explicit_noise_name_the_noise_not_the_observation(setup):
+    """An explicit ``noise=`` of 1e30 (finite, so the noise checks pass it) drives the sampler to
+    NaN: the line names noise=, not a plausible observation or damaged weights."""
+    policy = DiT4DiTPolicy.from_pretrained(setup.policy_dir)
+    o = obs(setup)
+    huge = {"action": np.full((1, policy.chunk_length, policy.io.spec.action_width), 1e30, np.float32)}
+    with pytest.raises(NonFiniteActionError) as e:
+        policy.predict_action(o, seed=0, noise=huge)
+    line = str(e.value)
+    assert "\n" not in line and "the noise= it was given (values up to 1e+30;" in line, line
+    assert "outside the training data" not in line and "damaged" not in line
+    assert line.endswith("or call without noise=")
+
+
 def test_a_state_in_degrees_is_refused_naming_the_dims_or_allowed_with_a_warning(setup):
-    """Issue 22: a state sent in degrees instead of radians got normal-looking actions (one log line
+    """A state sent in degrees instead of radians got normal-looking actions (one log line
     per process). Refused by default, one line naming the dims, values and training ranges; allowed
     on request, the same line comes back to the caller as a StateRangeWarning."""
     policy = DiT4DiTPolicy.from_pretrained(setup.policy_dir)
@@ -224,8 +238,8 @@ def test_files_of_another_run_are_refused(setup, tmp_path):
     edit_json(folder / "policy.json", lambda d: d.__setitem__("step", 7))
     refused(
         folder,
-        f"{folder}/model.safetensors holds the weights of step 0 but {folder}/policy.json records step 7 "
-        "(files of different checkpoints mixed?)",
+        f"{folder} holds files of two checkpoints: {folder}/policy.json records step 7 but {folder}/model.safetensors "
+        "holds the weights of step 0 (copy every file of one checkpoint's policy folder)",
     )
 
 

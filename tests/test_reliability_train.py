@@ -1,4 +1,4 @@
-"""Issues 10 and 22 for training: resume always finds a whole checkpoint (verified by content: a
+"""Reliability of training: resume always finds a whole checkpoint (verified by content: a
 file damaged in place is found by its hash, non-finite weights or EMA once loaded), a full disk or
 a kill -9 never costs a complete checkpoint, a diverged state is never saved, changed data is
 refused, each fault is one clear line.
@@ -202,7 +202,7 @@ def two_steps(base_runs: Path, tmp_path: Path) -> tuple[Path, Path]:
 
 @pytest.mark.parametrize("form", ["none", "sizes only"])
 def test_a_checkpoint_without_content_hashes_resumes_with_one_notice(base_runs, tmp_path, form):
-    """Issue 30 item 4: a checkpoint without manifest.json, or with the older sizes-only one, was
+    """A checkpoint without manifest.json, or with the older sizes-only one, was
     resumed silently (a flipped byte in its model state: an inexact run, rc 0). It is still
     resumed (its other checks made), with one line saying it is unverified."""
     ck, c = two_steps(base_runs, tmp_path)
@@ -444,7 +444,7 @@ def test_a_start_refused_after_the_folder_check_leaves_no_run_folder(tmp_path, d
     assert sorted(p.name for p in mine.iterdir()) == ["notes.txt"]
 
 
-# -- issue 22: checkpoints verified by content ----------------------------------------------------
+# -- checkpoints verified by content ---------------------------------------------------------------
 
 
 def rewrite_tensors(path: Path, change) -> str:

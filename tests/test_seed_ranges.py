@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from dit4dit_npu.data.demo import main as data_demo_main
+from dit4dit_npu.data.cli import demo_main as data_demo_main
 from dit4dit_npu.sim.demos import main as demos_main
 from dit4dit_npu.sim.errors import SimError
 from dit4dit_npu.sim.eval import main as eval_main

@@ -2,7 +2,7 @@
 once on its way to the model (a real PolicyIO subclass counts), non-finite actions refused in
 each kind's own format, unknown message shapes answered in one line on a connection that stays
 usable, requests over the row or decoded-size caps and states far outside the training range
-refused before any work (issue 22). Real websockets, the real tiny policy."""
+refused before any work. Real websockets, the real tiny policy."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from serve_fixtures import (
 )
 
 from dit4dit_npu.batch import Batch
-from dit4dit_npu.policy import DiT4DiTPolicy, StateRangeWarning
+from dit4dit_npu.policy import DiT4DiTPolicy, StateOutOfRangeError, StateRangeWarning
 from dit4dit_npu.serve import protocol
 from dit4dit_npu.serve.handlers import Handlers, InstructionGate
 from dit4dit_npu.transforms.observation import Observation
@@ -55,6 +55,13 @@ class CountingIO(PolicyIO):
 @pytest.fixture(scope="module")
 def policy() -> DiT4DiTPolicy:
     return load_policy()
+
+
+def counting_policy() -> tuple[DiT4DiTPolicy, CountingIO]:
+    """A fresh policy built around a counting copy of its PolicyIO (given at construction)."""
+    loaded = load_policy()
+    io = CountingIO.from_dict(loaded.io.to_dict())
+    return DiT4DiTPolicy(loaded.model, loaded.manifest, io, loaded.prompt_cache, loaded.path), io
 
 
 @pytest.fixture(scope="module")
@@ -117,8 +124,7 @@ def test_every_kind_on_one_connection_and_unknown_shapes_get_one_line(policy: Di
 
 
 def test_an_observation_is_parsed_once_on_its_way_to_the_model(observations) -> None:
-    fresh = load_policy()
-    fresh.io = io = CountingIO.from_dict(fresh.io.to_dict())
+    fresh, io = counting_policy()
     cams, (h, w) = fresh.camera_keys, fresh.image_size
     rng = np.random.default_rng(0)
     # Camera-size images: resized on arrival (on a helper thread, being large), never again.
@@ -150,14 +156,14 @@ def test_non_finite_actions_are_refused_in_each_kinds_format(policy: DiT4DiTPoli
         try:
             err = client.predict_action({"examples": [_example(policy, obs["instruction"], 1e30)], "request_id": 8})
             assert (err["status"], err["ok"], err["type"], err["request_id"]) == ("error", False, "inference_result", 8)
-            assert err["error"]["message"].startswith("NonFiniteActionError: predict_normalized produced ")
+            assert err["error"]["message"].startswith("NonFiniteActionError: predict_batch (model space) produced ")
             ok = client.predict_action({"examples": [_example(policy, obs["instruction"])]})
             assert ok["status"] == "ok" and np.isfinite(ok["data"]["normalized_actions"]).all()
         finally:
             client.close()
 
 
-# -- issue 22: a server that cannot be flooded, states that are not plausible ---------------------
+# -- a server that cannot be flooded, states that are not plausible --------------------------------
 
 
 def _flood(policy: DiT4DiTPolicy, obs: dict[str, Any], rows: int) -> dict[str, Any]:
@@ -168,8 +174,7 @@ def _flood(policy: DiT4DiTPolicy, obs: dict[str, Any], rows: int) -> dict[str, A
 
 
 def test_rows_and_decoded_size_of_a_request_are_capped_before_any_work(observations) -> None:
-    fresh = load_policy()
-    fresh.io = io = CountingIO.from_dict(fresh.io.to_dict())
+    fresh, io = counting_policy()
     obs = observations[0]
     h, w = fresh.image_size
     cams = len(fresh.camera_keys)
@@ -211,8 +216,9 @@ def test_a_state_far_outside_the_training_range_is_refused_or_answered_with_a_wa
 ) -> None:
     obs = observations[0]
     degrees = {**obs, "state": np.degrees(obs["state"])}
-    expected = policy.state_range_problem(np.degrees(obs["state"])[None])
-    assert expected is not None
+    with pytest.raises(StateOutOfRangeError) as refused:
+        policy.parse(degrees)
+    expected = refused.value.problem
     with RunningServer(policy) as srv, srv.client() as client:
         with pytest.raises(ServerError) as e:
             client.infer({**degrees, "seed": 0})
@@ -244,9 +250,12 @@ class InterfaceOnly:
 
     def __init__(self, policy: DiT4DiTPolicy) -> None:
         self._p = policy
-        self.max_added_instructions = None
         self.parse, self.with_rtc, self.predict_batch = policy.parse, policy.with_rtc, policy.predict_batch
-        self.predict_normalized, self.describe = policy.predict_normalized, policy.describe
+        self.describe = policy.describe
+
+    @property
+    def max_added_instructions(self) -> int | None:  # read-only: a server that set it would fail here
+        return self._p.max_added_instructions
 
 
 def test_the_server_needs_only_the_policys_small_interface(policy, observations) -> None:
@@ -269,3 +278,30 @@ def test_the_server_needs_only_the_policys_small_interface(policy, observations)
             assert reply["data"]["normalized_actions"].shape == (1, policy.chunk_length, policy.describe().action_width)
         finally:
             d4d.close()
+
+
+class FailingPredictions(InterfaceOnly):
+    """The real policy's interface whose predictions fail with a plain ValueError, as a bug deeper
+    in the stack would raise it (a shape mismatch in a model, say)."""
+
+    def __init__(self, policy: DiT4DiTPolicy) -> None:
+        super().__init__(policy)
+        self.predict_batch = self._fail
+
+    @staticmethod
+    def _fail(requests: Any, seed: Any = None) -> Any:
+        raise ValueError("operands could not be broadcast together")
+
+
+def test_whose_fault_is_decided_by_class_not_by_valueerror(policy, observations) -> None:
+    """A ValueError that is no refusal class of the server's (docs/serving.md) is the server's
+    fault: "internal error: ..." (it was answered as if the client had sent bad input); the
+    client's own errors still come back as their line."""
+    obs = observations[0]
+    with RunningServer(FailingPredictions(policy)) as srv, srv.raw() as ws:
+        ws.send(msgpack_numpy.packb({**obs, "seed": 1}))
+        assert ws.recv(timeout=TIMEOUT) == "internal error: ValueError: operands could not be broadcast together"
+        ws.send(msgpack_numpy.packb({**obs, "seed": 1.5}))
+        assert ws.recv(timeout=TIMEOUT) == "seed: expected an int in [0, 2**63), got float 1.5"
+        ws.send(b"\xc1\x00garbage")  # the client package's WireFormatError: the client's fault
+        assert ws.recv(timeout=TIMEOUT).startswith("malformed msgpack message")

@@ -21,7 +21,7 @@ from serve_fixtures import (
     sample_observations,
 )
 
-from dit4dit_npu.policy import DiT4DiTPolicy
+from dit4dit_npu.policy import DiT4DiTPolicy, ModelSpaceRequest
 
 BATCH_WINDOW_MS = 5000.0  # long: the window closes as soon as every connected client has sent
 
@@ -160,22 +160,22 @@ def test_dit4dit_requests_batch_with_each_other(server: RunningServer, policy: D
         for c in clients:
             c.close()
     for ex, reply in zip(direct, replies):
-        alone = policy.predict_normalized(ex["image"][0][None], ex["state"], [ex["lang"]], seed=2)
+        alone = policy.predict_batch([ModelSpaceRequest(ex["image"][0][None], ex["state"], [ex["lang"]])], seed=2)[0]
         np.testing.assert_allclose(reply["data"]["normalized_actions"], alone, rtol=1e-5, atol=1e-5)
 
 
 def test_new_instructions_are_bounded(policy: DiT4DiTPolicy, observations) -> None:
-    fresh = load_policy()  # this test grows and shrinks its prompt cache
+    fresh = load_policy(max_added_instructions=1)  # this test grows and shrinks its prompt cache
     trained = set(fresh.prompt_cache.instructions)
     obs = observations[0]
-    with RunningServer(fresh, max_new_instructions=1) as srv, srv.client() as client:
+    with RunningServer(fresh) as srv, srv.client() as client:
         assert client.get_server_metadata()["new_instructions"] == 1
         a = client.infer({**obs, "instruction": "wave at the camera", "seed": 0})["actions"]
         client.infer({**obs, "instruction": "stack the cups"})
         assert set(fresh.prompt_cache.instructions) == trained | {"stack the cups"}  # LRU: the wave went
-        calls = fresh._text_encoder.num_calls
+        calls = fresh._instructions.text_encoder.num_calls
         again = client.infer({**obs, "instruction": "wave at the camera", "seed": 0})["actions"]
-        assert fresh._text_encoder.num_calls == calls + 1  # encoded again, same answer
+        assert fresh._instructions.text_encoder.num_calls == calls + 1  # encoded again, same answer
         np.testing.assert_array_equal(again, a)
         assert set(fresh.prompt_cache.instructions) == trained | {"wave at the camera"}
     with RunningServer(fresh, refuse_new_instructions=True) as srv, srv.client() as client:

@@ -132,8 +132,9 @@ def test_feature_probe_reads_the_policys_own_features(run_dir: Path, tmp_path: P
     import numpy as np
     import torch
 
+    from dit4dit_npu.eval.cli import feature_probe_main as probe_main
     from dit4dit_npu.eval.feature_probe import collect
-    from dit4dit_npu.eval.feature_probe import main as probe_main
+    from dit4dit_npu.eval.research import observation_features
     from dit4dit_npu.policy import DiT4DiTPolicy
 
     policy_dir = run_dir / "checkpoints" / "step_000002" / "policy"
@@ -141,7 +142,7 @@ def test_feature_probe_reads_the_policys_own_features(run_dir: Path, tmp_path: P
     assert len(observations) == 4 and targets.shape == (4, 2)
     assert not np.allclose(targets[0], targets[2])  # two seeds, two cube places
     policy = DiT4DiTPolicy.from_pretrained(policy_dir, device="cpu")
-    out = policy.observation_features(observations[1], seed=3)
+    out = observation_features(policy, observations[1], seed=3)
     feats = torch.from_numpy(out["features"])
     assert out["latent"].shape[:3] == (1, 16, 1) and feats.ndim == 3
     batch = policy.io.encode_parsed(policy.io.parse_observation(observations[1]))
@@ -166,9 +167,10 @@ def test_video_picture_shows_real_round_trip_and_imagined_clips(run_dir: Path, t
     import numpy as np
     import torch
 
+    from dit4dit_npu.eval.cli import video_picture_main as picture_main
     from dit4dit_npu.eval.offline import build_eval_dataset
+    from dit4dit_npu.eval.research import reconstruct_video
     from dit4dit_npu.eval.video_picture import closed_loop_strips, demo_strips
-    from dit4dit_npu.eval.video_picture import main as picture_main
     from dit4dit_npu.models.dit4dit import video_input
     from dit4dit_npu.models.pixels import to_uint8
 
@@ -194,7 +196,7 @@ def test_video_picture_shows_real_round_trip_and_imagined_clips(run_dir: Path, t
     # a 5-frame clip (the joint objective's offsets) through the policy and through the VAE itself
     ds = build_eval_dataset(policy, [(demos / "tc2", [1])])
     views = np.concatenate([ds.raw_sample(i).views for i in (0, 4, 8, 12, 16)])
-    round_trip = policy.reconstruct_video(views)
+    round_trip = reconstruct_video(policy, views)
     assert round_trip.shape == (5, h, w, 3)
     vae = policy.model.backbone.vae
     with torch.no_grad():
@@ -214,7 +216,7 @@ def test_video_picture_shows_real_round_trip_and_imagined_clips(run_dir: Path, t
     ],
 )
 def test_bad_video_picture_flags_are_one_line_before_anything_is_written(tmp_path, capsys, args, expected) -> None:
-    from dit4dit_npu.eval.video_picture import main as picture_main
+    from dit4dit_npu.eval.cli import video_picture_main as picture_main
 
     out = tmp_path / "picture.png"
     flags = {"--policy": str(tmp_path / "missing"), "--demos": str(tmp_path), "--out": str(out)}

@@ -303,6 +303,27 @@ def test_train_8p_script_refuses_bad_counts_with_one_line(tmp_path, args, messag
     assert not (tmp_path / "logs").exists()  # refused before anything was started or written
 
 
+@pytest.mark.parametrize("args", [["--num-processes", "0"], ["--num_processes", "0"], ["--num-processes=0"]])
+def test_train_8p_script_takes_both_spellings_of_a_flag(tmp_path, args):
+    # the doctor's spelling (--num-processes N) reaches the same check as --num_processes=N
+    r = run_script(args, tmp_path)
+    assert r.returncode == 2 and r.stderr.strip() == "train_8p.sh: --num_processes=0: expected a positive integer"
+    r = run_script(["--num-processes"], tmp_path)
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        "train_8p.sh: --num-processes: expected a value (--num-processes VALUE or --num-processes=VALUE)"]
+    assert not (tmp_path / "logs").exists()
+
+
+@pytest.mark.slow
+def test_train_8p_script_dry_run_reads_dashed_flags_and_values_after_a_space(tmp_path):
+    r = run_script(["--dry-run", "--num-processes", "1", "--num-machines", "2", "--machine-rank=1",
+                    "--config", "configs/robotwin/dit4dit_robotwin_tiny.yaml", "a.b=c"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    command = r.stdout.strip().splitlines()[-1]
+    assert "--num_processes 2 --num_machines 2 --machine_rank 1" in command
+    assert command.endswith("--config configs/robotwin/dit4dit_robotwin_tiny.yaml a.b=c")
+
+
 @pytest.mark.slow
 def test_train_8p_script_checks_ranks_against_cards_via_the_device_layer(tmp_path):
     # DIT4DIT_DEVICE=cuda on this host: one card more than it shows (none on a CPU host).

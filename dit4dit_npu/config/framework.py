@@ -54,7 +54,7 @@ DEFAULT_LORA_TARGETS = ["to_q", "to_k", "to_v", "to_out.0", "ff.net.0.proj", "ff
 
 @dataclass
 class FlowMatchingConfig:
-    """Time t of the video flow-matching loss (SPEC 1.6): U[0, 1), or sigmoid(N(0, 1)) with, at
+    """Time t of the video flow-matching loss (as the original samples it): U[0, 1), or sigmoid(N(0, 1)) with, at
     probability high_sigma_ratio, t replaced by U[high_sigma_min (default 0.98), 1)."""
 
     # "uniform" is what every shipped DiT4DiT run used; "logit_normal" is the YAML default there.
@@ -167,9 +167,9 @@ class Cosmos25Config:
     flow_matching: FlowMatchingConfig = field(default_factory=FlowMatchingConfig)
     # Timestep of the clean conditioning frame (the pipeline's conditional_frame_timestep).
     conditional_frame_timestep: float = 1e-4
-    # Original behaviour (SPEC A1): the action loss never reaches the video transformer.
+    # The original's behaviour: the action loss never reaches the video transformer.
     backprop_action_to_backbone: bool = False
-    # Seed of the feature-pass noise; null = unseeded like the original (SPEC A3).
+    # Seed of the feature-pass noise; null = unseeded like the original (its inference was not repeatable).
     feature_noise_seed: int | None = 42
     max_sequence_length: int = 512
     # auto = the device layer's choice (_native_npu on Ascend); or any diffusers backend name.
@@ -220,7 +220,7 @@ class Cosmos25Config:
 
 @dataclass
 class DiffusionModelConfig:
-    """Body of the DiT-B action head (SPEC 2.1)."""
+    """Body of the DiT-B action head (GR00T-N1 style, as in the original)."""
 
     num_layers: int = 16
     dropout: float = 0.2
@@ -257,7 +257,7 @@ class ActionModelConfig:
     num_timestep_buckets: int = 1000
     num_inference_timesteps: int = 4
     # R noise draws per backbone feature in training (they share its cross-attention K/V). One
-    # source of truth (the original had two and silently read the trainer's, SPEC A10).
+    # source of truth (the original had two and silently read the trainer's).
     repeated_diffusion_steps: int = 4
     diffusion_model_cfg: DiffusionModelConfig = field(default_factory=DiffusionModelConfig)
 

@@ -4,7 +4,7 @@ Keys are named as in the original DiT4DiT YAML wherever the concept is the same
 (`framework.cosmos25.extract_layer`, `trainer.learning_rate.action_model`, ...), so its users
 recognise them. Every key here is read by the code; a key that is not in the schema is rejected
 by the loader (``loader.py``) with the closest valid name (the original silently ignored about a
-dozen dead keys, SPEC C7). A missing key takes its default.
+dozen dead keys). A missing key takes its default.
 """
 
 from __future__ import annotations
@@ -98,6 +98,8 @@ def _check_order(order: list[int] | None, key: str) -> None:
 @dataclass
 class VLADataConfig:
     data_root_dir: str = "data"
+    # The datasets and their weights; empty = every LeRobot dataset folder under data_root_dir (or
+    # data_root_dir itself when it is one), weight 1.0 each (data/mixture.py: mixture_entries).
     data_mix: list[DatasetEntry] = field(default_factory=list)
     # Create the generated demo dataset under data_root_dir when it is missing (embedded default).
     generate_demo_if_missing: bool = False
@@ -121,7 +123,8 @@ class VLADataConfig:
     # Per-view size [H, W] after resize (each divisible by 16 once tiled).
     image_size: list[int] = field(default_factory=lambda: [224, 224])
     # How camera views become one frame: side by side ("width"), stacked ("height"),
-    # or a near-square "grid". Any number of views; names do not matter (SPEC A4).
+    # or a near-square "grid". Any number of views; names do not matter (the original tiled a view only if its key
+    # contained "wrist", and stacked any other on the time axis).
     view_layout: Literal["width", "height", "grid"] = "width"
     state_key: str = "observation.state"
     action_key: str = "action"
@@ -242,7 +245,7 @@ class SchedulerKwargs:
 
 @dataclass
 class LossScaleConfig:
-    # total = action_loss + future_video * video_loss  (lambda, SPEC 3.4)
+    # total = action_loss + future_video * video_loss  (the original's lambda)
     future_video: float = 1.0
 
     def check(self, key: str) -> None:
@@ -310,7 +313,8 @@ class TrainerConfig:
     save_interval: int = 5000
     eval_interval: int = 1000
     logging_frequency: int = 10
-    # {base: lr, <dotted module path>: lr}; a path that names no module is an error (SPEC A13).
+    # {base: lr, <dotted module path>: lr}; a path that names no module is an error (the original ignored
+    # a mistyped path silently).
     learning_rate: dict[str, float] = field(
         default_factory=lambda: {"base": 1e-5, "backbone.transformer": 1e-5, "action_model": 1e-4}
     )

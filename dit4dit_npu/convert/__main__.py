@@ -90,8 +90,13 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     e.add_argument("--tag", help="embodiment tag of the statistics (default: the one it was imported with, "
                    "else new_embodiment)")
     e.add_argument("--action-model-type", help="DiT4DiT's size-table entry of the head (default: DiT-B / DiT-L "
-                   "when the sizes are that preset's)")
-    return parser.parse_known_args(argv)
+                   "when the sizes are that preset's; another name is an entry you added to its DiTConfig)")
+    args, overrides = parser.parse_known_args(argv)
+    if args.source == "to-dit4dit" and overrides:
+        # the export has no run config to override: what is left over is a mistyped flag (argparse's
+        # usage and exit code 2, as for the import's own flags)
+        e.error(f"unrecognized arguments: {' '.join(overrides)}")
+    return args, overrides
 
 
 @entry_point
@@ -100,8 +105,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.source == "to-dit4dit":
         from dit4dit_npu.convert.export import export_dit4dit
 
-        if overrides:
-            raise SystemExit(f"to-dit4dit takes no overrides: {' '.join(overrides)}")
         folder, notices = export_dit4dit(args.policy, args.out, tag=args.tag, action_model_type=args.action_model_type)
         for line in notices:
             print(f"  {line}", file=sys.stderr)

@@ -107,7 +107,8 @@ def import_config(
     cfg = from_dict(Config, raw)
     c, d = cfg.framework.cosmos25, cfg.datasets.vla_data
     c.base_model = str(base_model)
-    # the original's model conventions (see DESIGN.md "Model"): options, off for our own runs
+    # the original's model conventions (docs/from_dit4dit.md): options its checkpoints were trained
+    # with, off for our own runs
     c.condition_latent = "sample"
     c.round_timesteps = True
     c.feature_noise_seed = None  # DiT4DiT drew the feature-pass noise from the global RNG

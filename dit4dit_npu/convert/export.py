@@ -73,7 +73,7 @@ def export_dit4dit(
         raise ConversionError(f"{path}: a video-only policy has no action head; DiT4DiT's model needs one")
     cfg = inference_config(manifest.model)
     base = base_model_folder(cfg)
-    kind = head_type(f.action_model, action_model_type, path)
+    kind = head_type(f.action_model, action_model_type, path, notices)
     stats = statistics(io, tag or manifest.data.statistics_tag or GENERIC_TAG, manifest.data.num_trajectories, path)
     notices += client_notices(io, f.cosmos25)
 
@@ -116,14 +116,20 @@ def _tensors(file: Path) -> dict[str, torch.Tensor]:
         raise ConversionError(f"{file}: not a readable safetensors file ({e})") from None
 
 
-def head_type(a: Any, given: str | None, path: Path) -> str:
+def head_type(a: Any, given: str | None, path: Path, notices: list[str]) -> str:
     """Its DiTConfig entry: the one our sizes are (DiT-B, DiT-L), or the one the user names (an
-    entry they added to its table, with these sizes)."""
+    entry they added to its table, with these sizes: said in a notice, since DiT4DiT's own code
+    cannot load the run until its table has it)."""
     sizes = (a.dim, a.num_heads, a.head_dim)
     if given is not None:
         if given in ORIGINAL_PRESETS and PRESETS[given] != sizes:
             raise ConversionError(f"--action-model-type {given}: its sizes are {PRESETS[given]}, this head's "
                                   f"(width, heads, head dim) {sizes}")
+        if given not in ORIGINAL_PRESETS:
+            notices.append(
+                f"--action-model-type {given!r} is none of DiT4DiT's presets ({', '.join(ORIGINAL_PRESETS)}): the run "
+                f"loads only where its DiTConfig has an entry {given!r} with (width, heads, head dim) {sizes}"
+            )
         return given
     match = [k for k in ORIGINAL_PRESETS if PRESETS[k][0] == a.dim]
     if not match:

@@ -23,7 +23,7 @@ from dit4dit_npu.data.errors import DatasetError
 from dit4dit_npu.data.latent_key import CacheKey
 from dit4dit_npu.data.latents import LatentCache
 from dit4dit_npu.data.lerobot import LeRobotDataset
-from dit4dit_npu.data.mixture import MixtureSampler, split_episodes
+from dit4dit_npu.data.mixture import MixtureSampler, mixture_entries, split_episodes
 from dit4dit_npu.data.robotwin import RoboTwinDataset
 from dit4dit_npu.data.training_stats import compute_stats
 from dit4dit_npu.data.validate import episode_length_problems, feature_problems, raise_first
@@ -44,10 +44,8 @@ class TrainingData:
 
 
 def resolve_dataset_paths(d: VLADataConfig) -> list[Path]:
-    if not d.data_mix:
-        raise DatasetError("datasets.vla_data.data_mix is empty: list at least one {path, weight}")
     root = Path(d.data_root_dir)
-    return [Path(e.path) if Path(e.path).is_absolute() else root / e.path for e in d.data_mix]
+    return [Path(e.path) if Path(e.path).is_absolute() else root / e.path for e in mixture_entries(d)]
 
 
 # The only place the demo dataset is generated: the tiny config's data_root_dir / data_mix path,
@@ -136,6 +134,7 @@ def build_training_data(
     """``vae_identity`` (``weights.vae_identity(cfg)``) names the VAE a latent cache must come from;
     needed only with ``datasets.vla_data.latent_cache``."""
     d = cfg.datasets.vla_data
+    entries = mixture_entries(d)
     paths = resolve_dataset_paths(d)
     if d.generate_demo_if_missing:
         ensure_demo_data([p for p in paths if is_demo_location(p)], d, rank, world_size, barrier)
@@ -147,16 +146,16 @@ def build_training_data(
     chunk = cfg.framework.action_model.chunk_length
     raise_first(episode_length_problems(datasets, [None] * len(datasets), d.clip_offsets, chunk))
 
-    known = {e.path for e in d.data_mix} | {str(p) for p in paths}
+    known = {e.path for e in entries} | {str(p) for p in paths}
     unknown = sorted(set(d.val_episodes or {}) - known)
     if unknown:
         raise DatasetError(
             f"datasets.vla_data.val_episodes names {unknown}, which are not in data_mix "
-            f"({[e.path for e in d.data_mix]})"
+            f"({[e.path for e in entries]})"
         )
     split: dict[str, dict[str, list[int]]] = {}
     train_eps, val_eps = [], []
-    for entry, p, ds in zip(d.data_mix, paths, datasets):
+    for entry, p, ds in zip(entries, paths, datasets):
         explicit = (d.val_episodes or {}).get(entry.path, (d.val_episodes or {}).get(str(p)))
         val_spec = explicit if explicit is not None else d.val_fraction
         try:
@@ -178,7 +177,7 @@ def build_training_data(
     val_ds = RoboTwinDataset(datasets, io, d.state_key, d.action_key, val_eps) if any(val_eps) else None
     sampler = MixtureSampler(
         train_ds.dataset_sizes,
-        [e.weight for e in d.data_mix],
+        [e.weight for e in entries],
         seed=cfg.seed,
         rank=rank,
         world_size=world_size,

@@ -21,15 +21,12 @@ detected; parquet values are ``demo_episode(...)`` of (seed, episode), recomputa
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 from tqdm.auto import tqdm
 
-from dit4dit_npu.console import entry_point, size_hw
 from dit4dit_npu.data.errors import DatasetError
 from dit4dit_npu.data.writer import DatasetSpec, Episode, LeRobotWriter, aloha_modality
 from dit4dit_npu.files import atomic_folder, is_out_of_space
@@ -60,10 +57,6 @@ CODE_BITS = 16
 # 2: the goal place is per episode and shown only in the frames (1: implied by the instruction).
 DEMO_VERSION = 2
 DEMO_META = "demo.json"
-
-
-DemoEpisode = Episode  # (states (T, 14), actions (T, 14), task_index)
-
 
 # Where an episode's goal is: one of NUM_TARGETS places, drawn per episode independently of its
 # task (the instruction names the task = which grippers close, never where), and the start state
@@ -125,7 +118,7 @@ def demo_phase(state: np.ndarray, task_index: int) -> int:
     return int(bool(closed) and all(closed))
 
 
-def demo_episode(episode_index: int, length: int, num_tasks: int, seed: int = 0) -> DemoEpisode:
+def demo_episode(episode_index: int, length: int, num_tasks: int, seed: int = 0) -> Episode:
     """The expert trajectory of one episode (the parquet values are exactly these)."""
     task = episode_index % num_tasks
     goals = episode_goals(episode_index, num_tasks, seed)
@@ -340,38 +333,7 @@ def write_demo_dataset(
     return out
 
 
-@entry_point
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", required=True, type=Path, help="new (or empty) folder to write the dataset into")
-    p.add_argument(
-        "--version", default="v2.1", choices=["v2.1", "v3.0"], help="LeRobot format version (default: %(default)s)"
-    )
-    p.add_argument("--episodes", type=int, default=64, help="number of episodes (default: %(default)s)")
-    p.add_argument("--length", type=int, default=48, help="frames per episode (default: %(default)s)")
-    p.add_argument("--fps", type=int, default=15, help="frames per second (default: %(default)s)")
-    p.add_argument("--size", default="32x32", help="HxW of every camera, even, >= 16 (default: %(default)s)")
-    for half in ("--height", "--width"):  # the former spelling of --size, one half each
-        p.add_argument(half, type=int, default=None, help=argparse.SUPPRESS)
-    p.add_argument(
-        "--tasks", type=int, default=4, help=f"number of distinct tasks, 1..{len(TASKS)} (default: %(default)s)"
-    )
-    p.add_argument("--seed", type=int, default=0, help="seed of the trajectories (default: %(default)s)")
-    p.add_argument("--codec", default="libx264", help="libx264 (default) or libsvtav1 (lerobot's default)")
-    p.add_argument("--gop", type=int, default=8, help="keyframe interval in frames (default: %(default)s)")
-    a = p.parse_args(argv)
-    h, w = size_hw(a.size)
-    if a.height is not None or a.width is not None:
-        print("notice: --height/--width are deprecated, use --size HxW", file=sys.stderr)
-        h, w = a.height if a.height is not None else h, a.width if a.width is not None else w
-    # bad arguments, a non-empty --out, an unknown codec: one line (the temp folder is removed)
-    out = write_demo_dataset(a.out, a.version, a.episodes, a.length, a.fps, (h, w), a.seed, a.tasks, a.gop, a.codec)
-    print(
-        f"wrote {a.version} demo dataset: {a.episodes} episodes x {a.length} frames, 3 cameras "
-        f"{h}x{w} @ {a.fps} fps -> {out}"
-    )
-    return 0
+if __name__ == "__main__":  # python -m dit4dit_npu.data.demo: the command is data/cli.py's
+    from dit4dit_npu.data.cli import demo_main
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(demo_main())

@@ -17,7 +17,6 @@ lazily); the dataset and loader code in data/ never import models/.
 
 from __future__ import annotations
 
-import argparse
 import collections
 import dataclasses
 import os
@@ -30,8 +29,7 @@ import numpy as np
 import torch
 
 from dit4dit_npu import device as dev
-from dit4dit_npu.config import Config, ConfigError, load_config
-from dit4dit_npu.console import entry_point
+from dit4dit_npu.config import Config
 from dit4dit_npu.data.build import build_training_data
 from dit4dit_npu.data.latent_key import CacheKey
 from dit4dit_npu.data.latents import MANIFEST, LatentCache
@@ -221,36 +219,7 @@ def cache_bytes(root: Path) -> tuple[int, int]:
     return sum(f.stat().st_size for f in files), clips
 
 
-@entry_point
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m dit4dit_npu.data.encode_latents",
-        description="Encode every training sample's clip once into a latent cache "
-        "(then train with datasets.vla_data.latent_cache=DIR).",
-        allow_abbrev=False,
-    )
-    p.add_argument("--config", required=True, help="the training run's YAML config")
-    p.add_argument("--out", default=None, help="cache folder (default: datasets.vla_data.latent_cache)")
-    p.add_argument("--batch-size", type=int, default=16, help="clips per VAE call (default 16)")
-    args, overrides = p.parse_known_args(argv)
-    dev.configure_host_allocator()
-    cfg = load_config(args.config, overrides)
-    out = args.out or cfg.datasets.vla_data.latent_cache
-    if not out:
-        raise ConfigError("no cache folder: pass --out DIR or set datasets.vla_data.latent_cache")
-    if args.batch_size < 1:
-        raise ConfigError(f"--batch-size {args.batch_size}: expected >= 1")
-    counts = encode_latents(cfg, Path(out), args.batch_size)
-    if int(os.environ.get("RANK", "0")) == 0:
-        n = counts["samples"]
-        total, clips = cache_bytes(Path(out))
-        print(
-            f"latent cache {out}: encoded {n} clips ({counts['episodes']} episodes) in {counts['seconds']} s, "
-            f"{counts['cached_before']} episodes were already cached; {total / 2**20:.1f} MiB on disk for "
-            f"{clips} clips ({total / max(clips, 1) / 1024:.1f} KiB per clip)"
-        )
-    return 0
+if __name__ == "__main__":  # python -m dit4dit_npu.data.encode_latents: the command is data/cli.py's
+    from dit4dit_npu.data.cli import encode_latents_main
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(encode_latents_main())

@@ -15,14 +15,11 @@ so a corrupt payload is found before training rather than at step N.
 
 from __future__ import annotations
 
-import argparse
-import sys
 from pathlib import Path
 
 import numpy as np
 from tqdm.auto import tqdm
 
-from dit4dit_npu.console import entry_point
 from dit4dit_npu.data.errors import DatasetError
 from dit4dit_npu.data.lerobot import STANDARD_COLUMNS, _column_to_numpy
 from dit4dit_npu.data.meta import LeRobotDatasetMetadata, read_parquet
@@ -180,34 +177,7 @@ def summarize(root: str | Path) -> str:
     return "\n".join(lines)
 
 
-@entry_point
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description="Inspect (and with --check validate) a LeRobot dataset folder.")
-    p.add_argument("root", type=Path, help="the dataset folder (the one holding meta/info.json)")
-    p.add_argument("--check", action="store_true", help="validate every file; exit 1 listing every problem")
-    p.add_argument(
-        "--tolerance-s",
-        type=float,
-        default=1e-4,
-        help="how far timestamps may be off the 1/fps grid, in seconds (default: %(default)g, lerobot's)",
-    )
-    p.add_argument(
-        "--decode", action=argparse.BooleanOptionalAction, default=None,
-        help="with --check: decode every video frame (default: on when the videos total at most 1 GiB)",
-    )
-    a = p.parse_args(argv)
-    if a.check:
-        problems = check_dataset(a.root, a.tolerance_s, a.decode)
-        if problems:
-            print(f"{len(problems)} problem(s) in {a.root}:")
-            for pr in problems:
-                print(f"  - {pr}")
-            return 1
-    print(summarize(a.root))
-    if a.check:
-        print("check: OK")
-    return 0
+if __name__ == "__main__":  # python -m dit4dit_npu.data.inspect: the command is data/cli.py's
+    from dit4dit_npu.data.cli import inspect_main
 
-
-if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(inspect_main())

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from dit4dit_npu.files import edges_hash
+from dit4dit_npu.files import edges_hash, hash_file
 
 
 @dataclass(frozen=True)
@@ -91,17 +91,21 @@ def episode_sources(dataset: Any, episode: int, camera_keys: Sequence[str]) -> l
 
 
 def source_record(path: Path) -> dict[str, Any]:
+    """What an episode records of a source file when it is encoded: size, mtime and edges (the
+    start-up's first look, ``source_problem``) and the whole file's content hash (what the first
+    read of the episode in a run checks, ``source_content_problem``). The encoder has just decoded
+    the file, so hashing it reads bytes that are in the page cache."""
     st = path.stat()
-    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "edges": edges_hash(path)}
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "edges": edges_hash(path), "sha256": hash_file(path)}
 
 
 def source_problem(path: Path, saved: dict[str, Any]) -> str | None:
-    """Whether a source file is still the one an episode was encoded from. Same size and mtime:
-    unchanged (one ``stat``). Another mtime (a copy that did not keep times, a touch, an edit):
-    its first and last MiB must hash the same (``files.edges_hash``, at most 2 MiB read). Hashing
-    every video whole at every start-up would read the whole dataset (hundreds of GB at 100k
-    episodes) each time; this is as strong against re-encoded or edited videos, whose size or
-    index changes, and misses only a deliberate same-size edit of a file's middle."""
+    """The start-up's cheap first look at a source file: its size, and when its mtime moved (a copy
+    that did not keep times, a touch, an edit) its first and last MiB (``files.edges_hash``, at
+    most 2 MiB read). Hashing every video whole at every start-up would read the whole dataset
+    (hundreds of GB at 100k episodes) each time; this finds a re-encoded or edited video, whose
+    size or index changes, before a step. What it cannot see (a same-size edit with the mtime put
+    back) the first read of the episode in the run finds, by content (``source_content_problem``)."""
     try:
         st = path.stat()
     except OSError:
@@ -111,3 +115,20 @@ def source_problem(path: Path, saved: dict[str, Any]) -> str | None:
     if st.st_mtime_ns != saved.get("mtime_ns") and edges_hash(path) != saved.get("edges"):
         return f"its source {path} changed since it was encoded (same size, other content)"
     return None
+
+
+def source_content_problem(path: Path, saved: dict[str, Any]) -> str | None:
+    """Whether a source file's whole content is what the episode was encoded from (read whole)."""
+    try:
+        digest = hash_file(path)
+    except OSError as e:
+        return f"its source {path} cannot be read ({e.strerror or e})"
+    if digest != saved.get("sha256"):
+        same = "same size and mtime" if _same_stat(path, saved) else "same size"
+        return f"its source {path} changed since it was encoded ({same}, other content: its sha256 differs)"
+    return None
+
+
+def _same_stat(path: Path, saved: dict[str, Any]) -> bool:
+    st = path.stat()
+    return st.st_size == saved.get("size") and st.st_mtime_ns == saved.get("mtime_ns")

@@ -18,30 +18,15 @@ images under these statistics / under the real ones (how much more the model can
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 
-from dit4dit_npu.console import entry_point
-from dit4dit_npu.errors import DiT4DiTError
+from dit4dit_npu.config import Config
 
 
-@entry_point
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m dit4dit_npu.data.latent_stats", description=__doc__.splitlines()[0])
-    p.add_argument("--config", required=True, help="the run config whose tiny VAE and training images are used")
-    p.add_argument("--samples", type=int, default=256, help="training frames encoded (default: %(default)s)")
-    p.add_argument("--batch", type=int, default=16, help="frames per VAE encode (default: %(default)s)")
-    p.add_argument("--smoke", action="store_true", help="4 frames, batch 2: checks that the command runs")
-    p.add_argument("overrides", nargs="*", help="config overrides a.b=c")
-    a = p.parse_args(argv)
-    if a.smoke:
-        a.samples, a.batch = 4, 2
-    for name in ("samples", "batch"):
-        if getattr(a, name) < 1:
-            raise DiT4DiTError(f"--{name}: expected a positive integer, got {getattr(a, name)}")
-    from dit4dit_npu.config import load_config
-
-    cfg = load_config(a.config, a.overrides)  # a bad config is one line before torch is imported
+def report(cfg: Config, config_name: str, samples: int, batch: int) -> list[str]:
+    """The lines the command prints: ``samples`` training frames of ``cfg`` encoded ``batch`` at a
+    time with its tiny VAE (its configured statistics set aside), the statistics as config lines,
+    and the last line ``speedup: X.XX``."""
     import numpy as np
     import torch
 
@@ -59,10 +44,10 @@ def main(argv: list[str] | None = None) -> int:
     cfg = dataclasses.replace(cfg, datasets=dataclasses.replace(cfg.datasets, vla_data=online))
     ds = build_training_data(cfg).train_dataset
     vae = build_vae(cfg)
-    idx = np.linspace(0, len(ds) - 1, min(a.samples, len(ds))).round().astype(int)
+    idx = np.linspace(0, len(ds) - 1, min(samples, len(ds))).round().astype(int)
     latents = []
-    for i in range(0, len(idx), a.batch):
-        frames = torch.stack([ds[int(j)]["frames"][:1] for j in idx[i : i + a.batch]])  # frame 0 of each clip
+    for i in range(0, len(idx), batch):
+        frames = torch.stack([ds[int(j)]["frames"][:1] for j in idx[i : i + batch]])  # frame 0 of each clip
         latents.append(vae_latents(vae, video_input(frames)).float())
     z = torch.cat(latents)  # (N, 16, 1, h, w)
     mean, std = z.mean((0, 2, 3, 4)), z.std((0, 2, 3, 4))
@@ -80,15 +65,18 @@ def main(argv: list[str] | None = None) -> int:
         return f"variation between images {between:.3f} on a magnitude of {size:.3f}"
 
     fmt = ", ".join
-    print(f"{len(idx)} frames of {a.config}: latent std per channel {std.min():.4f}-{std.max():.4f}")
-    print(f"under the real Wan2.1 statistics: {signal(real_mean, real_std)}")
-    print(f"under these: {signal(mean.view(1, -1, 1, 1, 1), std.view(1, -1, 1, 1, 1))}")
-    print(f"    vae_latents_mean: [{fmt(f'{x:.4f}' for x in mean.tolist())}]")
-    print(f"    vae_latents_std: [{fmt(f'{x:.4f}' for x in std.tolist())}]")
     own, real = share(mean.view(1, -1, 1, 1, 1), std.view(1, -1, 1, 1, 1))[2], share(real_mean, real_std)[2]
-    print(f"speedup: {own / real:.2f}")
-    return 0
+    return [
+        f"{len(idx)} frames of {config_name}: latent std per channel {std.min():.4f}-{std.max():.4f}",
+        f"under the real Wan2.1 statistics: {signal(real_mean, real_std)}",
+        f"under these: {signal(mean.view(1, -1, 1, 1, 1), std.view(1, -1, 1, 1, 1))}",
+        f"    vae_latents_mean: [{fmt(f'{x:.4f}' for x in mean.tolist())}]",
+        f"    vae_latents_std: [{fmt(f'{x:.4f}' for x in std.tolist())}]",
+        f"speedup: {own / real:.2f}",
+    ]
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+if __name__ == "__main__":  # python -m dit4dit_npu.data.latent_stats: the command is data/cli.py's
+    from dit4dit_npu.data.cli import latent_stats_main
+
+    raise SystemExit(latent_stats_main())

@@ -10,18 +10,26 @@ What the latents depend on, and how each is keyed (a change of any one is refuse
 
 - the clip's pixels: the dataset (``dataset_fingerprint``: its meta/ contents and the names of
   its data and video files; one sub-folder per fingerprint), each episode's source files (its
-  data file, whose timestamps pick the frames, and its camera videos: size, mtime and a hash of
-  their first and last MiB recorded per episode, see ``source_problem``) and each sample's frame
-  rows (stored per episode, compared with what the dataset would read now);
+  data file, whose timestamps pick the frames, and its camera videos: size, mtime, a hash of
+  their first and last MiB and the whole file's content hash recorded per episode, see
+  ``source_record``) and each sample's frame rows (stored per episode, compared with what the
+  dataset would read now);
 - how the frames become the VAE input: cameras, crops, image size and resize path, view layout,
   clip offsets (the manifest's ``CacheKey``);
 - the VAE: its weights and the dtype it runs in (``weights.vae_identity``, in the key).
 
 The latents themselves are fingerprinted too: each episode file records the sha256 of its latent
-bytes, and its own mtime is set to a value it records, so a start-up sees from one ``stat`` that
-a file was not rewritten since it was encoded, and hashes (and refuses, naming the episode) only
-a file that was. A value far outside the VAE's range (``latent_bound`` in the manifest: the
-encoder's probe of the VAE, ``encode_latents.latent_bound``) is refused when written and when read.
+bytes. Content, not mtimes, decides what is trained on: the first time a run reads an episode
+(``read``, once per run across its loader workers: ``_verified`` is in shared memory), its whole
+latent tensor is hashed (the bytes the run's reads of its samples take anyway) and each of its
+source files hashed whole, against what was recorded when it was encoded; a difference stops
+the run in one line naming the file and what changed. The start-up check (``check_episodes``)
+is a cheap first look that finds most damage before a step: each episode file's mtime is set to
+a value it records, so one ``stat`` shows it was not rewritten, and only a file that was is
+hashed there; a source file is checked by size, and by its edges when its mtime moved. An edit
+with the mtime put back passes the first look and is caught at the first read. A value far
+outside the VAE's range (``latent_bound`` in the manifest: the encoder's probe of the VAE,
+``encode_latents.latent_bound``) is refused when written and when read.
 
 Layout::
 
@@ -58,12 +66,14 @@ from dit4dit_npu.data.latent_key import (
     dataset_fingerprint,
     episode_sources,
     latents_sha256,
+    source_content_problem,
     source_problem,
     source_record,
 )
 from dit4dit_npu.files import atomic_path, atomic_write_json, is_out_of_space
 
-FORMAT = "dit4dit_npu.latent_cache/2"  # 2: content hashes and the VAE's latent bound
+# 2: content hashes and the VAE's latent bound; 3: each source file's whole content hash
+FORMAT = "dit4dit_npu.latent_cache/3"
 MANIFEST = "manifest.json"
 ENCODE_HINT = "python -m dit4dit_npu.data.encode_latents --config FILE --out DIR"
 _OPEN_FILES = 32  # episode files kept open per process (each is an mmap; reads are ~15 us)
@@ -77,6 +87,15 @@ class LatentCache:
         self.bound = float(bound)  # the largest |latent| the VAE plausibly gives (manifest's latent_bound)
         self._files: OrderedDict[Path, Any] = OrderedDict()
         self._sources: dict[Path, dict[str, Any]] = {}  # source file -> its record, once per process
+        # Verified by content in this run (an episode file, or a source file, which a v3.0 video
+        # shares between episodes) -> its slot in ``_verified``: set once by whichever process
+        # (a loader worker) reads it first, seen by all (shared memory; workers start each epoch).
+        self._slots: dict[Any, int] = {}
+        self._roots: dict[int, Path] = {}
+        self._checked_sources: dict[tuple[int, int], list[str]] = {}  # episode_problem's, for _track
+        self._verified = torch.zeros(0, dtype=torch.uint8)
+        self._untracked: set[tuple[int, int]] = set()  # read without check_episodes: this process only
+        self.verify_seconds = 0.0  # time this process spent verifying (bench/latent_verify.py)
 
     # ------------------------------------------------------------------ opening
 
@@ -214,6 +233,19 @@ class LatentCache:
                 raise DatasetError(
                     f"{where}: episode {e} of {dataset.root} {problem}; {ENCODE_HINT} encodes it again"
                 )
+        self._track(k, Path(dataset.root), episodes)
+
+    def _track(self, k: int, root: Path, episodes: Sequence[int]) -> None:
+        """Give dataset ``k``'s episodes (and their source files) a slot in the shared ``_verified``
+        flags, before any loader worker starts: the first read of each is then checked by content."""
+        self._roots[k] = root
+        for e in episodes:
+            self._slots.setdefault(("episode", k, int(e)), len(self._slots))
+            for rel in self._checked_sources.pop((k, int(e)), ()):
+                self._slots.setdefault(("source", str(root / rel)), len(self._slots))
+        flags = torch.zeros(len(self._slots), dtype=torch.uint8)
+        flags[: len(self._verified)] = self._verified
+        self._verified = flags.share_memory_()
 
     def episode_problem(self, k: int, episode: int, want: np.ndarray, dataset: Any, restamp: bool = False) -> str | None:
         """Why the cached file of ``episode`` cannot serve samples with frame rows ``want`` (n, T),
@@ -253,6 +285,7 @@ class LatentCache:
             problem = source_problem(Path(dataset.root) / rel, record if isinstance(record, dict) else {})
             if problem is not None:
                 return problem
+        self._checked_sources[(k, int(episode))] = list(sources)
         return None
 
     def _cached_before(self, source: Path) -> bool:
@@ -270,8 +303,11 @@ class LatentCache:
         Non-finite values and values beyond the VAE's bound are refused here, naming the file (a
         NaN would otherwise surface steps later as a non-finite loss, or as a step DeepSpeed
         silently skips; a scaled episode would be trained on). One reduction per sample: the
-        start-up check only hashes files whose mtime moved, so this is the backstop."""
+        first read of an episode checks its content (``_verify``); this is the backstop behind it."""
         path = self.episode_path(k, episode)
+        slot = self._slots.get(("episode", k, int(episode)))
+        if not (self._verified[slot] if slot is not None else (k, int(episode)) in self._untracked):
+            self._verify(k, int(episode), path, slot)
         latents = self._file(path).get_slice("latents")[i]
         peak = float(latents.abs().max())
         if peak != peak or peak == float("inf"):
@@ -284,6 +320,45 @@ class LatentCache:
                 f"outside the VAE's range (|x| <= {self.bound:.4g}); delete it and re-encode with {ENCODE_HINT}"
             )
         return latents
+
+    def _verify(self, k: int, episode: int, path: Path, slot: int | None) -> None:
+        """The episode's latents and source files, by content, against what the file recorded when
+        it was encoded (the first read of the episode in this run); one line naming what changed.
+        The whole latent tensor is hashed: the run reads every sample of it this epoch anyway."""
+        t0 = time.perf_counter()
+        f = self._file(path)
+        meta = f.metadata() or {}
+        if latents_sha256(f.get_tensor("latents")) != meta.get("latents_sha256"):
+            raise DatasetError(
+                f"latent cache file {path}: episode {episode}'s latents do not match the sha256 recorded when they "
+                f"were encoded (changed since, its mtime set back); delete it and re-encode with {ENCODE_HINT}"
+            )
+        try:
+            sources = json.loads(meta.get("sources", "null"))
+        except ValueError:
+            sources = None
+        if not isinstance(sources, dict):
+            raise DatasetError(f"latent cache file {path}: records no valid sources; delete it and re-encode with "
+                               f"{ENCODE_HINT}")
+        root = self._roots.get(k)
+        for rel, record in sorted(sources.items()):
+            if root is None:  # a cache read without check_episodes: nothing to compare the sources with
+                break
+            source = root / rel
+            at = self._slots.get(("source", str(source)))
+            if at is not None and self._verified[at]:
+                continue
+            problem = source_content_problem(source, record if isinstance(record, dict) else {})
+            if problem is not None:
+                raise DatasetError(f"latent cache file {path}: episode {episode}: {problem}; delete it and re-encode "
+                                   f"with {ENCODE_HINT}")
+            if at is not None:
+                self._verified[at] = 1
+        if slot is not None:
+            self._verified[slot] = 1
+        else:
+            self._untracked.add((k, episode))
+        self.verify_seconds += time.perf_counter() - t0
 
     def _file(self, path: Path) -> Any:
         from safetensors import SafetensorError, safe_open

@@ -1,6 +1,7 @@
 """``LeRobotDataset``: lerobot's dataset class, read natively (pyarrow + PyAV), never written.
 
-``lerobot`` itself cannot be installed next to diffusers >= 0.37 (DESIGN.md), so this mirrors its
+``lerobot`` itself cannot be installed next to diffusers >= 0.37 (its releases pin diffusers < 0.36
+and torch < 2.11), so this mirrors its
 public API: ``LeRobotDataset(root, delta_timestamps=..., episodes=..., tolerance_s=...)``,
 ``len(ds)`` = frames, and ``ds[i]`` with the same keys, shapes and dtypes as lerobot:
 
@@ -13,7 +14,7 @@ public API: ``LeRobotDataset(root, delta_timestamps=..., episodes=..., tolerance
 
 All numeric parquet columns of the selected episodes are loaded once into numpy arrays (they are
 small next to the videos and shared copy-on-write by forked workers), so no sample re-reads a
-parquet file (SPEC B8's per-sample re-read). Videos are decoded frame-sparsely on demand
+parquet file (the original re-read one per sample). Videos are decoded frame-sparsely on demand
 (``video.VideoDecoder``); ``image_size`` resizes during the conversion to RGB.
 """
 

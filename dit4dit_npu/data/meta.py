@@ -3,7 +3,7 @@
 Mirrors ``lerobot.datasets.LeRobotDatasetMetadata``: ``fps``, ``features``, ``camera_keys``,
 ``video_keys``, ``episodes``, ``tasks``, ``stats``, ``info``, ``total_episodes``,
 ``total_frames``, ``get_data_file_path``, ``get_video_file_path``. The two formats differ in
-where things live (reference/robotwin_lerobot_npu.md §2); this class hides that:
+where things live; this class hides that:
 
 - v2.x: one parquet + one mp4 per camera per episode; ``episodes.jsonl``, ``tasks.jsonl``,
   ``episodes_stats.jsonl`` (v2.1) or ``stats.json`` (v2.0).

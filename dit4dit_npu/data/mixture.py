@@ -1,6 +1,6 @@
 """Episode-level train/validation split and the weighted, sharded, resumable mixture sampler.
 
-Sampling follows the original (SPEC 4.4): dataset weights are normalised and dataset size does
+Sampling follows the original's mixture: dataset weights are normalised and dataset size does
 not change them; an epoch has ``max_i(size_i / weight_i)`` samples. Two things differ on purpose:
 within a dataset, indices are drawn from fresh random permutations (every frame once before any
 repeats) instead of i.i.d. uniform steps, and the sequence is a pure function of
@@ -11,12 +11,37 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from dit4dit_npu.config import DatasetEntry, VLADataConfig
 from dit4dit_npu.data.errors import DatasetError
+
+# What marks a folder as a LeRobot dataset (v2.1 and v3.0 both keep it).
+DATASET_MARKER = Path("meta") / "info.json"
+
+
+def mixture_entries(d: VLADataConfig) -> list[DatasetEntry]:
+    """The datasets a run trains on: ``data_mix`` as listed or, when it is empty, every LeRobot
+    dataset folder directly under ``data_root_dir`` (by name, weight 1.0 each), or
+    ``data_root_dir`` itself when it is one. So one's own data needs only ``data_root_dir``, and a
+    shipped config's list of task folders is emptied with ``datasets.vla_data.data_mix=[]``."""
+    if d.data_mix:
+        return list(d.data_mix)
+    root = Path(d.data_root_dir)
+    how = ("datasets.vla_data.data_mix is empty, so data_root_dir must be a LeRobot dataset folder (with "
+           f"{DATASET_MARKER}) or a folder of them")
+    if not root.is_dir():
+        raise DatasetError(f"datasets.vla_data.data_root_dir: {root} is not a folder ({how})")
+    if (root / DATASET_MARKER).is_file():
+        return [DatasetEntry(path=".", weight=1.0)]
+    found = sorted(c.name for c in root.iterdir() if (c / DATASET_MARKER).is_file())
+    if not found:
+        raise DatasetError(f"datasets.vla_data.data_root_dir: {root} holds no LeRobot dataset folder ({how})")
+    return [DatasetEntry(path=name, weight=1.0) for name in found]
 
 
 def split_episodes(

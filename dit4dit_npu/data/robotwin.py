@@ -4,7 +4,7 @@ A sample is anchored at frame t of an episode. ``raw_sample`` assembles it in ro
 
 - ``views`` uint8 (T, V, H, W, 3): the camera frames at the PolicyIO's clip offsets, cameras in
   its order, decoded straight to its image size (one swscale pass; only these T frames are
-  converted, SPEC B8). Offsets past the episode end are clamped to its last frame.
+  converted; the original converted the whole clip). Offsets past the episode end are clamped to its last frame.
 - ``state`` (S,): the raw state at t; ``actions`` (H_a, A): absolute actions a[t : t + H_a] in
   the dataset's native order; steps past the episode end repeat the last action (lerobot's
   clamp; like the original they are not masked) and are flagged False in ``valid``.

@@ -2,7 +2,7 @@
 
 Decoding (``VideoDecoder.decode``) returns exactly the frames asked for, by timestamp:
 it seeks once to the keyframe before the first wanted frame, decodes forward, and converts to
-RGB *only* the wanted frames, resizing them in the same swscale call (SPEC B8/B9: the original
+RGB *only* the wanted frames, resizing them in the same swscale call (the original
 decoded and converted every clip frame at full size, then resized each one separately).
 Open containers are cached per process, so a DataLoader worker opens each file once.
 

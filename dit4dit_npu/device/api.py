@@ -174,7 +174,7 @@ def attention_context(requested: str = "auto") -> Iterator[None]:
 
     Cosmos attention processors read the *process-global* active backend, and
     ``reset_attention_backend()`` does not restore it, so the context manager is the only clean
-    way to select one (cosmos25_tiny_recipe.md §5).
+    way to select one.
     """
     from diffusers.models.attention_dispatch import attention_backend
 

@@ -12,7 +12,7 @@ from dit4dit_npu.device.stack import launch_library_path, library_paths
 __all__ = ["ASCEND_ENV_DEFAULTS", "apply_env_defaults", "check_local_ranks", "cpu_cores", "launch_env",
            "launch_library_path", "library_paths", "VISIBLE_DEVICES"]
 
-# Ascend defaults the seed documents use: the level-2 task queue hides host dispatch latency,
+# Ascend defaults from torch_npu's performance tuning advice: the level-2 task queue hides host dispatch latency,
 # expandable segments curb fragmentation, and coarse core binding keeps the host threads local.
 ASCEND_ENV_DEFAULTS = {
     "TASK_QUEUE_ENABLE": "2",

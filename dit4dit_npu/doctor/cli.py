@@ -32,9 +32,12 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
         description="Pre-flight checks of this host for a training run: one PASS/WARN/FAIL/SKIP line each, "
                     "exit code 1 on any FAIL. Extra a.b=c arguments are config overrides.")
     p.add_argument("--config", help="the run config to check (data, base model, run folder, memory plan)")
-    p.add_argument("--num-processes", type=int, metavar="N",
+    # Each count also takes the launch script's spelling (scripts/train_8p.sh, accelerate:
+    # --num_processes), so one flag copied from the launch line works here unchanged.
+    p.add_argument("--num-processes", "--num_processes", type=int, metavar="N",
                    help="processes per node the launch will start (default: one per visible card; 2 on a CPU host)")
-    p.add_argument("--num-machines", type=int, default=1, metavar="M", help="nodes of the run (default 1)")
+    p.add_argument("--num-machines", "--num_machines", type=int, default=1, metavar="M",
+                   help="nodes of the run (default 1)")
     p.add_argument("--timeout", type=float, default=120.0, metavar="S", help="seconds the all-reduce may take")
     p.add_argument("--stack", action="store_true", help="only the software stack (Python, torch, torch_npu, CANN, "
                                                         "libraries); imports no torch in this process")

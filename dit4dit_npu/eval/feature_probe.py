@@ -1,11 +1,11 @@
-"""Do a policy's features carry where the object is? A linear probe (issue 32).
+"""Do a policy's features carry where the object is? A linear probe.
 
     python -m dit4dit_npu.eval.feature_probe --policy DIR [DIR ...] [--task transfer_cube]
         [--episodes 200] [--seed 0] [--at 0] [--out probe.json]
 
 For each seed the ALOHA scene is reset (the object placed as gym-aloha places it) and, with
 ``--at`` > 0, the scripted expert runs that many steps first. The policy's observation path gives
-what its action head reads (``DiT4DiTPolicy.observation_features``): the conditioning VAE latent and
+what its action head reads (``research.observation_features``): the conditioning VAE latent and
 block ``extract_layer``'s output. A ridge regression from each of them (and, as a control, from the
 14-d joint state) to the object's x, y is fitted and scored on held-out seeds (5-fold
 cross-validation, the ridge strength chosen inside each training fold): R^2 near 1 says the
@@ -19,17 +19,11 @@ thousand steps, and a backbone objective that helps should make the probe better
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from dit4dit_npu.console import entry_point
 from dit4dit_npu.errors import DiT4DiTError
-from dit4dit_npu.sim.tasks import check_seed_range
 
 FOLDS = 5
 RIDGE_GRID = (1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0, 100.0)  # x the feature count (standardized features)
@@ -37,30 +31,6 @@ RIDGE_GRID = (1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0, 100.0)  # x the feature count (
 
 class ProbeError(DiT4DiTError, ValueError):
     """Bad probe arguments (one line, no traceback)."""
-
-
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="python -m dit4dit_npu.eval.feature_probe", description=__doc__.split("\n")[0]
-    )
-    p.add_argument("--policy", nargs="+", required=True, help="policy folder(s), checkpoint or run folder(s)")
-    p.add_argument("--task", default="transfer_cube", help="ALOHA scene (default: %(default)s)")
-    p.add_argument("--episodes", type=int, default=200, help="seeds probed (default: %(default)s)")
-    p.add_argument("--seed", type=int, default=0, help="first scene seed (default: %(default)s)")
-    p.add_argument(
-        "--at", type=int, nargs="+", default=[0], help="expert steps before the observation (default: 0)"
-    )
-    p.add_argument("--size", default="240x320", help="camera frames HxW (default: %(default)s, the recipe's)")
-    p.add_argument("--out", default=None, help="write the results as JSON here")
-    a = p.parse_args(argv)
-    if a.episodes < 2 * FOLDS:
-        raise ProbeError(
-            f"--episodes: got {a.episodes}, expected >= {2 * FOLDS} ({FOLDS}-fold cross-validation)"
-        )
-    if min(a.at) < 0:
-        raise ProbeError(f"--at: got {a.at}, expected step counts >= 0")
-    check_seed_range(a.seed, a.episodes)  # before any scene is built
-    return a
 
 
 def _standardize(train: np.ndarray, test: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -126,12 +96,13 @@ def collect(
 
 
 def policy_rows(policy_dir: str, observations: list[dict], targets: np.ndarray) -> dict[str, Any]:
+    from dit4dit_npu.eval.research import observation_features
     from dit4dit_npu.policy import DiT4DiTPolicy
 
     policy = DiT4DiTPolicy.from_pretrained(policy_dir, device="cpu")
     latents, feats, states = [], [], []
     for obs in observations:
-        out = policy.observation_features(obs, seed=0)
+        out = observation_features(policy, obs, seed=0)
         latents.append(out["latent"][0])
         feats.append(out["features"][0])
         states.append(np.asarray(obs["state"], np.float64))
@@ -145,37 +116,7 @@ def policy_rows(policy_dir: str, observations: list[dict], targets: np.ndarray) 
     }
 
 
-@entry_point
-def main(argv: list[str] | None = None) -> int:
-    from dit4dit_npu.sim.tasks import parse_size
+if __name__ == "__main__":  # python -m dit4dit_npu.eval.feature_probe: the command is eval/cli.py's
+    from dit4dit_npu.eval.cli import feature_probe_main
 
-    a = parse_args(argv)
-    for path in a.policy:
-        if not Path(path).exists():
-            raise ProbeError(f"--policy {path}: no such folder")
-    seeds = list(range(a.seed, a.seed + a.episodes))
-    observations, targets = collect(a.task, seeds, sorted(set(a.at)), parse_size(a.size))
-    rows = [policy_rows(p, observations, targets) for p in a.policy]
-    keys = [k for k in rows[0] if k != "policy"]
-    print(
-        f"held-out R^2 of a linear probe for the object's x, y ({len(observations)} observations, "
-        f"{FOLDS}-fold, seeds {seeds[0]}-{seeds[-1]}, expert steps {sorted(set(a.at))}):"
-    )
-    print("| policy | " + " | ".join(keys) + " |")
-    print("|---" * (len(keys) + 1) + "|")
-    for r in rows:
-        print(f"| {r['policy']} | " + " | ".join(f"{r[k]:.3f}" for k in keys) + " |")
-    if a.out:
-        Path(a.out).write_text(
-            json.dumps({"task": a.task, "seeds": seeds, "at": a.at, "rows": rows}, indent=1)
-        )
-    last = rows[-1]
-    print(
-        f"probe R^2: features {last['features']:.3f}, VAE latent {last['VAE latent']:.3f}, "
-        f"state {last['state (control)']:.3f}"
-    )
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(feature_probe_main())

@@ -14,7 +14,7 @@ worse than the real score shows the policy uses its cameras.
 Writes ``metrics.json`` (MSE/MAE overall, per joint and per horizon step for the model and both
 baselines, the model/baseline ratios; < 1 means better than the baseline) and PNG plots
 (``eval/plots.py``). The original's offline G1 evaluator normalized state differently from
-training (SPEC A7); here the same PolicyIO as training is applied, inside the policy.
+training; here the same PolicyIO as training is applied, inside the policy.
 """
 
 from __future__ import annotations
@@ -169,7 +169,7 @@ BLANK_VALUE = 128
 
 
 def observation(samples: list[Any], blank_cameras: bool = False) -> Observation:
-    """Raw samples -> their parsed observation (``predict_parsed``'s input): the views of each
+    """Raw samples -> their parsed observation (what the policy's ``parse`` takes): the views of each
     sample's observation frame as the training data made them, cameras already cut and resized
     (sent as camera frames they would be cut again), the state in robot units. ``blank_cameras``
     replaces every view by the constant ``BLANK_VALUE`` image (same shape and dtype)."""
@@ -194,7 +194,8 @@ def run_predictions(
     desc = "eval, cameras blanked" if blank_cameras else "eval"
     for b, chunk in enumerate(tqdm(batches, desc=desc, unit="batch", dynamic_ncols=True)):
         samples = [ds.raw_sample(int(i)) for i in chunk]
-        pred = policy.predict_parsed(observation(samples, blank_cameras), seed=seed + b)
+        parsed = policy.parse(observation(samples, blank_cameras))  # already parsed: only its state range is checked
+        pred = policy.predict_batch([parsed], seed=seed + b)[0]
         for i, s in zip(chunk, samples):
             rows["valid"].append(s.valid)
             rows["target"].append(s.actions)
@@ -211,6 +212,7 @@ def imagination_strips(policy: Any, ds: Any, preds: Predictions, n: int, steps: 
     """(title, [("real", clip), ("round trip", clip), ("imagined", clip)]) for ``n`` evaluated
     frames: the real future with the model's own view tiling, its VAE round trip and the
     backbone's imagined clip (each (T, H, W, 3) uint8)."""
+    from dit4dit_npu.eval.research import predict_video, reconstruct_video
     from dit4dit_npu.transforms.images import untile
 
     if n <= 0 or len(preds.frame) == 0:
@@ -219,8 +221,8 @@ def imagination_strips(policy: Any, ds: Any, preds: Predictions, n: int, steps: 
     for p in np.unique(np.linspace(0, len(preds.frame) - 1, n).round().astype(int)):
         s = ds.raw_sample(int(preds.index[p]))
         real = untile(policy.io.frames(s.views).numpy())
-        round_trip = policy.reconstruct_video(s.views)
-        imagined = policy.predict_video(observation([s]), steps=steps, seed=seed)[0]
+        round_trip = reconstruct_video(policy, s.views)
+        imagined = predict_video(policy, observation([s]), steps=steps, seed=seed)[0]
         t = min(len(real), len(imagined))
         name = Path(str(ds.datasets[s.dataset].root)).name
         strips.append((f"{name} ep{s.episode} t={s.frame}",

@@ -1,13 +1,13 @@
-"""A picture of the video model (issue 32 item 4): at a few steps of a recorded demo episode and of
+"""A picture of the video model: at a few steps of a recorded demo episode and of
 a closed-loop episode of the policy in the ALOHA scene, three rows of frames each:
 
 - **real**: the clip the video loss trains on at that step (the policy's clip offsets, e.g. 0, 4,
   8, 12, 16 steps ahead; clamped to the episode's last frame), views cropped, resized and tiled
   as the model sees them;
-- **round trip**: that clip through the VAE (encode -> decode, ``DiT4DiTPolicy.reconstruct_video``):
+- **round trip**: that clip through the VAE (encode -> decode, ``research.reconstruct_video``):
   the best the decoder can show;
 - **imagined**: the backbone's predicted future from the step's frame alone
-  (``DiT4DiTPolicy.predict_video``: frame 0 is the observation's reconstruction).
+  (``research.predict_video``: frame 0 is the observation's reconstruction).
 
     python -m dit4dit_npu.eval.video_picture --policy RUN/checkpoints/step_006000/policy \\
         --demos data/aloha/transfer_cube_240x320_recipe --episode 0 --at 0 100 200 \\
@@ -20,51 +20,27 @@ last frame the picture needs.
 
 from __future__ import annotations
 
-import argparse
-import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from dit4dit_npu.console import entry_point
 from dit4dit_npu.eval.offline import EvalError, build_eval_dataset, observation
-from dit4dit_npu.sim.tasks import check_seed_range
 
 TITLE = "real future frames / their VAE round trip / imagined by the video backbone (frame 0: the observation's reconstruction)"
-
-
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m dit4dit_npu.eval.video_picture", description=__doc__.split("\n\n")[0])
-    p.add_argument("--policy", required=True, help="a policy folder (DiT4DiTPolicy.from_pretrained)")
-    p.add_argument("--demos", required=True, help="a LeRobot dataset of recorded demos (sim.demos)")
-    p.add_argument("--episode", type=int, default=0, help="the demo episode (default 0)")
-    p.add_argument("--task", default="transfer_cube", help="the ALOHA task of the closed-loop episode")
-    p.add_argument("--seed", type=int, default=0, help="the closed-loop episode's scene seed (default 0: an unseen seed)")
-    p.add_argument("--at", type=int, nargs="+", default=[0, 100, 200], help="the episode steps to show")
-    p.add_argument("--steps", type=int, default=2, help="denoising steps of the imagined clip (default 2)")
-    p.add_argument("--out", required=True, type=Path, help="the PNG to write")
-    a = p.parse_args(argv)
-    if any(t < 0 for t in a.at):
-        raise EvalError(f"--at: expected steps >= 0, got {a.at}")
-    if a.steps < 1:
-        raise EvalError(f"--steps: expected >= 1, got {a.steps}")
-    if a.out.suffix.lower() != ".png":
-        raise EvalError(f"--out {a.out}: expected a .png file")
-    check_seed_range(a.seed, 1, count_flag=None)  # its one closed-loop episode, before the policy loads
-    return a
 
 
 def rows(policy: Any, clip_views: np.ndarray, obs: Any, steps: int, seed: int) -> list[tuple[str, np.ndarray]]:
     """[("real", ...), ("round trip", ...), ("imagined", ...)] for one clip of views (T, V, H, W, 3)
     and the parsed observation of its frame 0; each (T, H, W_tiled, 3) uint8."""
+    from dit4dit_npu.eval.research import predict_video, reconstruct_video
     from dit4dit_npu.transforms.images import untile
 
     real = untile(policy.io.frames(clip_views).numpy())
     return [
         ("real", real),
-        ("round trip", policy.reconstruct_video(clip_views)),
-        ("imagined", policy.predict_video(obs, steps=steps, seed=seed)[0]),
+        ("round trip", reconstruct_video(policy, clip_views)),
+        ("imagined", predict_video(policy, obs, steps=steps, seed=seed)[0]),
     ]
 
 
@@ -135,34 +111,7 @@ def motion_line(title: str, clips: list[tuple[str, np.ndarray]]) -> str:
             f"their frame 0 by {change:.2f}")
 
 
-@entry_point
-def main(argv: list[str] | None = None) -> int:
-    from PIL import Image
+if __name__ == "__main__":  # python -m dit4dit_npu.eval.video_picture: the command is eval/cli.py's
+    from dit4dit_npu.eval.cli import video_picture_main
 
-    from dit4dit_npu.eval.plots import plot_strips
-    from dit4dit_npu.sim.backend import require_simulator
-
-    a = parse_args(argv)
-    require_simulator()
-    if not Path(a.policy).exists():
-        raise EvalError(f"--policy {a.policy}: no such folder")
-    root = Path(a.demos).expanduser().resolve()
-    if not root.is_dir():
-        raise EvalError(f"--demos {a.demos}: no such folder")
-    at = sorted(set(a.at))
-    policy, loop, result = closed_loop_strips(a.policy, a.task, a.seed, at, a.steps)
-    strips = demo_strips(policy, root, a.episode, at, a.steps, a.seed) + loop
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    plot_strips(a.out, strips, f"{TITLE}\n{a.policy} (step {policy.manifest.step})", dpi=60)
-    # a picture kept in docs/: 256 colours (a quarter of the bytes; the decoded frames are blurred anyway)
-    Image.open(a.out).convert("RGB").quantize(256).save(a.out, optimize=True)
-    print("mean |error| of future frames vs their VAE round trip (0-255):")
-    for title, clips in strips:
-        print("  " + motion_line(title, clips))
-    print(f"wrote {a.out}: steps {at} of demo episode {a.episode} and of closed-loop seed {a.seed} "
-          f"({result['steps']} steps run, max reward {result['max_reward']})")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(video_picture_main())

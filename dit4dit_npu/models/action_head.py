@@ -1,4 +1,4 @@
-"""Flow-matching action head on video features (SPEC §2: "DiT-B", GR00T-N1 style).
+"""Flow-matching action head on video features ("DiT-B", GR00T-N1 style, as in the original).
 
 Tokens: [state token] + H_a action tokens (action MLP with the sinusoidal integer timestep, plus a
 learned position embedding on action tokens only) -> cross-attention DiT -> decoder MLP on the last
@@ -13,7 +13,7 @@ batch is validated at the model boundary.
 
 Precision: the head runs with autocast disabled and its inputs cast explicitly to its parameter
 dtype (fp32 unless a wrapper cast the whole model), and targets are built in fp32 — never
-``autocast(dtype=float32)``, which is a silent no-op on CPU (SPEC C3, A8).
+``autocast(dtype=float32)``, which is a silent no-op on CPU (the original's idiom for fp32).
 """
 
 from __future__ import annotations
@@ -191,7 +191,7 @@ class FlowMatchingActionHead(nn.Module):
     ) -> torch.Tensor:
         """``loss`` from precomputed K/V: ``kv`` rows serve ``kv_repeats`` consecutive noisy
         samples each (R for per-sample K/V; 1 for K/V of R materialised feature copies, what the
-        original computed, SPEC B5; bench/reference.py)."""
+        original computed, B5 in bench/reference.py)."""
         r = self.repeats
         b, n, c = actions.shape
         noise = checked(noise, "action", (b, r, n, c), actions.device)

@@ -28,7 +28,7 @@ from typing import Literal
 
 @dataclass
 class VideoTimeConfig:
-    """Time t of the video flow-matching loss (SPEC 1.6): U[0, 1), or sigmoid(N(0, 1)) with, at
+    """Time t of the video flow-matching loss (as the original samples it): U[0, 1), or sigmoid(N(0, 1)) with, at
     probability high_sigma_ratio, t replaced by U[high_sigma_min (None = 0.98), 1)."""
 
     time_distribution: Literal["uniform", "logit_normal"]

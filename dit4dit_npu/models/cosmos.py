@@ -1,6 +1,6 @@
-"""Video backbone: Cosmos-Predict2.5 transformer + Wan VAE (SPEC §1).
+"""Video backbone: Cosmos-Predict2.5 transformer + Wan VAE.
 
-Per training step, versus the original (SPEC 1.7, B2-B4):
+Per training step, versus the original (B2-B4 in ``bench/reference.py``, which rebuilds its way):
 - one batched VAE encode of the clip (posterior mean, no grad); latent frame 0 conditions;
 - the feature pass runs under ``no_grad`` and stops after block ``extract_layer`` (the original
   ran all blocks and the output head with an autograd graph it then discarded; that path is
@@ -278,7 +278,7 @@ class CosmosBackbone(nn.Module):
         """Future-frame noise of the feature pass. Seeded: one CPU generator draw of (1, ...) shared
         by the batch, so a sample's features depend on its observation only (not on the batch or
         the device) and training sees the same noise as inference. Unseeded (None): independent
-        global-RNG noise per sample, like the original (SPEC A3)."""
+        global-RNG noise per sample, like the original (not repeatable)."""
         b, c, _, h, w = cond.shape
         if seed is None:
             return torch.randn(b, c, num_latent_frames, h, w, device=cond.device)
@@ -336,7 +336,7 @@ class CosmosBackbone(nn.Module):
         t: torch.Tensor | None = None,
         z: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Flow-matching MSE on the future latent frames (SPEC 1.6): x_t = (1-t) x0 + t z,
+        """Flow-matching MSE on the future latent frames (the original's objective): x_t = (1-t) x0 + t z,
         target z - x0, one t per sample, frame 0 clean at conditional_frame_timestep. With one
         latent frame there is nothing to predict: returns 0 without running the transformer.
         ``t`` (B,) and ``z`` (B, 16, T_lat - 1, h, w): explicit noise (noise.py). With
@@ -365,7 +365,7 @@ class CosmosBackbone(nn.Module):
 
 
 def sample_video_time(cfg: VideoTimeConfig, n: int, device: torch.device) -> torch.Tensor:
-    """n flow-matching times in [0, 1) from ``cfg.time_distribution`` (SPEC 1.6)."""
+    """n flow-matching times in [0, 1) from ``cfg.time_distribution``."""
     if cfg.time_distribution == "uniform":
         return torch.rand(n, device=device)
     t = torch.sigmoid(torch.randn(n, device=device))

@@ -1,14 +1,14 @@
-"""Cross-attention DiT body of the action head (SPEC 2.2; GR00T-N1 style "DiT-B").
+"""Cross-attention DiT body of the action head (GR00T-N1 style "DiT-B", as in the original).
 
 Blocks alternate cross-attention to the video features (even i) and self-attention (odd i);
 AdaLayerNorm on the timestep embedding modulates the attention branch only (no gate); the FF
 branch is not modulated. No attention masks, no positional encoding inside the blocks.
 
-Repeated diffusion samples (SPEC 2.3: R noisy copies per backbone feature) share their features:
+Repeated diffusion samples (R noisy copies per backbone feature) share their features:
 the cross-attention K/V are computed once per unique feature tensor (``context_kv``) and the R
 samples' queries are laid side by side on the sequence axis against them. Attention without a
 mask is per-query, so this equals attending R materialised copies (the original built a
-(R*B, S, 2048) copy and projected it R times, SPEC B5). Batch order is sample-major: row
+(R*B, S, 2048) copy and projected it R times, B5 in bench/reference.py). Batch order is sample-major: row
 b * R + r is repeat r of sample b.
 """
 

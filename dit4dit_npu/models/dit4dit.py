@@ -1,11 +1,11 @@
-"""DiT4DiT: video-diffusion features -> flow-matching action head, trained jointly (SPEC §1-2).
+"""DiT4DiT: video-diffusion features -> flow-matching action head, trained jointly.
 
 Input: a ``Batch`` (``dit4dit_npu/batch.py``) that fits the ``BatchSpec`` the model was built for,
 checked once here at the boundary. Config: ``DiT4DiTConfig`` (from ``framework.cosmos25``: the
 training mode and whether the action loss reaches the backbone); ``autocast`` is the trainer's
 (``trainer.mixed_precision``). Training modes (``framework.cosmos25.training``):
 
-- ``joint``: action and video losses. By default (as the original, SPEC A1) the features are
+- ``joint``: action and video losses. By default (as the original) the features are
   computed without grad, so only the video loss trains the transformer;
   ``backprop_action_to_backbone`` lets the action loss reach it too.
 - ``action``: frozen backbone (requires_grad False), features only, no video loss.
@@ -157,7 +157,8 @@ class DiT4DiT(nn.Module):
     def _observation(
         self, batch: Batch, condition_noise: torch.Tensor | None = None, seed: int | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Conditioning latent (frame 0 only: later frames are never 'future' input, SPEC A5; the
+        """Conditioning latent (frame 0 only: later frames are never 'future' input (the original took extra input images, such as
+        more views, as future frames); the
         causal VAE gives the same latent as the whole clip's encode) and prompt embeddings."""
         # a posterior-sample conditioning latent is drawn from its own stream of the call's seed
         g = torch.Generator().manual_seed(seed + 1) if seed is not None else None
@@ -200,7 +201,7 @@ class DiT4DiT(nn.Module):
         float32, padded dims included (PolicyIO drops them).
 
         Deterministic under ``seed`` (feature and action noise from CPU generators), dropout off
-        whatever mode the module is in (the original evaluated in train mode, SPEC A6).
+        whatever mode the module is in (the original evaluated in train mode).
         ``noise``: the action start, feature-pass latents and (condition_latent="sample") the
         conditioning eps, given explicitly (``noise.py``); given fields override ``seed``.
         ``guidance``: real-time chunking onto a previous chunk (``rtc.py``; normalized space): only

@@ -2,7 +2,8 @@
 
 Camera selection, resizing and view tiling happen before the model (PolicyIO): a batch brings one
 tiled uint8 frame per time step. The model only maps pixel ranges, and the dtype alone says which
-range a tensor is in (the original guessed it from ``min() >= 0``, SPEC A21).
+range a tensor is in (the original guessed it from ``min() >= 0``: wrong for any
+[-1, 1] frame without a negative value).
 """
 
 from __future__ import annotations

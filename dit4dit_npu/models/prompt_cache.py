@@ -1,7 +1,7 @@
 """The prompt-embedding cache: every instruction's text-encoder output, computed once.
 
 The original ran the 7B text encoder on every training step and every ``predict_action`` call
-(SPEC B1). An instruction's embedding never changes while the text encoder is frozen, so it is
+(B1 in ``bench/reference.py``). An instruction's embedding never changes while the text encoder is frozen, so it is
 computed once per unique instruction (``PromptEncoder``, ``text.py``) and kept in a
 ``PromptCache``: instruction -> (L, D) embedding in memory, refusing embeddings of another text
 encoder. Not an ``nn.Module``: it must never end up inside the trained model (nor in DeepSpeed's

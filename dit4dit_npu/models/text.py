@@ -2,7 +2,7 @@
 
 The original ran the 7B text encoder (through the VL model, with its unused vision tower resident
 and a (B, 512, 152k) lm_head product) on every training step and every ``predict_action`` call
-(SPEC B1). Here ``PromptEncoder`` runs once per unique instruction, its output is kept in the
+(B1 in ``bench/reference.py``). Here ``PromptEncoder`` runs once per unique instruction, its output is kept in the
 prompt cache (``prompt_cache.py``; its file and its building: ``dit4dit_npu/weights``) and the text
 encoder is freed. ``PromptEncoder`` is not an ``nn.Module``: it must never end up inside the
 trained model (nor in DeepSpeed's engine or a checkpoint).

@@ -2,15 +2,17 @@
 itself, and the input range checks (run once, at parse time).
 
     parsed = policy.parse(obs, allow_out_of_range=...)        # checked, resized, state range
-    parsed = policy.with_rtc(parsed, prev_chunk, ...)         # optional: real-time chunking inputs
+    parsed = policy.with_rtc(parsed, rtc)                     # optional: real-time chunking (rtc.py)
     chunks = policy.predict_batch([parsed, ...], seed=...)    # one model call, one result each
     policy.describe()                                         # cameras, sizes, widths, chunk ...
 
-A server (``serve/``) calls only these (and ``predict_normalized`` for DiT4DiT's model-space
-protocol); it never reads the PolicyIO. Inputs far outside the training data (a state, or a
-previous chunk, beyond its training range by more than the range's width) are refused with one
-line naming the input, the joint, its value and the range; with ``allow_out_of_range`` the same
-line is carried as a warning (``ParsedRequest.warnings``) that the caller passes on.
+A ``ModelSpaceRequest`` (DiT4DiT's own protocol: frames already tiled, state already encoded) goes
+through the same ``predict_batch`` and gets the model's normalized chunk back. A server
+(``serve/``) calls only these; it never reads the PolicyIO. Inputs far outside the training data
+(a state, or a previous chunk, beyond its training range by more than the range's width) are
+refused with one line naming the input, the joint, its value and the range; with
+``allow_out_of_range`` the same line is carried as a warning (``ParsedRequest.warnings``) that the
+caller passes on.
 """
 
 from __future__ import annotations
@@ -85,6 +87,43 @@ class ParsedRequest:
     def allowed(self, line: str, category: type[OutOfRangeWarning], **changes: Any) -> ParsedRequest:
         return replace(self, warnings=(*self.warnings, line), categories=(*self.categories, category), **changes)
 
+    def out_of_range(self, problem: str, error: type[OutOfRangeError],
+                     category: type[OutOfRangeWarning]) -> ParsedRequest:
+        """The one opt-out: refuse (``error``), or carry the line as a warning of ``category``."""
+        if not self.allow_out_of_range:
+            raise error(problem)
+        return self.allowed(problem, category)
+
+
+@dataclass(frozen=True)
+class ModelSpaceRequest:
+    """Inputs already in the model's space (DiT4DiT's own protocol, whose clients encode and
+    un-normalize themselves): ``predict_batch`` answers it with the model's NORMALIZED chunk
+    (rows, chunk, action_width), padded dims included, what the original model returned."""
+
+    frames: np.ndarray  # uint8 (B, H, W_tiled, 3): the views already resized and tiled (frame_size)
+    state: np.ndarray | None  # float32 (B, state_width) already encoded and padded; None: no state
+    instructions: list[str]
+
+    @property
+    def rows(self) -> int:
+        return len(self.instructions)
+
+    @property
+    def batched(self) -> bool:
+        return True  # always has a batch axis, as DiT4DiT's examples do
+
+
+def concat_model_space(parts: Sequence[ModelSpaceRequest]) -> ModelSpaceRequest:
+    """Model-space requests that share one model call -> one."""
+    if len(parts) == 1:
+        return parts[0]
+    return ModelSpaceRequest(
+        frames=np.concatenate([p.frames for p in parts]),
+        state=None if parts[0].state is None else np.concatenate([p.state for p in parts]),
+        instructions=[s for p in parts for s in p.instructions],
+    )
+
 
 def concat_requests(parts: Sequence[ParsedRequest]) -> ParsedRequest:
     """Requests that share one model call -> one batched request (all RTC or none, one guidance
@@ -102,7 +141,7 @@ def concat_requests(parts: Sequence[ParsedRequest]) -> ParsedRequest:
     )
 
 
-def split_rows(out: np.ndarray, parts: Sequence[ParsedRequest]) -> list[np.ndarray]:
+def split_rows(out: np.ndarray, parts: Sequence[ParsedRequest | ModelSpaceRequest]) -> list[np.ndarray]:
     """Batched output rows -> one result per request; one sent without a batch axis gets its
     result without one."""
     results, start = [], 0

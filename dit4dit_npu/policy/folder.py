@@ -17,7 +17,7 @@
                                        not hashed: editing it changes nothing)
 
 The frozen base model (VAE, text encoder; "tiny" or a local Cosmos folder) is referred to by
-path, never copied (the original stored ~21 GB of frozen weights per checkpoint, SPEC B7).
+path, never copied (the original stored ~21 GB of frozen weights in every checkpoint).
 The folder is written to a temporary sibling and renamed into place, so a crash never leaves a
 half-written policy that looks complete. Loading reads the manifest and PolicyIO, never the
 training schema; it first checks the manifest's own hash and every file's size and hash
@@ -51,6 +51,7 @@ from dit4dit_npu.policy.integrity import (
     feature_names,
     nonfinite_stats,
     read_weights,
+    step_problem,
     width_problem,
 )
 from dit4dit_npu.policy.legacy import CONFIG_V2, read_v2
@@ -73,6 +74,7 @@ POLICY_JSON, WEIGHTS, POLICY_IO, PROMPTS, TRAIN_CONFIG = (
     "train_config.yaml",
 )
 REQUIRED_FILES = (POLICY_JSON, WEIGHTS, POLICY_IO, PROMPTS)
+STEP_FILES = {WEIGHTS: "weights", ADAPTER_WEIGHTS: "adapter"}  # weight files that record their step
 TRAIN_CONFIG_NOTE = "the run's config, kept for the record; loading the policy never reads it (policy.json does)"
 
 
@@ -254,7 +256,15 @@ def check_content(path: Path, raw: dict[str, Any], full_check: bool = False) -> 
             f"{path / POLICY_JSON} {what} ({SELF_HASH}): edited or damaged after export "
             "(to load it with another base model pass base_model= / --base-model instead of editing it)"
         )
-    problem = content_problem(path, raw.get(CONTENT), files_read(path), full_check)
+    # the steps first: a policy.json of another checkpoint matches its own hash, so only they tell
+    # that the files come from two checkpoints (its content hashes would blame the weight file)
+    # (a missing or mistyped step is the manifest parser's to name)
+    step = raw.get("step")
+    problem = None
+    if isinstance(step, int) and not isinstance(step, bool):
+        problem = step_problem(path, step, [(f, STEP_FILES[f]) for f in files_read(path) if f in STEP_FILES])
+    if problem is None:
+        problem = content_problem(path, raw.get(CONTENT), files_read(path), full_check)
     if problem is not None:
         raise PolicyLoadError(problem)
 

@@ -5,7 +5,11 @@ one file says about another's content. Copied, hand-edited or mixed with files o
 each can still parse while the whole is wrong; these checks name the file at fault, so the
 policy (not the dataset or the robot) is blamed:
 
-- ``policy.json``'s step vs ``model.safetensors`` (and the adapter): weights of another checkpoint;
+- ``policy.json``'s step vs ``model.safetensors`` (and the adapter): files of two checkpoints.
+  Checked from the weight files' headers before their content hashes (``step_problem``): a
+  policy.json copied from another checkpoint of the same run still matches its own hash, and
+  only the step each side records tells that the files come from two checkpoints, not that a
+  weight file was changed after export;
 - ``policy_io.json``'s state/action widths vs the action head's weight shapes;
 - statistics and weights must be finite: a single NaN makes every action NaN;
 - (format_version 4) every file loading reads still has the size and content hash recorded in
@@ -71,14 +75,10 @@ def width_problem(io: PolicyIO, weights: dict[str, Any]) -> str | None:
 
 
 def nonfinite_weights(weights: dict[str, Any]) -> str | None:
-    """The first tensor holding NaN/inf (checked tensor by tensor: no second copy of the model)."""
-    import torch
+    """The first tensor holding NaN/inf (``weights/finite.py``: no second copy of the model)."""
+    from dit4dit_npu.weights.finite import nonfinite
 
-    for name, t in weights.items():
-        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
-            n = int((~torch.isfinite(t)).sum())
-            return f"tensor {name!r} has {n} NaN/inf value(s)"
-    return None
+    return nonfinite(weights.items())
 
 
 def feature_names(dataset_paths: Sequence[str | Path], key: str, dim: int) -> list[str] | None:
@@ -96,6 +96,31 @@ def feature_names(dataset_paths: Sequence[str | Path], key: str, dim: int) -> li
     return None
 
 
+def two_checkpoints(file: Path, what: str, saved_step: Any, policy_json: Path, step: Any) -> str:
+    return (
+        f"{policy_json.parent} holds files of two checkpoints: "
+        f"{policy_json} records step {step!r} but {file} holds the {what} of step {saved_step} "
+        "(copy every file of one checkpoint's policy folder)"
+    )
+
+
+def step_problem(folder: Path, step: Any, files: Sequence[tuple[str, str]]) -> str | None:
+    """The first of ``files`` ((path relative to ``folder``, what it holds)) whose safetensors
+    header records a step other than ``step`` (policy.json's), as one line; None when they agree.
+    Only headers are read; a file whose header does not read is left to the checks that name it."""
+    from safetensors import safe_open
+
+    for rel, what in files:
+        try:
+            with safe_open(str(folder / rel), framework="pt") as f:
+                saved_step = (f.metadata() or {}).get("step")
+        except Exception:  # safetensors raises its own error types for a truncated/damaged file
+            continue
+        if saved_step is not None and str(saved_step) != str(step):
+            return two_checkpoints(folder / rel, what, saved_step, folder / "policy.json", step)
+    return None
+
+
 def read_weights(file: Path, step: Any, policy_json: Path, what: str) -> tuple[dict[str, Any] | None, str | None]:
     """(weights, None), or (None, one line saying what is wrong): ``file`` is a readable
     safetensors file of the step ``policy_json`` records, and every tensor in it is finite.
@@ -110,10 +135,7 @@ def read_weights(file: Path, step: Any, policy_json: Path, what: str) -> tuple[d
         return None, f"{file}: not a readable safetensors file ({e})"
     saved_step = meta.get("step")
     if saved_step is not None and str(saved_step) != str(step):
-        return None, (
-            f"{file} holds the {what} of step {saved_step} but {policy_json} records step {step!r} "
-            "(files of different checkpoints mixed?)"
-        )
+        return None, two_checkpoints(file, what, saved_step, policy_json, step)
     bad = nonfinite_weights(weights)
     if bad:
         return None, f"{file}: {bad}; refusing a policy whose actions would be non-finite"

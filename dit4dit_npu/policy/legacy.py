@@ -1,7 +1,7 @@
 """Policy folders of older formats, read into today's ``PolicyManifest`` so they load and act as
 they did (``tests/fixtures/policy_v2`` holds folders version 2 wrote, with its actions).
 
-format_version 2 (until issue 18):
+format_version 2 (written before policy.json recorded content hashes, which version 3 added):
 
     policy.json     format_version, base_model, step, datasets, held_out_episodes,
                     train_episodes, instructions, state_names, action_names

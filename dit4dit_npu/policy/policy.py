@@ -13,11 +13,14 @@ Batched input (images (B, H, W, 3), state (B, state_dim), instruction list or on
 (B, chunk_length, action_dim). The checkpoint's own PolicyIO turns the observation into the
 model's batch and the predicted chunk back into robot units, exactly as the training data was
 transformed: ``predict_action`` never returns normalized actions (the original returned normalized
-actions and left unnormalization to each client, SPEC 5.1, A19). Only ``predict_normalized``
-does, for the server's DiT4DiT protocol, whose clients un-normalize themselves.
-``predict_action(obs)`` is ``predict_batch([parse(obs)])`` (``with_rtc`` between them for
-real-time chunking): the server calls the parts apart (``contract.py``: its whole interface, with
-``describe``), parsing each request once on arrival. Nothing non-finite is ever returned
+actions and left unnormalization to each client). Only a ``ModelSpaceRequest`` does, for the
+server's DiT4DiT protocol, whose clients un-normalize themselves.
+
+Two prediction methods: ``predict_action(obs)``, the users' call, is ``predict_batch([parse(obs)])``
+(``with_rtc`` between them for real-time chunking); a server calls the parts apart
+(``contract.py``: its whole interface, with ``describe``), parsing each request once on arrival.
+The research views of the model (imagined video, VAE round trip, features) are functions of
+``dit4dit_npu.eval.research`` that take a policy. Nothing non-finite is ever returned
 (``NonFiniteActionError``), and no state or ``prev_chunk`` far outside the training range is acted
 on (``StateOutOfRangeError`` / ``PrevChunkOutOfRangeError``) unless the caller allows it
 (``allow_out_of_range=True``: then a ``StateRangeWarning`` / ``PrevChunkRangeWarning`` says so).
@@ -27,9 +30,10 @@ The folder format is defined by ``folder.py`` (files) and ``manifest.py`` (polic
 
 from __future__ import annotations
 
+import threading
 import warnings
-from collections.abc import Sequence
-from dataclasses import replace
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -38,10 +42,12 @@ import torch
 
 from dit4dit_npu import device as dev
 from dit4dit_npu.batch import Batch
-from dit4dit_npu.models.rtc import DEFAULT_MAX_GUIDANCE
+from dit4dit_npu.errors import DiT4DiTError
+from dit4dit_npu.models.noise import InferenceNoise, noise_from
 from dit4dit_npu.policy.contract import (
     RANGE_LIMIT,
     STATE_RANGE_LIMIT,
+    ModelSpaceRequest,
     OutOfRangeError,
     OutOfRangeWarning,
     ParsedRequest,
@@ -50,6 +56,7 @@ from dit4dit_npu.policy.contract import (
     PrevChunkRangeWarning,
     StateOutOfRangeError,
     StateRangeWarning,
+    concat_model_space,
     concat_requests,
     out_of_range_dims,
     split_rows,
@@ -57,30 +64,38 @@ from dit4dit_npu.policy.contract import (
 from dit4dit_npu.policy.folder import load_policy_folder
 from dit4dit_npu.policy.instructions import RunTimeInstructions
 from dit4dit_npu.policy.manifest import FORMAT_VERSION, PolicyManifest
-from dit4dit_npu.policy.requests import MAX_GUIDANCE_LIMIT, RequestChecks  # noqa: F401 (imported from here before)
-from dit4dit_npu.policy.rtc import ChunkPrefix
-from dit4dit_npu.transforms.observation import Observation, PolicyInputError, parse_seed
-from dit4dit_npu.transforms.policy_io import NonFiniteActionError, PolicyIO
+from dit4dit_npu.policy.requests import RequestChecks
+from dit4dit_npu.policy.rtc import DEFAULT_MAX_GUIDANCE, MAX_GUIDANCE_LIMIT, ChunkPrefix, RTCRequest
+from dit4dit_npu.transforms.observation import PolicyInputError, parse_seed
+from dit4dit_npu.transforms.policy_io import PolicyIO
 from dit4dit_npu.weights.compile import check_compile, compile_backbone
 
 __all__ = [
-    "STATE_RANGE_LIMIT", "DiT4DiTPolicy", "NonFiniteActionError", "OutOfRangeError", "OutOfRangeWarning",
-    "PolicyInputError", "PrevChunkOutOfRangeError", "PrevChunkRangeWarning", "StateOutOfRangeError",
-    "StateRangeWarning",
+    "MAX_GUIDANCE_LIMIT", "STATE_RANGE_LIMIT", "DiT4DiTPolicy", "NonFiniteActionError", "OutOfRangeError",
+    "OutOfRangeWarning", "PolicyInputError", "PrevChunkOutOfRangeError", "PrevChunkRangeWarning",
+    "StateOutOfRangeError", "StateRangeWarning",
 ]
+
+
+class NonFiniteActionError(DiT4DiTError, RuntimeError):
+    """The model computed NaN/inf actions: they are never returned to a robot. Not the caller's
+    input error as such: the line says what drove it there (the inputs it names, or damage)."""
+
 
 def state_out_of_range(stats: Any, state: np.ndarray, limit: float = RANGE_LIMIT) -> list[int]:
     """Dims of ``state`` (..., D) far outside the training range (``contract.out_of_range_dims``)."""
     return out_of_range_dims(stats, state, limit)
 
 
-class DiT4DiTPolicy(RequestChecks, RunTimeInstructions):
-    """A trained DiT4DiT model with its PolicyIO and prompt cache, ready for inference (the cache's
-    run-time additions: ``RunTimeInstructions``, ``instructions.py``).
+class DiT4DiTPolicy:
+    """A trained DiT4DiT model with its PolicyIO and prompt cache, ready for inference.
 
     ``manifest`` is the folder's policy.json in memory (``policy/manifest.py``): the model
     section, the recorded datasets and held-out episodes, joint names; ``io`` every transform
-    between robot and model."""
+    between robot and model. Its settings are given when it is built (``max_added_instructions``:
+    the cap on instructions encoded at run time, ``instructions.py``) and never set from outside.
+    Safe to share between threads: one lock serializes the model calls and the prompt cache they
+    read, so one thread's new instruction cannot evict another's between encoding and use."""
 
     def __init__(
         self,
@@ -89,12 +104,16 @@ class DiT4DiTPolicy(RequestChecks, RunTimeInstructions):
         io: PolicyIO,
         prompt_cache: Any,
         path: Path | None = None,
+        *,
+        max_added_instructions: int | None = None,
     ) -> None:
-        self.model = model.eval()
+        # Read-only once built: its parts (the request checks, the prompt cache) hold the same
+        # objects, so a policy with another model, PolicyIO or manifest is a new policy.
+        self._model, self._manifest, self._io = model.eval(), manifest, io
         self.path = path  # the policy folder it was loaded from (None when built in memory)
-        self.manifest = manifest
-        self.io = io
-        self._init_instructions(prompt_cache)
+        self._lock = threading.RLock()
+        self._instructions = RunTimeInstructions(prompt_cache, manifest, max_added_instructions)
+        self._checks = RequestChecks(io, manifest)
         model.set_prompt_cache(prompt_cache)
 
     # ------------------------------------------------------------------ loading
@@ -109,6 +128,7 @@ class DiT4DiTPolicy(RequestChecks, RunTimeInstructions):
         merge_lora: bool = False,
         full_check: bool = False,
         compile: bool = False,
+        max_added_instructions: int | None = None,
     ) -> DiT4DiTPolicy:
         """Load an exported policy folder (or a checkpoint / run folder that holds one).
 
@@ -122,9 +142,12 @@ class DiT4DiTPolicy(RequestChecks, RunTimeInstructions):
         ``compile`` torch.compiles each transformer block of the video backbone
         (``weights/compile.py``; ``--compile`` of serve, eval and sim.eval): the same actions, the first call
         (and the first at a second batch size) slower while it compiles; refused on Ascend NPU.
+        ``max_added_instructions``: keep at most this many instructions encoded at run time (least
+        recently used dropped; None: no cap); a server passes its ``--max-new-instructions``.
         """
         if compile:  # before the load: a host that cannot compile is told at once
             check_compile("compile / --compile")
+        RunTimeInstructions(None, None, max_added_instructions)  # a bad cap is told before the load too
         loaded = load_policy_folder(policy_dir, base_model=base_model, merge_lora=merge_lora, full_check=full_check)
         target = torch.device(device) if device is not None else dev.get_device()
         if backbone_dtype is not None:
@@ -134,7 +157,22 @@ class DiT4DiTPolicy(RequestChecks, RunTimeInstructions):
         model = loaded.model.to(target)
         if compile:
             compile_backbone(model, "compile / --compile")
-        return cls(model, loaded.manifest, loaded.io, loaded.prompt_cache, loaded.path)
+        return cls(model, loaded.manifest, loaded.io, loaded.prompt_cache, loaded.path,
+                   max_added_instructions=max_added_instructions)
+
+    @property
+    def model(self) -> torch.nn.Module:
+        return self._model
+
+    @property
+    def manifest(self) -> PolicyManifest:
+        """The folder's policy.json in memory (``policy/manifest.py``)."""
+        return self._manifest
+
+    @property
+    def io(self) -> PolicyIO:
+        """Every transform between robot and model (``transforms/policy_io.py``)."""
+        return self._io
 
     @property
     def device(self) -> torch.device:
@@ -160,6 +198,16 @@ class DiT4DiTPolicy(RequestChecks, RunTimeInstructions):
     @property
     def chunk_length(self) -> int:
         return self.io.chunk_length
+
+    @property
+    def prompt_cache(self) -> Any:
+        """The instructions' embeddings: the exported ones and those added at run time."""
+        return self._instructions.cache
+
+    @property
+    def max_added_instructions(self) -> int | None:
+        """The cap on instructions encoded at run time (None: no cap), set at construction."""
+        return self._instructions.max_added
 
     def describe(self) -> PolicyDescription:
         """What this policy takes and returns, each fact once (what a server sends on connect)."""
@@ -207,7 +255,8 @@ class DiT4DiTPolicy(RequestChecks, RunTimeInstructions):
         chunk, action width) the Euler start in the model's normalized, padded action space,
         ``feature`` (B, 16, T_lat, h, w) the feature-pass latents, and ``condition`` (B, 16, 1,
         h, w) the conditioning latent's posterior eps (policies imported from DiT4DiT); B = 1 for
-        unbatched input. See dit4dit_npu/models/noise.py.
+        unbatched input. See dit4dit_npu/models/noise.py. A non-finite result with ``noise`` given
+        is blamed on it (``NonFiniteActionError`` names ``noise=`` and its largest value).
 
         Real-time chunking (``policy/rtc.py``): ``prev_chunk`` (L, action_dim) robot units, the
         previous chunk's actions still to execute from this observation on; ``inference_delay`` d
@@ -220,60 +269,98 @@ class DiT4DiTPolicy(RequestChecks, RunTimeInstructions):
         seed = parse_seed(seed)  # before the (resizing) parse: a bad argument fails at once
         parsed = self.parse(obs, allow_out_of_range=allow_out_of_range)
         if prev_chunk is not None:
-            parsed = self.with_rtc(parsed, prev_chunk, inference_delay, execution_horizon, max_guidance_weight,
-                                   own_chunk=own_chunk)
+            parsed = self.with_rtc(parsed, RTCRequest(prev_chunk, inference_delay, execution_horizon,
+                                                      max_guidance_weight, own_chunk=own_chunk))
         for line, category in zip(parsed.warnings, parsed.categories):
             warnings.warn(line, category, stacklevel=2)
         return self.predict_batch([parsed], seed=seed, noise=noise)[0]
 
     # ------------------------------------------------------------------ the server's interface
-    # (parse and with_rtc, the request checks: RequestChecks, requests.py)
+    # (contract.py; the request checks are RequestChecks, requests.py)
+
+    def parse(self, obs: Any, allow_out_of_range: bool = False) -> ParsedRequest:
+        """A robot observation (ours or openpi's layout, single or batched; or an ``Observation``
+        already parsed by ``io.parse_observation``) -> a checked request: images cropped and
+        resized, the state range checked (refused, or with ``allow_out_of_range`` carried as a
+        warning line). The one parse of an observation."""
+        return self._checks.parse(obs, allow_out_of_range)
+
+    def with_rtc(self, parsed: ParsedRequest, rtc: RTCRequest) -> ParsedRequest:
+        """``parsed`` with real-time chunking (``policy/rtc.py``; see ``predict_action``): checked,
+        and ``prev_chunk`` range-checked against the training actions like the state, under the
+        request's ``allow_out_of_range`` (not when ``rtc.own_chunk``)."""
+        return self._checks.with_rtc(parsed, rtc)
 
     def predict_batch(
-        self, requests: Sequence[ParsedRequest], seed: int | None = None, noise: Any = None
+        self, requests: Sequence[ParsedRequest] | Sequence[ModelSpaceRequest], seed: int | None = None,
+        noise: Any = None,
     ) -> list[np.ndarray]:
-        """Checked requests (``parse``, ``with_rtc``) -> one model call for all their rows -> one
-        robot-unit chunk per request ((chunk, action_dim), or with the batch axis it was sent
-        with). Requests of one call are all RTC or none, with one guidance strength (the server
-        groups them so). Raises ``NonFiniteActionError`` rather than return NaN/inf."""
+        """Checked requests -> one model call for all their rows -> one chunk per request.
+
+        ``ParsedRequest``s (``parse``, ``with_rtc``) get robot-unit chunks ((chunk, action_dim), or
+        with the batch axis they were sent with); requests of one call are all RTC or none, with
+        one guidance strength (the server groups them so). ``ModelSpaceRequest``s get the model's
+        normalized chunks (rows, chunk, action_width). Raises ``NonFiniteActionError`` rather than
+        return NaN/inf. ``noise``: see ``predict_action``."""
         seed = parse_seed(seed)
-        merged = concat_requests(list(requests))
+        requests = list(requests)
+        kinds = {type(r) for r in requests}
+        if len(kinds) != 1 or not kinds <= {ParsedRequest, ModelSpaceRequest}:
+            raise TypeError(f"predict_batch: expected ParsedRequests or ModelSpaceRequests, got {sorted(k.__name__ for k in kinds)}")
+        if ModelSpaceRequest in kinds:
+            return split_rows(self._predict_model_space(concat_model_space(requests), seed, noise), requests)
+        merged = concat_requests(requests)
         observation, prefix = merged.observation, merged.prefix
         # Inference mode for plain sampling; RTC differentiates the head (rtc.py), which inference
         # tensors cannot take part in, so it runs under no_grad with autograd re-enabled inside.
         with torch.inference_mode() if prefix is None else torch.no_grad():
             batch = self.io.encode_parsed(observation)
-            self.add_instructions(batch.instruction)
             guidance = prefix.to_guidance(self.io) if prefix is not None else None
-            with self._lock:
-                normalized = self.model.predict_action(batch, seed=seed, noise=noise, guidance=guidance)
-            actions = self._finite(self.io.decode_actions(normalized), "predict_action", prefix)
+            with self.held_model(batch.instruction) as model:
+                normalized = model.predict_action(batch, seed=seed, noise=noise, guidance=guidance)
+            actions = self._finite(self.io.decode_actions(normalized), "predict_action", prefix, noise)
         return split_rows(actions, requests)
 
-    def predict_parsed(
-        self,
-        observation: Observation,
-        seed: int | None = None,
-        noise: Any = None,
-        allow_out_of_range: bool = False,
-        prefix: ChunkPrefix | None = None,
-    ) -> np.ndarray:
-        """``predict_action`` for an observation already parsed by ``io.parse_observation`` and a
-        prefix already checked by ``rtc.chunk_prefix`` (offline evaluation feeds the dataset's
-        views this way): the state range is checked here, as ``parse`` does."""
-        parsed = ParsedRequest(observation, allow_out_of_range=allow_out_of_range)
-        problem = self.state_range_problem(observation.state)
-        if problem is not None:
-            parsed = self._out_of_range(parsed, problem, StateOutOfRangeError, StateRangeWarning)
-            warnings.warn(problem, StateRangeWarning, stacklevel=2)
-        if prefix is not None and prefix.rows != observation.rows:
-            raise PolicyInputError(f"prev_chunk: {prefix.rows} rows for an observation of {observation.rows}")
-        return self.predict_batch([replace(parsed, prefix=prefix)], seed=seed, noise=noise)[0]
+    @torch.inference_mode()
+    def _predict_model_space(self, request: ModelSpaceRequest, seed: int | None, noise: Any) -> np.ndarray:
+        """DiT4DiT's model-space inputs -> the model's normalized chunk, padded dims included: what
+        the original DiT4DiT model returned to its own clients, which un-normalize themselves."""
+        batch = Batch(
+            frames=torch.from_numpy(np.ascontiguousarray(request.frames)).permute(0, 3, 1, 2)[:, None].contiguous(),
+            instruction=list(request.instructions),
+            state=None if request.state is None else torch.from_numpy(np.asarray(request.state, dtype=np.float32)),
+        )
+        with self.held_model(batch.instruction) as model:
+            normalized = model.predict_action(batch, seed=seed, noise=noise).float().cpu().numpy()
+        return self._finite(normalized, "predict_batch (model space)", noise=noise)
 
-    def _finite(self, actions: np.ndarray, call: str, prefix: ChunkPrefix | None = None) -> np.ndarray:
+    # ------------------------------------------------------------------ the model and its prompt cache
+
+    @contextmanager
+    def held_model(self, instructions: Sequence[str] = ()) -> Iterator[torch.nn.Module]:
+        """The model, with ``instructions`` in its prompt cache (encoded on first use), held by
+        this thread alone until the block ends: how every model call of the policy runs, and how
+        research code (``dit4dit_npu.eval.research``) calls the model's other methods."""
+        with self._lock:
+            self._instructions.add(list(instructions), self.device)
+            yield self.model
+
+    def add_instructions(self, instructions: list[str]) -> int:
+        """Encode instructions not in the prompt cache yet (loads the text encoder once, on
+        first need), e.g. ahead of the first request. Returns how many were encoded."""
+        with self._lock:
+            return self._instructions.add(list(instructions), self.device)
+
+    def release_text_encoder(self) -> None:
+        """Free the text encoder (it is ~8B parameters on the real model); cached prompts stay."""
+        with self._lock:
+            self._instructions.release_text_encoder()
+
+    def _finite(self, actions: np.ndarray, call: str, prefix: ChunkPrefix | None = None, noise: Any = None) -> np.ndarray:
         """Nothing non-finite reaches a robot or a client: raise instead of returning NaN/inf.
         The one check, for both outputs (robot units and normalized, whose padded dims follow
-        the real ones). With real-time chunking inputs in play, they are what it names."""
+        the real ones). With the caller's ``noise=`` or real-time chunking inputs in play, they
+        are what it names, not the observation."""
         bad = ~np.isfinite(actions)
         if bad.any():
             joints = np.flatnonzero(bad.reshape(-1, actions.shape[-1]).any(0)).tolist()
@@ -281,84 +368,30 @@ class DiT4DiTPolicy(RequestChecks, RunTimeInstructions):
             names += [f"padding[{j}]" for j in range(len(names), actions.shape[-1])]
             head = (f"{call} produced {int(bad.sum())} NaN/inf value(s) of {bad.size} (joints "
                     f"{[names[j] for j in joints[:6]]}); refusing to return them: ")
+            given = "" if noise is None else (
+                f"the noise= it was given (values up to {_noise_span(noise):.4g}; the sampler's own draws are "
+                "standard normal)")
             if prefix is not None:
                 lo, hi = float(prefix.actions.min()), float(prefix.actions.max())
                 raise NonFiniteActionError(
                     head + f"the real-time chunking inputs drove it there (prev_chunk spans [{lo:.4g}, {hi:.4g}], "
-                    f"max_guidance_weight {prefix.max_guidance_weight:g}); send prev_chunk in the robot units the "
-                    "policy was trained on, or call without prev_chunk"
+                    f"max_guidance_weight {prefix.max_guidance_weight:g})" + (f", with {given}" if given else "")
+                    + "; send prev_chunk in the robot units the policy was trained on, or call without prev_chunk"
+                )
+            if given:
+                raise NonFiniteActionError(
+                    head + f"{given} drove it there; pass noise of the documented shapes drawn from a standard "
+                    "normal (dit4dit_npu/models/noise.py), or call without noise="
                 )
             raise NonFiniteActionError(
                 head + "the observation is far outside the training data, or the policy's weights/normalizer are damaged"
             )
         return actions
 
-    @torch.inference_mode()
-    def predict_video(self, obs: dict[str, Any] | Observation, steps: int = 2, seed: int | None = None) -> np.ndarray:
-        """The backbone's imagined future from the current frames: uint8 (T, H, W_tiled, 3), or
-        (B, T, H, W_tiled, 3) for batched input; views tiled as the model sees them, frame 0 is
-        the reconstruction of the observation. ``obs``: a robot observation, or one already parsed."""
-        if steps < 1:
-            raise PolicyInputError(f"steps: expected >= 1, got {steps}")
-        seed = parse_seed(seed)
-        parsed = obs if isinstance(obs, Observation) else self.io.parse_observation(obs)
-        batch, batched = self.io.encode_parsed(parsed), parsed.batched
-        self.add_instructions(batch.instruction)
-        with self._lock:
-            video = self.model.imagine_video(batch, num_steps=steps, seed=seed)
-        out = video.permute(0, 1, 3, 4, 2).cpu().numpy()  # (B, T, H, W, 3)
-        return out if batched else out[0]
 
-    @torch.inference_mode()
-    def reconstruct_video(self, views: np.ndarray) -> np.ndarray:
-        """The VAE's round trip (encode -> decode) of a clip, for inspection next to
-        ``predict_video``: views uint8 (T, V, H, W, 3) at ``io.image_size``, cameras in model order
-        (``io.view`` of each camera image), or (B, T, V, H, W, 3) -> uint8 (T, H, W_tiled, 3) (or
-        batched), tiled as the model sees them: what the video loss's targets look like decoded."""
-        views = np.asarray(views)
-        batched = views.ndim == 6
-        if views.ndim not in (5, 6) or views.dtype != np.uint8:
-            raise PolicyInputError(f"views: expected uint8 (T, V, H, W, 3) or (B, T, V, H, W, 3), got {views.dtype} {views.shape}")
-        try:
-            frames = self.io.frames(views if batched else views[None])
-        except ValueError as e:
-            raise PolicyInputError(str(e)) from None
-        with self._lock:
-            video = self.model.reconstruct_video(frames)
-        out = video.permute(0, 1, 3, 4, 2).cpu().numpy()  # (B, T, H, W, 3)
-        return out if batched else out[0]
 
-    @torch.inference_mode()
-    def observation_features(self, obs: dict[str, Any] | Observation, seed: int | None = None) -> dict[str, np.ndarray]:
-        """What the action head reads for a robot observation, for analysis (``dit4dit_npu.eval.
-        feature_probe``): {"latent": the conditioning VAE latent (B, 16, 1, h, w), normalised;
-        "features": block ``extract_layer``'s output (B, tokens, hidden)}, float32, as
-        ``predict_action`` computes them under the same seed."""
-        seed = parse_seed(seed)
-        parsed = obs if isinstance(obs, Observation) else self.io.parse_observation(obs)
-        batch = self.io.encode_parsed(parsed)
-        self.add_instructions(batch.instruction)
-        with self._lock:
-            latent, feats = self.model.observation_features(batch, seed=seed)
-        return {"latent": latent.float().cpu().numpy(), "features": feats.float().cpu().numpy()}
-
-    @torch.inference_mode()
-    def predict_normalized(
-        self, frames: np.ndarray, state: np.ndarray | None, instructions: list[str], seed: int | None = None
-    ) -> np.ndarray:
-        """Model-space inputs -> the model's normalized chunk (B, chunk, action_width) float32,
-        padded dims included: what the original DiT4DiT model returned to its own clients, which
-        un-normalize themselves. ``frames``: uint8 (B, H, W_tiled, 3), the views already resized and
-        tiled as ``io.frame_size``; ``state``: (B, state_width), already encoded and padded (None
-        when the policy takes no state). The server's DiT4DiT protocol; robots should use
-        ``predict_action``. Raises ``NonFiniteActionError`` rather than return NaN/inf."""
-        seed = parse_seed(seed)
-        batch = Batch(
-            frames=torch.from_numpy(np.ascontiguousarray(frames)).permute(0, 3, 1, 2)[:, None].contiguous(),
-            instruction=list(instructions),
-            state=None if state is None else torch.from_numpy(np.asarray(state, dtype=np.float32)),
-        )
-        self.add_instructions(batch.instruction)
-        with self._lock:
-            normalized = self.model.predict_action(batch, seed=seed).float().cpu().numpy()
-        return self._finite(normalized, "predict_normalized")
+def _noise_span(noise: Any) -> float:
+    """The largest magnitude in a call's explicit noise (its fields as ``models/noise.py`` reads them)."""
+    given = noise_from(noise, InferenceNoise)
+    tensors = [t for t in (given.action, given.feature, given.condition) if t is not None]
+    return max((float(t.abs().max()) for t in tensors if t.numel()), default=0.0)

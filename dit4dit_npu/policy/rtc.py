@@ -1,4 +1,5 @@
-"""Real-time chunking at the policy: the previous chunk in robot units -> the model's guidance.
+"""Real-time chunking at the policy: every RTC input is parsed here, once, and the previous chunk
+in robot units becomes the model's guidance.
 
 A robot that executes chunk k while chunk k+1 is computed asks for chunk k+1 with
 
@@ -11,8 +12,16 @@ A robot that executes chunk k while chunk k+1 is computed asks for chunk k+1 wit
   next is requested; the new chunk follows ``prev_chunk`` on its steps [0, H - s), with the soft
   weights decaying to 0 at H - s. Default H - L: all of ``prev_chunk``. Needs d <= H - s <= L.
 
-The paper's math is in ``models/rtc.py``; this module only checks a request (one line naming
-the argument, as for any other bad input) and moves it into the model's normalized, padded space
+- ``max_guidance_weight`` beta, in [0, ``MAX_GUIDANCE_LIMIT``] (default the paper's 5).
+
+A server's request carries them in its ``rtc`` field (``RTC_KEYS``), where ``executed`` may stand
+for ``prev_chunk`` (the rest of the last chunk that connection was sent) and ``control_hz`` lets
+the server estimate a missing delay: ``parse_rtc`` checks that field on its own, and the server
+only fills in what needs its connection's memory (``prev_chunk`` from ``executed``, the delay
+estimate) before the policy's ``with_rtc`` calls ``chunk_prefix`` with the observation's rows.
+
+The paper's math is in ``models/rtc.py``; this module checks a request (one line naming the
+argument, as for any other bad input) and moves it into the model's normalized, padded space
 with the policy's own PolicyIO. Requests that arrive together (the server) are padded to H and
 concatenated, so rows of different lengths and delays share one model call.
 """
@@ -28,6 +37,63 @@ import torch
 
 from dit4dit_npu.models.rtc import DEFAULT_MAX_GUIDANCE, PrefixGuidance, prefix_weights
 from dit4dit_npu.transforms.observation import PolicyInputError
+
+# The guidance strength (the paper's beta, default 5) and the robot's control rate have stated
+# bounds: beyond them a value is a unit or typing mistake, never a setting.
+MAX_GUIDANCE_LIMIT = 100.0  # 20x the paper's beta: more only copies prev_chunk harder (1e30 overflows)
+# A robot's control loop that takes action chunks runs at tens to hundreds of Hz; a rate above
+# this is a unit mistake (Hz for a period in us?) and would make the delay estimate absurd.
+MAX_CONTROL_HZ = 1000.0
+# The fields of a server request's ``rtc`` (docs/serving.md has their table).
+RTC_KEYS = (
+    "executed", "prev_chunk", "inference_delay", "execution_horizon", "max_guidance_weight", "control_hz", "chunk_id",
+)
+
+
+@dataclass(frozen=True)
+class RTCRequest:
+    """One request's real-time chunking inputs (see the module docstring). From Python:
+    ``prev_chunk`` and its settings; from a server request: ``parse_rtc``, after which the server
+    resolves ``executed`` (counted in its chunk ``chunk_id``) into ``prev_chunk`` and a missing
+    ``inference_delay`` from its latency and ``control_hz``. ``own_chunk``: ``prev_chunk`` is the
+    rest of a chunk this policy returned, in its units by construction, so not range-checked."""
+
+    prev_chunk: Any = None
+    inference_delay: Any = 0
+    execution_horizon: Any = None
+    max_guidance_weight: Any = DEFAULT_MAX_GUIDANCE
+    own_chunk: bool = False
+    # a server request's own fields
+    executed: Any = None
+    chunk_id: Any = None
+    control_hz: float | None = None
+
+
+def parse_rtc(raw: Any) -> RTCRequest:
+    """A server request's ``rtc`` field -> an ``RTCRequest`` (``inference_delay`` None when left
+    out: the server estimates it). Checks what the field says on its own: its keys, one of
+    ``executed`` / ``prev_chunk``, ``control_hz``'s bounds; the rest is checked with the
+    observation (``chunk_prefix``). Raises ``PolicyInputError`` naming ``rtc.<field>``."""
+    if not isinstance(raw, dict):
+        raise PolicyInputError(f"rtc: expected a dict with some of {list(RTC_KEYS)}, got {type(raw).__name__}")
+    unknown = sorted(str(k) for k in raw if k not in RTC_KEYS)
+    if unknown:
+        raise PolicyInputError(f"rtc: unknown key(s) {unknown}; expected some of {list(RTC_KEYS)}")
+    if ("executed" in raw) == ("prev_chunk" in raw):
+        raise PolicyInputError("rtc: give exactly one of executed (this connection's last chunk) or prev_chunk")
+    hz = raw.get("control_hz")
+    if hz is not None and (isinstance(hz, bool) or not isinstance(hz, int | float) or not 0 < hz <= MAX_CONTROL_HZ):
+        raise PolicyInputError(
+            f"rtc.control_hz: expected the robot's control rate in Hz, > 0 and at most {MAX_CONTROL_HZ:g} "
+            f"(the inference delay is estimated as latency x rate; faster loops than that do not take "
+            f"action chunks), got {hz!r:.40}"
+        )
+    return RTCRequest(
+        prev_chunk=raw.get("prev_chunk"), inference_delay=raw.get("inference_delay"),
+        execution_horizon=raw.get("execution_horizon"),
+        max_guidance_weight=raw.get("max_guidance_weight", DEFAULT_MAX_GUIDANCE),
+        executed=raw.get("executed"), chunk_id=raw.get("chunk_id"), control_hz=None if hz is None else float(hz),
+    )
 
 
 @dataclass(frozen=True)
@@ -67,12 +133,21 @@ def chunk_prefix(
     action_dim: int,
     rows: int,
     batched: bool,
-    max_guidance_weight: float = DEFAULT_MAX_GUIDANCE,
+    max_guidance_weight: Any = DEFAULT_MAX_GUIDANCE,
 ) -> ChunkPrefix:
-    """Check one RTC request's shapes and steps for an observation of ``rows`` rows (``batched``:
-    it had a batch axis). Raises ``PolicyInputError`` with one line naming the argument. The
-    policy's ``with_rtc`` calls it, after checking ``max_guidance_weight``'s bounds, and checks
-    the values against the training range."""
+    """Check one RTC request's guidance strength, shapes and steps for an observation of ``rows``
+    rows (``batched``: it had a batch axis). Raises ``PolicyInputError`` with one line naming the
+    argument. The policy's ``with_rtc`` calls it and then checks the values against the training
+    range."""
+    beta = max_guidance_weight
+    if isinstance(beta, bool | np.bool_) or not isinstance(beta, int | float | np.floating | np.integer) or not (
+        0 <= beta <= MAX_GUIDANCE_LIMIT
+    ):
+        raise PolicyInputError(
+            f"max_guidance_weight: expected a number in [0, {MAX_GUIDANCE_LIMIT:g}] (the paper's beta, default "
+            f"{DEFAULT_MAX_GUIDANCE:g}; larger values only make the new chunk copy prev_chunk harder, and huge "
+            f"ones overflow the guidance step), got {max_guidance_weight!r:.40}"
+        )
     try:
         chunk = np.asarray(prev_chunk, dtype=np.float64)
     except (TypeError, ValueError):
@@ -107,7 +182,7 @@ def chunk_prefix(
     # pad with the last action (any finite value works: its weight is 0) so normalization sees robot values
     padded = np.concatenate([chunk, np.repeat(chunk[:, -1:], chunk_length - length, axis=1)], axis=1)
     weights = np.stack([prefix_weights(chunk_length, int(d), int(e)).numpy() for d, e in zip(delays, ends)])
-    return ChunkPrefix(padded, weights, float(max_guidance_weight))
+    return ChunkPrefix(padded, weights, float(beta))
 
 
 def concat_prefixes(parts: Sequence[ChunkPrefix]) -> ChunkPrefix:

@@ -91,12 +91,14 @@ def main(argv: list[str] | None = None) -> int:
     policy = DiT4DiTPolicy.from_pretrained(
         args.policy, base_model=args.base_model, backbone_dtype=torch.bfloat16 if args.bf16 else None,
         merge_lora=args.merge_lora, compile=args.compile,
+        # the server's limit, given to the policy that holds it (nothing added when all are refused)
+        max_added_instructions=0 if args.refuse_new_instructions else args.max_new_instructions,
     )
     logger.info("policy loaded in %.1f s", time.perf_counter() - t0)
     server = PolicyServer(
         policy, args.host, args.port, max_message_bytes=int(args.max_message_mb * 2**20),
         max_batch=args.max_batch, batch_window_ms=args.batch_window_ms,
-        max_new_instructions=args.max_new_instructions, refuse_new_instructions=args.refuse_new_instructions,
+        refuse_new_instructions=args.refuse_new_instructions,
         max_rows=args.max_rows,
         max_decoded_bytes=None if args.max_decoded_mb is None else int(args.max_decoded_mb * 2**20),
         allow_out_of_range=args.allow_out_of_range,

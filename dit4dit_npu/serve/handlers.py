@@ -28,8 +28,9 @@ from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
-from dit4dit_npu.policy import PolicyInputError
-from dit4dit_npu.policy.contract import OutOfRangeError, ParsedRequest, PolicyDescription
+from dit4dit_npu.policy import OutOfRangeError, PolicyInputError
+from dit4dit_npu.policy.contract import ModelSpaceRequest, ParsedRequest, PolicyDescription
+from dit4dit_npu.policy.rtc import RTCRequest, parse_rtc
 from dit4dit_npu.serve import protocol
 from dit4dit_npu.serve.batching import Timing
 from dit4dit_npu.serve.session import Session
@@ -38,27 +39,24 @@ Reply = dict[str, Any] | str
 
 
 class ServablePolicy(Protocol):
-    """What the handlers need from a policy (DiT4DiTPolicy satisfies it; ``policy/contract.py``):
-    they never read its PolicyIO. Both predictions raise ``NonFiniteActionError`` rather than
-    return NaN/inf, and ``parse`` / ``with_rtc`` run every input check (once): that is the
-    policy's."""
+    """What the server needs from a policy (DiT4DiTPolicy satisfies it; ``policy/contract.py``):
+    it never reads its PolicyIO and never sets anything on it (its limits, e.g. the cap on new
+    instructions, are given when it is loaded). ``predict_batch`` raises ``NonFiniteActionError``
+    rather than return NaN/inf, and ``parse`` / ``with_rtc`` run every input check (once): that
+    is the policy's."""
 
-    max_added_instructions: int | None
+    @property
+    def max_added_instructions(self) -> int | None: ...
 
     def describe(self) -> PolicyDescription: ...
 
     def parse(self, obs: Any, allow_out_of_range: bool = False) -> ParsedRequest: ...
 
-    def with_rtc(
-        self, parsed: ParsedRequest, prev_chunk: Any, inference_delay: Any = 0, execution_horizon: Any = None,
-        max_guidance_weight: Any = ..., own_chunk: bool = False,
-    ) -> ParsedRequest: ...
+    def with_rtc(self, parsed: ParsedRequest, rtc: RTCRequest) -> ParsedRequest: ...
 
-    def predict_batch(self, requests: Sequence[ParsedRequest], seed: int | None = None) -> list[np.ndarray]: ...
-
-    def predict_normalized(
-        self, frames: np.ndarray, state: np.ndarray | None, instructions: list[str], seed: int | None = None
-    ) -> np.ndarray: ...
+    def predict_batch(
+        self, requests: Sequence[ParsedRequest] | Sequence[ModelSpaceRequest], seed: int | None = None
+    ) -> list[np.ndarray]: ...
 
 
 # How a server's refusal of an out-of-range input names its opt-out (serve/cli.py's flag).
@@ -87,7 +85,7 @@ class Call:
     its rows, so only equal seeds can share one and still get their single-call answers; the
     group keeps apart calls that cannot be one model call (RTC vs plain, guidance strength)."""
 
-    payload: Any  # what the handler's ``run`` takes: a ParsedRequest, protocol.ModelInputs
+    payload: Any  # what the handler's ``run`` takes: a ParsedRequest, a ModelSpaceRequest
     seed: int | None
     warnings: tuple[str, ...] = ()  # sent back with the reply ("warnings"), e.g. an allowed out-of-range state
     group: Hashable = None
@@ -185,6 +183,8 @@ class ObservationRequest(Handler):
         return True
 
     def prepare(self, msg: dict[Any, Any], conn: Connection) -> Call:
+        if conn.session is not None:
+            conn.session.forget_pending()
         obs = dict(msg)
         seed = protocol.parse_seed(obs.pop("seed", None))
         rtc = obs.pop(protocol.RTC, None)
@@ -196,12 +196,10 @@ class ObservationRequest(Handler):
             raise protocol.RequestError(f"{e.problem}; refused ({SERVER_OPT_OUT})") from None
         self._gate.check(parsed.observation.instructions)
         if rtc is None:
-            if conn.session is not None:
-                conn.session.pending = None
             return Call(parsed, seed, parsed.warnings)
-        inputs = conn.session.rtc_inputs(rtc, parsed.observation)
+        request = conn.session.resolve(parse_rtc(rtc), parsed.observation)  # parse_rtc names rtc.<field>
         try:
-            parsed = self._policy.with_rtc(parsed, **inputs)
+            parsed = self._policy.with_rtc(parsed, request)
         except OutOfRangeError as e:
             raise protocol.RequestError(f"rtc.{e.problem}; refused ({SERVER_OPT_OUT})") from None
         except PolicyInputError as e:
@@ -265,11 +263,8 @@ class Dit4DitInfer(Handler):
         self._gate.check(inputs.instructions)
         return Call(inputs, seed)
 
-    def run(self, payloads: Sequence[protocol.ModelInputs], seed: int | None) -> list[np.ndarray]:
-        merged = payloads[0] if len(payloads) == 1 else protocol.concat_model_inputs(payloads)
-        out = self._policy.predict_normalized(merged.frames, merged.state, merged.instructions, seed=seed)
-        bounds = np.cumsum([0, *(p.rows for p in payloads)])  # DiT4DiT's examples always have a batch axis
-        return [out[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+    def run(self, payloads: Sequence[ModelSpaceRequest], seed: int | None) -> list[np.ndarray]:
+        return self._policy.predict_batch(payloads, seed=seed)  # one normalized (rows, chunk, width) each
 
     def reply(self, msg: dict[Any, Any], result: np.ndarray, timing: Timing, conn: Connection) -> Reply:
         return protocol.dit4dit_result(msg, result)

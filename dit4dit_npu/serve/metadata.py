@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dit4dit_npu.serve.session import RTC_KEYS
+from dit4dit_npu.policy.rtc import RTC_KEYS
 from dit4dit_npu.transforms.observation import CAMERA_PREFIX
 
 

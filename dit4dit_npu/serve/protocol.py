@@ -54,6 +54,7 @@ from typing import Any
 import numpy as np
 
 from dit4dit_npu.errors import DiT4DiTError
+from dit4dit_npu.policy.contract import ModelSpaceRequest
 from dit4dit_npu.transforms.observation import IMAGES, INSTRUCTION, PROMPT, STATE, parse_seed
 
 DIT4DIT_INFER = ("infer", "predict_action")
@@ -143,27 +144,6 @@ def openpi_ack(ctrl: Any) -> dict[str, str]:
 # ----------------------------------------------------------------------------- DiT4DiT protocol
 
 
-@dataclass
-class ModelInputs:
-    """DiT4DiT examples, already in model space (what ``DiT4DiTPolicy.predict_normalized`` takes)."""
-
-    frames: np.ndarray  # uint8 (B, H, W_tiled, 3)
-    state: np.ndarray | None  # float32 (B, state_width), None when the policy takes no state
-    instructions: list[str]
-
-    @property
-    def rows(self) -> int:
-        return len(self.instructions)
-
-
-def concat_model_inputs(parts: Sequence[ModelInputs]) -> ModelInputs:
-    return ModelInputs(
-        frames=np.concatenate([p.frames for p in parts]),
-        state=None if parts[0].state is None else np.concatenate([p.state for p in parts]),
-        instructions=[s for p in parts for s in p.instructions],
-    )
-
-
 @dataclass(frozen=True)
 class ModelSpace:
     """What a DiT4DiT example must hold for this policy (from its PolicyIO)."""
@@ -186,7 +166,7 @@ def check_dit4dit_keys(msg: dict[Any, Any]) -> None:
 
 def parse_dit4dit(
     msg: dict[Any, Any], space: ModelSpace, limits: RequestLimits | None = None
-) -> tuple[ModelInputs, int | None]:
+) -> tuple[ModelSpaceRequest, int | None]:
     """An ``infer`` request -> (inputs, seed). Raises RequestError naming the key."""
     check_dit4dit_keys(msg)
     kind = msg.get("type", "infer")
@@ -200,7 +180,7 @@ def parse_dit4dit(
         check_rows(len(examples), limits)
     rows = [_example(i, ex, space) for i, ex in enumerate(examples)]
     state = None if space.state_width == 0 else np.stack([r[1] for r in rows])
-    return ModelInputs(np.stack([r[0] for r in rows]), state, [r[2] for r in rows]), seed
+    return ModelSpaceRequest(np.stack([r[0] for r in rows]), state, [r[2] for r in rows]), seed
 
 
 def _example(i: int, ex: Any, space: ModelSpace) -> tuple[np.ndarray, np.ndarray | None, str]:

@@ -17,7 +17,13 @@ Wire format: websocket + msgpack with numpy arrays (``msgpack_numpy``, openpi's 
    with ``"rtc": {"executed": s}`` is inpainted onto that chunk's rest without resending it.
    It is dropped when the connection closes.
 
-Why this differs from the original server (SPEC A18, B10): inference runs on a worker thread,
+5. A refusal's text says whose fault it is, decided by the exception's class (``REFUSALS``;
+   docs/serving.md lists the classes): the client's input (``RequestError``, ``PolicyInputError``
+   and its subclasses) is answered with its one line as is; a result the policy will not return
+   (``NonFiniteActionError``) with its class name and line; anything else is the server's own
+   fault, answered "internal error: ..." with the traceback in the log.
+
+Why this differs from the original server: inference runs on a worker thread,
 so the event loop keeps answering pings and other clients while a batch is computed; requests
 are validated against a fixed schema instead of being splatted into ``predict_action``; an
 exception never kills the connection; the default bind is localhost; nothing is unpickled;
@@ -41,7 +47,7 @@ import websockets.asyncio.server as ws_server
 from dit4dit_client import msgpack_numpy
 
 from dit4dit_npu.errors import DiT4DiTError
-from dit4dit_npu.policy import NonFiniteActionError
+from dit4dit_npu.policy import NonFiniteActionError, PolicyInputError
 from dit4dit_npu.serve.batching import Batcher
 from dit4dit_npu.serve.handlers import (
     Call,
@@ -53,7 +59,7 @@ from dit4dit_npu.serve.handlers import (
     ServablePolicy,
 )
 from dit4dit_npu.serve.metadata import server_metadata
-from dit4dit_npu.serve.protocol import RequestLimits
+from dit4dit_npu.serve.protocol import RequestError, RequestLimits
 from dit4dit_npu.serve.session import Session
 
 logger = logging.getLogger("dit4dit_npu.serve")
@@ -72,8 +78,17 @@ DEFAULT_MAX_BATCH = 8
 DECODED_PER_MESSAGE_BYTE = 2
 DEFAULT_BATCH_WINDOW_MS = 5.0
 # Instructions no training episode used are encoded on first use and kept, least recently used
-# dropped beyond this many: each embedding is ~100 MB at full size.
+# dropped beyond this many: each embedding is ~100 MB at full size. The policy holds the cap
+# (``from_pretrained(..., max_added_instructions=N)``); this is what the command line loads it with.
 DEFAULT_MAX_NEW_INSTRUCTIONS = 8
+
+# Whose fault a refusal is, by class (every subclass included): the client's input, answered with
+# its own line; or a result the policy will not return, answered with its class and line. Any
+# other exception is the server's fault ("internal error: ...", traceback in the log), whatever its
+# builtin base: a ValueError from deeper in the stack is a bug, not the client's mistake.
+CLIENT_ERRORS: tuple[type[DiT4DiTError], ...] = (RequestError, PolicyInputError)
+POLICY_REFUSALS: tuple[type[DiT4DiTError], ...] = (NonFiniteActionError,)
+REFUSALS = CLIENT_ERRORS + POLICY_REFUSALS
 
 
 class ServeError(DiT4DiTError, RuntimeError):
@@ -101,27 +116,24 @@ class PolicyServer:
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         max_batch: int = DEFAULT_MAX_BATCH,
         batch_window_ms: float = DEFAULT_BATCH_WINDOW_MS,
-        max_new_instructions: int | None = DEFAULT_MAX_NEW_INSTRUCTIONS,
         refuse_new_instructions: bool = False,
         max_rows: int | None = None,
         max_decoded_bytes: int | None = None,
         allow_out_of_range: bool = False,
         allow_out_of_range_state: bool | None = None,
-        input_errors: tuple[type[BaseException], ...] = (ValueError,),
     ) -> None:
         """``max_rows`` (default ``max_batch``) and ``max_decoded_bytes`` (default
         ``DECODED_PER_MESSAGE_BYTE`` x ``max_message_bytes``) cap one request, checked before it is
         decoded and resized; ``allow_out_of_range`` answers states and RTC ``prev_chunk``s far outside
         the training range (refused by default) with a warning in the reply
-        (``allow_out_of_range_state``: its former name)."""
+        (``allow_out_of_range_state``: its former name). The cap on new instructions is the
+        policy's own (``max_added_instructions``, given when it was loaded): the server reports it
+        and never changes the policy."""
         if allow_out_of_range_state is not None:
             allow_out_of_range = allow_out_of_range or allow_out_of_range_state
         self._host = host
         self._port = port
         self._max_bytes = max_message_bytes
-        # Exceptions whose message is the user's answer (bad input: the policy raises ValueError
-        # subclasses); anything else is logged with its traceback and reported as internal.
-        self._input_errors = input_errors
         description = policy.describe()
         known = frozenset(description.instructions) if refuse_new_instructions else None
         limits = RequestLimits(
@@ -129,12 +141,14 @@ class PolicyServer:
             max_decoded_bytes=DECODED_PER_MESSAGE_BYTE * max_message_bytes if max_decoded_bytes is None else max_decoded_bytes,
         )
         self._handlers = Handlers.for_policy(policy, InstructionGate(known), limits, allow_out_of_range)
-        if max_new_instructions is not None and not refuse_new_instructions:
-            policy.max_added_instructions = max_new_instructions
+        cap = policy.max_added_instructions
+        if cap is None and not refuse_new_instructions:
+            logger.warning("the policy has no cap on instructions added at run time (loaded without "
+                           "max_added_instructions): clients can grow its prompt cache without bound")
         self._metadata = server_metadata(
             description,
             max_message_bytes=max_message_bytes, max_batch=max_batch, batch_window_ms=batch_window_ms,
-            new_instructions="refused" if refuse_new_instructions else max_new_instructions,
+            new_instructions="refused" if refuse_new_instructions else cap,
             limits=limits, out_of_range_state="answered with warnings" if allow_out_of_range else "refused",
         )
         # One inference worker: the model is not re-entrant and one device computes one call at a
@@ -211,12 +225,12 @@ class PolicyServer:
     async def _answer(self, message: str | bytes, conn: Connection) -> Reply:
         """The answer to one message: a dict to pack, or a str (an openpi-style error frame)."""
         if isinstance(message, str):
-            return "expected a binary msgpack message, got a text frame"
+            return refusal_text(RequestError("expected a binary msgpack message, got a text frame"))
         if len(message) > self._max_bytes:
-            return (
+            return refusal_text(RequestError(
                 f"message of {len(message)} bytes exceeds the server limit of {self._max_bytes} bytes "
                 "(send smaller images or start the server with a larger --max-message-mb)"
-            )
+            ))
         if len(message) < _INLINE_BYTES:  # cheap: a thread hop would cost more than it saves
             prepared = self._prepare(message, conn)
         else:  # decoding and resizing big images must not stall the event loop
@@ -227,7 +241,7 @@ class PolicyServer:
         try:
             result, timing = await self._batcher.submit((handler, call.seed, call.group), call.payload, call.rows)
         except Exception as e:
-            return handler.error(msg, self._error_text(e, "inference", NonFiniteActionError))
+            return handler.error(msg, self._error_text(e, "inference"))
         reply = handler.reply(msg, result, timing, conn)
         if call.warnings and isinstance(reply, dict):
             reply = {**reply, "warnings": list(call.warnings)}
@@ -237,7 +251,10 @@ class PolicyServer:
         """Decode one request and have its handler check it alone: a request for the model, or
         the reply. Runs on a helper thread for big messages."""
         try:
-            msg = msgpack_numpy.unpackb(message)
+            try:
+                msg = msgpack_numpy.unpackb(message)
+            except msgpack_numpy.WireFormatError as e:  # the client package's class: the client's fault
+                raise RequestError(str(e)) from None
             handler = self._handlers.find(msg)
         except Exception as e:  # not even a message of a known kind: answered as openpi does
             return self._error_text(e, "request decoding")
@@ -247,13 +264,9 @@ class PolicyServer:
             return handler.error(msg, self._error_text(e, "request validation"))
         return _Request(handler, msg, prepared) if isinstance(prepared, Call) else prepared
 
-    def _error_text(self, e: BaseException, during: str, *expected: type[BaseException]) -> str:
-        """The client's one line for an exception: its own message for bad input (and for the
-        ``expected`` kinds), else "internal error: ..." with the traceback in the log."""
-        if isinstance(e, (*self._input_errors, *expected)):
-            return _one_line(e)
-        logger.error("%s failed", during, exc_info=e)
-        return f"internal error: {_one_line(e)}"
+    def _error_text(self, e: BaseException, during: str) -> str:
+        """The client's one line for an exception (see ``REFUSALS``)."""
+        return refusal_text(e) if isinstance(e, REFUSALS) else _internal_error(e, during)
 
     def _run_batch(self, key: tuple[Handler, int | None, Any], payloads: Sequence[Any]) -> Sequence[Any]:
         """On the worker thread: one model call for requests of the same kind, seed and group."""
@@ -261,9 +274,15 @@ class PolicyServer:
         return handler.run(payloads, seed)
 
 
-def _one_line(e: BaseException) -> str:
+def refusal_text(e: BaseException) -> str:
+    """One line: the client's input error as its message, any other with its class name first."""
     text = " ".join(str(e).split())
-    return text if isinstance(e, ValueError) else f"{type(e).__name__}: {text}"
+    return text if isinstance(e, CLIENT_ERRORS) else f"{type(e).__name__}: {text}"
+
+
+def _internal_error(e: BaseException, during: str) -> str:
+    logger.error("%s failed", during, exc_info=e)
+    return f"internal error: {refusal_text(e)}"
 
 
 def _bind_problem(host: str, port: int, e: OSError) -> str:

@@ -9,34 +9,29 @@ k with every request. The server already sent it, so each connection keeps:
   which, with the robot's ``control_hz``, the inference delay can be estimated when a request
   does not state it.
 
-An observation request asks for RTC with ``"rtc": {...}`` (``RTC_KEYS``; ``protocol.py`` has the
-wire format): ``executed`` (actions of the last chunk executed when the observation was taken:
-the server uses the rest), or ``prev_chunk`` (the rest, sent explicitly: no session needed),
-plus ``inference_delay`` (control steps; estimated when left out), ``execution_horizon``,
-``max_guidance_weight``, ``control_hz`` (remembered) and ``chunk_id`` (the chunk ``executed``
-counts from: a request about any other is refused, e.g. after a lost reply). The session is
-cleared by openpi's ``episode_start`` / ``episode_end`` and dropped with its connection.
+An observation request asks for RTC with ``"rtc": {...}`` (``protocol.py`` has the wire format),
+which the policy parses (``dit4dit_npu.policy.rtc.parse_rtc``: every RTC field's type and bound is
+checked there, once). The session only fills in what needs its memory: ``executed`` (actions of
+the last chunk executed when the observation was taken, counted in chunk ``chunk_id``: a request
+about any other is refused, e.g. after a lost reply) becomes ``prev_chunk``, the rest of that
+chunk; a missing ``inference_delay`` is estimated from its latencies and ``control_hz``
+(remembered). The session is cleared by openpi's ``episode_start`` / ``episode_end`` and dropped
+with its connection.
 """
 
 from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
-from dit4dit_npu.models.rtc import DEFAULT_MAX_GUIDANCE
+from dit4dit_npu.policy.rtc import RTC_KEYS, RTCRequest  # noqa: F401 (RTC_KEYS: imported from here before)
 from dit4dit_npu.serve.protocol import RequestError
 from dit4dit_npu.transforms.observation import Observation
 
-RTC_KEYS = (
-    "executed", "prev_chunk", "inference_delay", "execution_horizon", "max_guidance_weight", "control_hz", "chunk_id",
-)
-# A robot's control loop that takes action chunks runs at tens to hundreds of Hz; a rate above
-# this is a unit mistake (Hz for a period in us?) and would make the delay estimate absurd.
-MAX_CONTROL_HZ = 1000.0
 LATENCY_WINDOW = 5  # requests whose latency the delay estimate takes the maximum of (the paper's Q)
 
 
@@ -52,37 +47,16 @@ class Session:
     # its rtc.control_hz: remembered only once it is answered (a refused request changes nothing)
     pending_hz: float | None = None
 
-    def rtc_inputs(self, rtc: Any, observation: Observation) -> dict[str, Any]:
-        """An observation's ``rtc`` field -> the arguments of the policy's ``with_rtc`` (``executed``
-        resolved to the rest of this connection's last chunk, a missing delay estimated); the
-        policy checks them. Raises ``RequestError`` naming the field."""
-        self.pending, self.pending_hz = None, None
-        if not isinstance(rtc, dict):
-            raise RequestError(f"rtc: expected a dict with some of {list(RTC_KEYS)}, got {type(rtc).__name__}")
-        unknown = sorted(str(k) for k in rtc if k not in RTC_KEYS)
-        if unknown:
-            raise RequestError(f"rtc: unknown key(s) {unknown}; expected some of {list(RTC_KEYS)}")
-        if ("executed" in rtc) == ("prev_chunk" in rtc):
-            raise RequestError("rtc: give exactly one of executed (this connection's last chunk) or prev_chunk")
-        if rtc.get("control_hz") is not None:
-            hz = rtc["control_hz"]
-            if isinstance(hz, bool) or not isinstance(hz, int | float) or not 0 < hz <= MAX_CONTROL_HZ:
-                raise RequestError(
-                    f"rtc.control_hz: expected the robot's control rate in Hz, > 0 and at most {MAX_CONTROL_HZ:g} "
-                    f"(the inference delay is estimated as latency x rate; faster loops than that do not take "
-                    f"action chunks), got {hz!r:.40}"
-                )
-            self.pending_hz = float(hz)
-        executed = rtc.get("executed")
-        prev = rtc["prev_chunk"] if executed is None else self._rest(executed, rtc.get("chunk_id"), observation)
-        delay = rtc.get("inference_delay")
-        if delay is None:
-            delay = self._estimated_delay(np.shape(prev)[-2] if np.ndim(prev) >= 2 else None)
-        self.pending = {"inference_delay": delay, "executed": executed, "prefix_steps": int(np.shape(prev)[-2])
-                        if np.ndim(prev) >= 2 else 0}
-        return {"prev_chunk": prev, "inference_delay": delay, "execution_horizon": rtc.get("execution_horizon"),
-                "max_guidance_weight": rtc.get("max_guidance_weight", DEFAULT_MAX_GUIDANCE),
-                "own_chunk": executed is not None}  # the rest of what this server sent: the policy's units
+    def resolve(self, rtc: RTCRequest, observation: Observation) -> RTCRequest:
+        """A parsed ``rtc`` field (``parse_rtc``) -> the policy's RTC request: ``executed`` resolved to
+        the rest of this connection's last chunk (the policy's own units: not range-checked), a
+        missing delay estimated. Raises ``RequestError`` naming the field."""
+        self.pending, self.pending_hz = None, rtc.control_hz
+        prev = rtc.prev_chunk if rtc.executed is None else self._rest(rtc.executed, rtc.chunk_id, observation)
+        steps = int(np.shape(prev)[-2]) if np.ndim(prev) >= 2 else None
+        delay = rtc.inference_delay if rtc.inference_delay is not None else self._estimated_delay(steps)
+        self.pending = {"inference_delay": delay, "executed": rtc.executed, "prefix_steps": steps or 0}
+        return replace(rtc, prev_chunk=prev, inference_delay=delay, own_chunk=rtc.executed is not None)
 
     def _rest(self, executed: Any, chunk_id: Any, observation: Observation) -> np.ndarray:
         if self.chunk is None:
@@ -121,6 +95,10 @@ class Session:
             )
         delay = math.ceil(max(self.latencies_s) * hz - 1e-9)
         return min(delay, prefix_steps) if prefix_steps is not None else delay
+
+    def forget_pending(self) -> None:
+        """A new request: nothing of an earlier refused one is echoed or remembered."""
+        self.pending, self.pending_hz = None, None
 
     def remember(self, chunk: np.ndarray, latency_s: float) -> int:
         """The chunk just sent (a copy: the reply's array is packed and forgotten) -> its id."""

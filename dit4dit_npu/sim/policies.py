@@ -139,7 +139,7 @@ class FolderPolicy:
         self._seed = seed * 10_000  # same episode seed -> same flow-matching noise per call
 
     def act(self, obs: dict[str, Any], request: ChunkRequest | None = None) -> np.ndarray:
-        from dit4dit_npu.policy.policy import PolicyInputError
+        from dit4dit_npu.policy import PolicyInputError
 
         self._seed += 1
         rtc = request.rtc() if request is not None else None

@@ -42,7 +42,7 @@ from dit4dit_npu.models.vae import vae_latents
 from dit4dit_npu.weights.model_config import backbone_config, tiny_sizes
 
 # Cosmos-Predict2.5-2B's transformer, Wan2.1's VAE and Qwen2.5-VL-7B's text model
-# (cosmos25_tiny_recipe.md §1), as the tiny builder's sizes.
+# (their released configs), as the tiny builder's sizes.
 FULL_SIZE = TinyCosmosConfig(
     num_layers=28, num_attention_heads=16, attention_head_dim=128, text_embed_dim=1024, adaln_lora_dim=256,
     vae_base_dim=96, text_hidden_size=3584, text_num_layers=28, text_num_heads=28,

@@ -1,4 +1,4 @@
-"""Held-out action MSE during training, in eval mode (the original scored in train mode, SPEC A6).
+"""Held-out action MSE during training, in eval mode (the original scored in train mode, dropout on).
 
 The same evenly spaced held-out samples at every eval, sharded over ranks, sums reduced across
 ranks: the number does not depend on the world size, and curves from different evals compare.

@@ -34,7 +34,6 @@ import numpy as np
 import torch
 
 from dit4dit_npu.config import Config, ConfigError, load_config
-from dit4dit_npu.console import entry_point
 from dit4dit_npu.errors import DiT4DiTError
 from dit4dit_npu.files import atomic_path, atomic_write_text
 
@@ -163,47 +162,9 @@ def round_trip_png(path: Path, frames: torch.Tensor, before: torch.nn.Module, af
     plt.close(fig)
 
 
-def check_flags(a: argparse.Namespace) -> None:
-    """Every flag before the data loads and the minutes of fitting: --steps 0 wrote the random VAE
-    as "fitted", --lr nan / --frames 0 were tracebacks, and an output under a file failed after the
-    fit (with --png, once the weights were already written)."""
-    for name in ("steps", "frames", "batch", "show"):
-        if getattr(a, name) < 1:
-            raise DiT4DiTError(f"--{name}: expected an int >= 1, got {getattr(a, name)}")
-    if not (math.isfinite(a.lr) and a.lr > 0):
-        raise DiT4DiTError(f"--lr: expected a finite number > 0, got {a.lr}")
-    for flag, path in (("--out", a.out), ("--png", a.png or a.out.with_suffix(".png"))):
-        if path.is_dir():
-            raise DiT4DiTError(f"{flag} {path} is a folder, expected a file path")
-        for folder in path.parents:
-            if folder.exists():
-                if not folder.is_dir():
-                    raise DiT4DiTError(f"{flag} {path}: {folder} is a file, not a folder")
-                break
-
-
-@entry_point
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="dit4dit-fit-tiny-vae", description=__doc__.splitlines()[0],
-                                epilog="overrides: a.b=c (the run config's keys)")
-    p.add_argument("--config", required=True, help="the run config whose training frames the VAE is fitted to")
-    p.add_argument("--out", type=Path, required=True, help="the fitted weights (.safetensors)")
-    p.add_argument("--steps", type=int, default=500, help="optimizer steps of the reconstruction fit")
-    p.add_argument("--frames", type=int, default=384, help="training clips to fit on (evenly spaced)")
-    p.add_argument("--batch", type=int, default=2, help="clips per step (5-frame clips: ~3 s a step on a shared core)")
-    p.add_argument("--lr", type=float, default=2e-3, help="Adam learning rate")
-    p.add_argument("--show", type=int, default=4, help="held-out frames (evenly spaced) in the PNG and the error")
-    p.add_argument("--png", type=Path, default=None, help="default: OUT with .png")
-    p.add_argument("--init", type=Path, default=None,
-                   help="start from these fitted weights (a fit continued), not the random init")
-    p.add_argument("--smoke", action="store_true", help="4 clips, 3 steps: checks that the command runs")
-    p.add_argument("overrides", nargs="*", help="config overrides a.b=c")
-    a = p.parse_args(argv)
-    if a.out.suffix != ".safetensors":
-        raise DiT4DiTError(f"--out: expected a .safetensors file, got {a.out}")
-    if a.smoke:
-        a.frames, a.steps, a.batch, a.show = 4, 3, 2, 2
-    check_flags(a)
+def fit_and_save(a: argparse.Namespace) -> None:
+    """Fit the config's tiny VAE as the command's flags ``a`` say (checked by ``train/ops_cli.py``),
+    then write its weights, statistics and round-trip picture."""
     cfg = random_vae_config(load_config(a.config, a.overrides))
     torch.set_num_threads(1)
 
@@ -247,8 +208,9 @@ def main(argv: list[str] | None = None) -> int:
           f"use: framework.cosmos25.tiny.vae_weights={a.out} and the two statistics above")
     print(f"reconstruction MSE random {mse_before:.5f} -> fitted {mse_after:.5f} "
           f"(PSNR {psnr(mse_before):.1f} -> {psnr(mse_after):.1f} dB)")
-    return 0
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+if __name__ == "__main__":  # python -m dit4dit_npu.train.fit_tiny_vae: the command is train/ops_cli.py's
+    from dit4dit_npu.train.ops_cli import fit_tiny_vae_main
+
+    raise SystemExit(fit_tiny_vae_main())

@@ -1,6 +1,6 @@
 """``trainer.init_from``: a fresh run that starts from another run's trained weights.
 
-Video pretraining before few-demo training (issue 32 item 5) is two runs: one with
+Video pretraining before few-demo training is two runs: one with
 ``framework.cosmos25.training: video`` (the video loss only: the episodes' actions are never read),
 whose exported policy holds the transformer alone, then the action run with
 ``trainer.init_from`` naming that policy: its transformer, a fresh action head. Fine-tuning a
@@ -13,7 +13,8 @@ a policy whose transformer learned another VAE's latents, or latents normalized 
 statistics (the tiny VAE's are config). Refused when loading (``init_weights``,
 before the optimizer sees the model): a tensor this model has no parameter for, or one of another
 shape (another embodiment's action head, other model sizes). Parameters the policy does not hold
-keep their initialization, and the line printed says which modules came from where.
+keep their initialization, and the line printed says which modules came from where, and which
+blocks of a part the policy holds start fresh (a policy of fewer transformer blocks).
 """
 
 from __future__ import annotations
@@ -86,10 +87,14 @@ def init_weights(model: torch.nn.Module, path: Path, manifest: PolicyManifest) -
         for name, tensor in weights.items():
             params[name].copy_(tensor.to(params[name].dtype))
     loaded = Counter(_module(n) for n in weights)
-    fresh = sorted({_module(n) for n, p in params.items() if p.requires_grad and n not in weights})
-    parts = ", ".join(f"{m} ({k} tensors)" for m, k in sorted(loaded.items()))
+    total = Counter(_module(n) for n in params)
+    parts = ", ".join(
+        f"{m} ({k} tensors)" if k == total[m] else f"{m} ({k} of its {total[m]} tensors)" for m, k in sorted(loaded.items())
+    )
+    fresh = _fresh(params, weights, set(loaded))
+    one = len(fresh) == 1 and "." not in fresh[0].removeprefix("backbone.")  # one whole part: "its"
     return f"{KEY}: {parts} from {path} (step {manifest.step})" + (
-        f"; {', '.join(fresh)} at {'its' if len(fresh) == 1 else 'their'} initialization" if fresh else ""
+        f"; {', '.join(fresh)} at {'its' if one else 'their'} initialization (not in the policy)" if fresh else ""
     )
 
 
@@ -97,6 +102,46 @@ def _module(name: str) -> str:
     """The top-level part a parameter belongs to: backbone.transformer, action_model, ..."""
     parts = name.split(".")
     return ".".join(parts[:2]) if parts[0] == "backbone" else parts[0]
+
+
+def _fresh(params: dict[str, torch.nn.Parameter], weights: dict[str, torch.Tensor], loaded: set[str]) -> list[str]:
+    """What the policy does not hold, named so a line never says a part both came from the policy
+    and kept its initialization: a trained part it lacks whole (a video-only policy's action head),
+    and, inside a part it does hold, each block it lacks (a policy of fewer transformer blocks:
+    ``backbone.transformer.transformer_blocks.2-3``) and a count of any other tensors. Frozen parts
+    outside the policy's (the VAE, the text encoder) are the base model's, not fresh."""
+    whole = sorted({_module(n) for n, p in params.items() if p.requires_grad and _module(n) not in loaded})
+    blocks: dict[str, dict[int, bool]] = {}  # container -> block index -> whether the policy holds any of it
+    others: dict[str, list[str]] = {}
+    for name in params:
+        if _module(name) not in loaded:
+            continue
+        parts = name.split(".")
+        i = next((j for j, part in enumerate(parts) if part.isdigit()), None)
+        if i is not None:
+            held = blocks.setdefault(".".join(parts[:i]), {})
+            held[int(parts[i])] = held.get(int(parts[i]), False) or name in weights
+    for name in params:
+        if _module(name) in loaded and name not in weights:
+            parts = name.split(".")
+            i = next((j for j, part in enumerate(parts) if part.isdigit()), None)
+            if i is None or blocks[".".join(parts[:i])][int(parts[i])]:
+                others.setdefault(_module(name), []).append(name)
+    named = [f"{c}.{_ranges([b for b, held in sorted(ix.items()) if not held])}" for c, ix in sorted(blocks.items())
+             if not all(ix.values())]
+    named += [f"{len(ns)} other tensors of {m} (e.g. {ns[0]})" for m, ns in sorted(others.items())]
+    return whole + named
+
+
+def _ranges(indices: list[int]) -> str:
+    """[2, 3, 4, 7] -> '2-4,7'."""
+    runs: list[list[int]] = []
+    for i in indices:
+        if runs and i == runs[-1][-1] + 1:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    return ",".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
 
 
 def _vae(cfg: Config, whose: str) -> str:

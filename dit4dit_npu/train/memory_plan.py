@@ -35,13 +35,12 @@ import json
 import math
 import os
 import time
-from pathlib import Path
 
 import torch
 
 from dit4dit_npu.batch import BatchSpec
 from dit4dit_npu.config import Config, TinyCosmosConfig, load_config
-from dit4dit_npu.console import entry_point
+from dit4dit_npu.data.mixture import mixture_entries
 from dit4dit_npu.errors import DiT4DiTError
 from dit4dit_npu.train.activations import FULL_SIZE, QWEN_VOCAB, full_size_text_config
 from dit4dit_npu.train.distributed import resolve_path
@@ -238,35 +237,9 @@ def check(cfg: Config, fits: dict, head_fits: dict, batch: int, gc: bool,
     return measured, max(step_phases(fits, head_fits, None, shape, gc, True, widths).values()), shape
 
 
-@entry_point
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m dit4dit_npu.train.memory_plan", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", default="configs/robotwin/dit4dit_robotwin.yaml",
-                   help="the run config to plan (default: %(default)s)")
-    p.add_argument("--zero", type=int, choices=(0, 2, 3), default=2, help="DeepSpeed ZeRO stage (0: one card, no DeepSpeed)")
-    p.add_argument("--world-size", type=int, default=8, help="ranks of the run (default: %(default)s)")
-    p.add_argument("--batch", type=int, default=None, help="per-card batch (default: the config's)")
-    p.add_argument("--instructions", type=int, default=None, help="distinct instructions (default: one per dataset)")
-    p.add_argument("--cards", type=float, nargs="+", default=[64, 141], help="card sizes in GB")
-    p.add_argument("--latent-cache", action="store_true", help="plan a run from a latent cache (no VAE encode)")
-    p.add_argument("--ema", action="store_true", help="plan trainer.ema on (also on when the config sets it)")
-    p.add_argument("--check", action="store_true", help="also measure one real step and compare (see check())")
-    p.add_argument("--threads", type=int, default=2, help="CPU threads of the measurements (default: %(default)s)")
-    p.add_argument("--json", type=Path, metavar="OUT.json",
-                   help="also write the per-card totals (bytes) there (what `python -m dit4dit_npu.doctor` reads)")
-    p.add_argument("--smoke", action="store_true", help="a seconds-long run at tiny sizes (overrides the size options): checks that the planner works; its numbers mean nothing")
-    args = p.parse_args(argv)
-    for name in ("world_size", "threads"):
-        if getattr(args, name) < 1:
-            raise DiT4DiTError(f"--{name.replace('_', '-')}: expected a positive integer, got {getattr(args, name)}")
-    if args.batch is not None and args.batch < 1:
-        raise DiT4DiTError(f"--batch: expected a positive integer, got {args.batch}")
-    if args.json is not None:  # written last, after the measuring: a file in the way is said now
-        folder = next((f for f in (args.json, *args.json.parents) if f.exists()), None)
-        if folder is not None and (folder == args.json) == folder.is_dir():
-            raise DiT4DiTError(f"--json {args.json}: {folder} is a {'folder' if folder.is_dir() else 'file'}, "
-                               "expected a file path in a folder")
+def plan(args: argparse.Namespace) -> int:
+    """The plan of ``args`` (the command's flags, checked by ``train/ops_cli.py``), printed; its last
+    line is ``speedup: X.XX``."""
     # the widths the activations are measured at (the plan is always for the real model's shapes)
     widths = FULL_SIZE
     if args.smoke:
@@ -275,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     cfg = load_config(args.config)
     batch = args.batch or cfg.datasets.vla_data.per_device_batch_size
-    n_instr = args.instructions or len(cfg.datasets.vla_data.data_mix)
+    n_instr = args.instructions or len(mixture_entries(cfg.datasets.vla_data))
 
     t0 = time.perf_counter()
     parts = meta_parts(cfg)
@@ -313,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
         share = 1 if args.zero != 3 else args.world_size
         rows.insert(1, ("frozen transformer (fp32)", 4 * counts["transformer"] / share, "training: action"))
     if (args.ema or cfg.trainer.ema.decay is not None) and args.zero == 3:
-        p.error("trainer.ema is refused under ZeRO-3 (no rank holds whole weights); plan it with --zero 2 or 0")
+        raise DiT4DiTError("trainer.ema is refused under ZeRO-3 (no rank holds whole weights); plan it with --zero 2 or 0")
     if args.ema or cfg.trainer.ema.decay is not None:  # train/ema.py: fp32, each rank owns 1/world (ZeRO-2)
         share = args.world_size if args.zero else 1
         rows.append(("EMA of the trained weights (fp32)", 4 * sum(trained) / share, f"1/{share} per rank, trainer.ema"))
@@ -365,5 +338,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+if __name__ == "__main__":  # python -m dit4dit_npu.train.memory_plan: the command is train/ops_cli.py's
+    from dit4dit_npu.train.ops_cli import memory_plan_main
+
+    raise SystemExit(memory_plan_main())

@@ -82,7 +82,7 @@ def build_scheduler(optimizer: torch.optim.Optimizer, cfg: TrainerConfig):
     kwargs = None
     if cfg.lr_scheduler_type == "cosine_with_min_lr":
         # As the original: min_lr / base lr is one rate applied to every group, so each group
-        # decays to the same fraction of its own peak (SPEC 3.3).
+        # decays to the same fraction of its own peak.
         kwargs = {"min_lr_rate": cfg.scheduler_specific_kwargs.min_lr / cfg.learning_rate["base"]}
     return get_scheduler(
         cfg.lr_scheduler_type,

@@ -33,7 +33,7 @@ class BatchStream:
             drop_last=True,
             persistent_workers=False,
             # A private generator: creating an iterator must not draw from the global RNG, or a
-            # resumed run's dropout/noise would shift by one draw (deepspeed_cpu.md, determinism).
+            # resumed run's dropout/noise would shift by one draw (exact resume is tested bit for bit).
             generator=torch.Generator().manual_seed(seed),
         )
         self._iter: Iterator | None = None  # created at the first batch, after any resume

@@ -6,8 +6,9 @@ saving, resuming and exporting the policy are the ``CheckpointManager``'s
 (``checkpoint_manager.py``), stopping a diverged run is ``divergence.py``'s. Host syncs
 (``.item()``, reductions) happen only in ``log``, ``evaluate`` and ``save``, never in ``step``.
 
-The methods marked "touch point" are where this file meets interfaces other parts of issue 9
-are changing (the batch type, the model's outputs); each is a few lines.
+The methods under "batches and outputs" (``_collate``, ``_to_device``, ``_targets``, ``_losses``)
+are where this file meets the batch type (``dit4dit_npu/batch.py``) and the model's outputs; a
+change to either lands there, a few lines each.
 """
 
 from __future__ import annotations
@@ -257,7 +258,7 @@ class Trainer:
         return batch.action, batch.action_mask
 
     def _losses(self, out: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """The objective, total = action + lambda * video (SPEC 3.4).
+        """The objective, total = action + lambda * video (the original's objective).
 
         The trainer owns the weighting (trainer.loss_scale.future_video); the model only reports
         its two losses (a loss the training mode lacks is 0).

@@ -10,7 +10,7 @@
 - ``tile_views`` puts the camera views side by side ("width"), stacked ("height") or on a
   near-square "grid", by position, whatever the cameras are called. The original placed a view
   beside the primary one only if its key contained "wrist" and appended any other camera on the
-  *time* axis, where it became "future frames" (SPEC A4).
+  *time* axis, where it became "future frames".
 """
 
 from __future__ import annotations

@@ -27,7 +27,6 @@ import torch
 
 from dit4dit_npu.batch import Batch, BatchSpec
 from dit4dit_npu.config import Config, ConfigError
-from dit4dit_npu.errors import DiT4DiTError
 from dit4dit_npu.transforms import encodings
 from dit4dit_npu.transforms.feature_stats import FeatureStats
 from dit4dit_npu.transforms.images import crop_box
@@ -47,10 +46,6 @@ from dit4dit_npu.transforms.steps import (
 from dit4dit_npu.transforms.vector import NORM_MODES, Normalize, TooNarrowError, VectorPipeline, padded
 
 STATE_MODES = (*NORM_MODES, "sincos", "none")
-
-
-class NonFiniteActionError(DiT4DiTError, RuntimeError):
-    """The model computed NaN/inf actions: they are never returned to a robot."""
 
 
 @dataclass(eq=False)

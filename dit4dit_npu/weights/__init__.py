@@ -5,6 +5,8 @@
   node's local rank 0, the node's other ranks wait for it);
 - ``base_model.py``: loading a part from the folder (dtype keyword per library), the frozen
   parts' dtype, the identities of the text encoder and VAE weights;
+- ``finite.py``: weights with NaN/inf refused at load, naming the file (every part ``load_weights``
+  loads, the fitted tiny VAE, an ``init_from`` policy's weights);
 - ``build.py``: ``build_dit4dit(cfg, spec)`` and the parts (backbone, VAE, action head, prompt
   encoder, the meta-device skeleton of ``--dry-run``);
 - ``compile.py``: the opt-in torch.compile of the built backbone's blocks (``trainer.compile``,

@@ -16,6 +16,7 @@ import torch
 
 from dit4dit_npu import device as dev
 from dit4dit_npu.config import Config, ConfigError
+from dit4dit_npu.weights.finite import module_tensors, nonfinite, nonfinite_file
 from dit4dit_npu.weights.layout import COMPONENTS, TEXT_PARTS, check_base_model
 from dit4dit_npu.weights.tiny_cache import in_tiny_cache, tiny_base_model, vae_weights_hash
 
@@ -44,7 +45,21 @@ def load_weights(loader: Any, path: Path, component: str, dtype: torch.dtype) ->
     versions: diffusers < 0.40 rejects ``dtype=`` (TypeError) but all take ``torch_dtype=``;
     transformers takes ``dtype=`` from 4.56 on and deprecates ``torch_dtype=`` in 5.x."""
     keyword = "torch_dtype" if loader.__module__.startswith("diffusers") else "dtype"
-    return load(loader, path, component, **{keyword: dtype})
+    module = load(loader, path, component, **{keyword: dtype})
+    check_finite(module, path / component)
+    return module
+
+
+def check_finite(module: torch.nn.Module, folder: Path) -> None:
+    """Weights with NaN/inf are refused at load, naming the file that holds them (``finite.py``)."""
+    problem = nonfinite(module_tensors(module))
+    if problem is None:
+        return
+    found = nonfinite_file(folder)
+    where, problem = found if found is not None else (folder, problem)  # (a file in another format)
+    hint = f" (delete {folder.parent}, the next run writes it again)" if in_tiny_cache(folder.parent) else ""
+    raise ConfigError(f"framework.cosmos25.base_model: {where}: {problem}; refusing weights that make every step "
+                      f"non-finite{hint}")
 
 
 def from_config(cls: Any, path: Path, component: str) -> Any:

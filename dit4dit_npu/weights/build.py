@@ -113,7 +113,7 @@ def build_skeleton(cfg: Config, spec: BatchSpec) -> DiT4DiT:
 
 def build_prompt_encoder(cfg: Config) -> PromptEncoder:
     """Tokenizer + the Qwen2.5-VL *language model* only: the vision tower and lm_head are dropped
-    right after loading (the pipeline never uses them, SPEC B1)."""
+    right after loading (the pipeline never uses them)."""
     from transformers import AutoTokenizer, Qwen2_5_VLForConditionalGeneration
 
     c = cfg.framework.cosmos25

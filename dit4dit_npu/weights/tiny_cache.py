@@ -27,6 +27,7 @@ from dit4dit_npu import device as dev
 from dit4dit_npu.config import Config, ConfigError, TinyCosmosConfig
 from dit4dit_npu.files import atomic_folder
 from dit4dit_npu.models import tiny
+from dit4dit_npu.weights.finite import nonfinite
 from dit4dit_npu.weights.layout import check_base_model
 from dit4dit_npu.weights.model_config import tiny_sizes
 
@@ -131,6 +132,9 @@ def load_vae_weights(vae: torch.nn.Module, path: str | Path) -> torch.nn.Module:
         state = load_file(str(Path(path).expanduser()))
     except (OSError, SafetensorError) as e:
         raise ConfigError(f"{VAE_WEIGHTS_KEY}: {path} is not a readable safetensors file ({e})") from None
+    problem = nonfinite(state.items())
+    if problem is not None:  # else every latent is NaN and the run stops blaming its learning rate
+        raise ConfigError(f"{VAE_WEIGHTS_KEY}: {path}: {problem}; refusing a VAE whose latents would be non-finite")
     try:
         vae.load_state_dict(state, strict=True)
     except RuntimeError as e:  # missing/unexpected keys or other shapes: fitted for other sizes

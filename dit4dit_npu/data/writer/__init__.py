@@ -1,6 +1,6 @@
 """Write a LeRobot dataset (v2.1 or v3.0) from arrays and RGB frames: the demo's back end.
 
-Files and metadata follow lerobot's layouts (reference/robotwin_lerobot_npu.md §1.4, §2): lerobot
+Files and metadata follow lerobot's layouts (docs/data.md, "Interoperability with lerobot"): lerobot
 0.4.4's LeRobotDataset, v2.1->v3.0 converter, visualizer and trainer accept them unchanged
 (``scripts/interop_check.sh`` checks with the real library), and starVLA reads them. Statistics
 (``lerobot_stats``) cover every feature, cameras included, per episode and for the dataset, as

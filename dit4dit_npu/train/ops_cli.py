@@ -1,0 +1,99 @@
+"""The ops tools' commands (train/__init__.py lists the tools): each parses and checks its flags,
+then calls its library module.
+
+    python -m dit4dit_npu.train.memory_plan ...    memory_plan_main   (dit4dit-memory-plan)
+    python -m dit4dit_npu.train.fit_tiny_vae ...   fit_tiny_vae_main  (dit4dit-fit-tiny-vae)
+
+Each module keeps a two-line ``__main__`` block that calls its command here, so the ``python -m``
+spellings keep working. A command imports its module (and torch) only when it runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+
+from dit4dit_npu.console import entry_point
+from dit4dit_npu.errors import DiT4DiTError
+
+
+@entry_point
+def memory_plan_main(argv: list[str] | None = None) -> int:
+    from dit4dit_npu.train import memory_plan
+
+    p = argparse.ArgumentParser(prog="python -m dit4dit_npu.train.memory_plan", description=memory_plan.__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", default="configs/robotwin/dit4dit_robotwin.yaml",
+                   help="the run config to plan (default: %(default)s)")
+    p.add_argument("--zero", type=int, choices=(0, 2, 3), default=2, help="DeepSpeed ZeRO stage (0: one card, no DeepSpeed)")
+    p.add_argument("--world-size", type=int, default=8, help="ranks of the run (default: %(default)s)")
+    p.add_argument("--batch", type=int, default=None, help="per-card batch (default: the config's)")
+    p.add_argument("--instructions", type=int, default=None, help="distinct instructions (default: one per dataset)")
+    p.add_argument("--cards", type=float, nargs="+", default=[64, 141], help="card sizes in GB")
+    p.add_argument("--latent-cache", action="store_true", help="plan a run from a latent cache (no VAE encode)")
+    p.add_argument("--ema", action="store_true", help="plan trainer.ema on (also on when the config sets it)")
+    p.add_argument("--check", action="store_true", help="also measure one real step and compare (see check())")
+    p.add_argument("--threads", type=int, default=2, help="CPU threads of the measurements (default: %(default)s)")
+    p.add_argument("--json", type=Path, metavar="OUT.json",
+                   help="also write the per-card totals (bytes) there (what `python -m dit4dit_npu.doctor` reads)")
+    p.add_argument("--smoke", action="store_true", help="a seconds-long run at tiny sizes (overrides the size options): checks that the planner works; its numbers mean nothing")
+    args = p.parse_args(argv)
+    for name in ("world_size", "threads"):
+        if getattr(args, name) < 1:
+            raise DiT4DiTError(f"--{name.replace('_', '-')}: expected a positive integer, got {getattr(args, name)}")
+    if args.batch is not None and args.batch < 1:
+        raise DiT4DiTError(f"--batch: expected a positive integer, got {args.batch}")
+    if args.json is not None:  # written last, after the measuring: a file in the way is said now
+        folder = next((f for f in (args.json, *args.json.parents) if f.exists()), None)
+        if folder is not None and (folder == args.json) == folder.is_dir():
+            raise DiT4DiTError(f"--json {args.json}: {folder} is a {'folder' if folder.is_dir() else 'file'}, "
+                               "expected a file path in a folder")
+    return memory_plan.plan(args)
+
+
+def check_fit_flags(a: argparse.Namespace) -> None:
+    """Every flag before the data loads and the minutes of fitting: --steps 0 wrote the random VAE
+    as "fitted", --lr nan / --frames 0 were tracebacks, and an output under a file failed after the
+    fit (with --png, once the weights were already written)."""
+    for name in ("steps", "frames", "batch", "show"):
+        if getattr(a, name) < 1:
+            raise DiT4DiTError(f"--{name}: expected an int >= 1, got {getattr(a, name)}")
+    if not (math.isfinite(a.lr) and a.lr > 0):
+        raise DiT4DiTError(f"--lr: expected a finite number > 0, got {a.lr}")
+    for flag, path in (("--out", a.out), ("--png", a.png or a.out.with_suffix(".png"))):
+        if path.is_dir():
+            raise DiT4DiTError(f"{flag} {path} is a folder, expected a file path")
+        for folder in path.parents:
+            if folder.exists():
+                if not folder.is_dir():
+                    raise DiT4DiTError(f"{flag} {path}: {folder} is a file, not a folder")
+                break
+
+
+@entry_point
+def fit_tiny_vae_main(argv: list[str] | None = None) -> int:
+    from dit4dit_npu.train import fit_tiny_vae
+
+    p = argparse.ArgumentParser(prog="dit4dit-fit-tiny-vae", description=fit_tiny_vae.__doc__.splitlines()[0],
+                                epilog="overrides: a.b=c (the run config's keys)")
+    p.add_argument("--config", required=True, help="the run config whose training frames the VAE is fitted to")
+    p.add_argument("--out", type=Path, required=True, help="the fitted weights (.safetensors)")
+    p.add_argument("--steps", type=int, default=500, help="optimizer steps of the reconstruction fit")
+    p.add_argument("--frames", type=int, default=384, help="training clips to fit on (evenly spaced)")
+    p.add_argument("--batch", type=int, default=2, help="clips per step (5-frame clips: ~3 s a step on a shared core)")
+    p.add_argument("--lr", type=float, default=2e-3, help="Adam learning rate")
+    p.add_argument("--show", type=int, default=4, help="held-out frames (evenly spaced) in the PNG and the error")
+    p.add_argument("--png", type=Path, default=None, help="default: OUT with .png")
+    p.add_argument("--init", type=Path, default=None,
+                   help="start from these fitted weights (a fit continued), not the random init")
+    p.add_argument("--smoke", action="store_true", help="4 clips, 3 steps: checks that the command runs")
+    p.add_argument("overrides", nargs="*", help="config overrides a.b=c")
+    a = p.parse_args(argv)
+    if a.out.suffix != ".safetensors":
+        raise DiT4DiTError(f"--out: expected a .safetensors file, got {a.out}")
+    if a.smoke:
+        a.frames, a.steps, a.batch, a.show = 4, 3, 2, 2
+    check_fit_flags(a)
+    fit_tiny_vae.fit_and_save(a)
+    return 0
