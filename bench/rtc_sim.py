@@ -43,6 +43,7 @@ from dit4dit_client import MODES, delay_steps
 from dit4dit_npu.console import run
 from dit4dit_npu.errors import DiT4DiTError
 from dit4dit_npu.files import atomic_path, atomic_write_json, atomic_write_text
+from dit4dit_npu.sim.tasks import check_seed_range  # numpy only: the script stays free of MuJoCo
 
 REPO = Path(__file__).resolve().parents[1]
 FPS = 50  # dit4dit_npu.sim.tasks.FPS (not imported: this script stays free of MuJoCo)
@@ -175,6 +176,7 @@ def main() -> None:
         a.episodes, a.max_steps, a.delays = 1, 30, "0,100"
     if not (a.policy or a.expert):
         raise DiT4DiTError("--no-expert: give --policy, else there is nothing to run")
+    check_seed_range(a.seed, a.episodes)  # every cell's episodes, before the first cell runs
     a.out = a.out or REPO / "bench" / "results" / ("rtc_sim_smoke" if a.smoke else "rtc_sim")
     delays = [float(d) for d in a.delays.split(",")]
     a.out.mkdir(parents=True, exist_ok=True)

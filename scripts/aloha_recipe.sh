@@ -24,9 +24,10 @@
 #                      into the backbone (the config's choices)
 #   OBJECTIVE=joint    5-frame clips (the observation + 4 frames up to 16 steps = one action chunk
 #                      ahead), the video flow-matching loss on the future latent frame (weight
-#                      VIDEO_WEIGHT, default 1.0) and the action loss alongside; features detached
-#                      from the action loss (the paper's default) unless BACKPROP=1 (no_video
-#                      needs it: nothing else trains its backbone)
+#                      VIDEO_WEIGHT, default 0.2) and the action loss alongside, into the backbone
+#                      too (BACKPROP=1, the default); the defaults are the best measured settings
+#                      (docs/simulation.md); BACKPROP=0 detaches the features from the action loss
+#                      (the paper's default; no_video refuses it: nothing else trains its backbone)
 #   VAE=random (default) the tiny config's random frozen VAE; VAE=fitted: VAE_WEIGHTS (default
 #                      configs/aloha/tiny_vae_transfer_cube.safetensors, dit4dit-fit-tiny-vae on
 #                      sim frames; refitted on the demos when missing), its own latent statistics
@@ -45,31 +46,68 @@
 #                      below): the committed fit saw only transfer-cube frames (another crop, no
 #                      peg, no blue socket; on insertion's frames MSE 0.098 against 0.043 on its own)
 #
+# Every setting above (and WORKERS, SMOKE, OMP_NUM_THREADS, PY, RUN_ID, DATA_ROOT, VAE_WEIGHTS) is
+# checked before anything runs, and the extra training overrides through a --dry-run of the run's
+# config: a bad value is one line naming it, exit code 2. A setting the chosen run does not read
+# (VIDEO_WEIGHT without OBJECTIVE=joint, DEMOS with SMOKE=1, ...) is refused, never ignored.
+#
 # Measured on the project's shared 2-core CPU machine: docs/simulation.md ("What to expect").
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
-export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
+refuse() { echo "error: $*" >&2; exit 2; }
+positive() { case "${!1}" in ''|0*|*[!0-9]*) refuse "$1=${!1}: expected a positive integer${2:-}" ;; esac; }
+unread() {  # $1: a variable the chosen run does not read, $2: why; set, it is refused rather than ignored
+    if [ -n "${!1+x}" ]; then refuse "$1=${!1}: $2"; fi
+}
+SMOKE="${SMOKE:-0}"
+case "$SMOKE" in 0|1) ;; *) refuse "SMOKE=$SMOKE: expected 0 or 1" ;; esac
+OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
+positive OMP_NUM_THREADS " (threads per process)"
+export OMP_NUM_THREADS PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 PY="${PY:-.venv/bin/python}"
+if ! command -v "$PY" >/dev/null; then refuse "PY=$PY: expected a Python executable (the project's .venv/bin/python)"; fi
 WORKERS="${WORKERS:-1}"
+positive WORKERS " (eval processes)"
 OBJECTIVE="${OBJECTIVE:-no_video}" TASK="${TASK:-transfer_cube}" VAE="${VAE:-random}"
 case "$TASK" in
     transfer_cube) TASK_TAG="" ;;
     insertion) TASK_TAG="_insertion" ;;
-    *) echo "error: TASK=$TASK: expected transfer_cube or insertion" >&2; exit 2 ;;
+    *) refuse "TASK=$TASK: expected transfer_cube or insertion" ;;
 esac
 CONFIG="configs/aloha/dit4dit_aloha_${TASK}_tiny.yaml"
-case "$OBJECTIVE" in no_video|joint) ;; *) echo "error: OBJECTIVE=$OBJECTIVE: expected no_video or joint" >&2; exit 2 ;; esac
-case "$VAE" in random|fitted) ;; *) echo "error: VAE=$VAE: expected random or fitted" >&2; exit 2 ;; esac
-if [ "$OBJECTIVE" = joint ]; then BACKPROP="${BACKPROP:-0}"; else BACKPROP="${BACKPROP:-1}"; fi
-case "$BACKPROP" in 0|1) ;; *) echo "error: BACKPROP=$BACKPROP: expected 0 or 1" >&2; exit 2 ;; esac
+case "$OBJECTIVE" in no_video|joint) ;; *) refuse "OBJECTIVE=$OBJECTIVE: expected no_video or joint" ;; esac
+case "$VAE" in random|fitted) ;; *) refuse "VAE=$VAE: expected random or fitted" ;; esac
+BACKPROP="${BACKPROP:-1}"  # both objectives: the action loss into the backbone (joint: the best measured)
+case "$BACKPROP" in 0|1) ;; *) refuse "BACKPROP=$BACKPROP: expected 0 or 1" ;; esac
 if [ "$OBJECTIVE" = no_video ] && [ "$BACKPROP" = 0 ]; then
-    echo "error: BACKPROP=0 with OBJECTIVE=no_video: the action loss is all that trains its backbone" >&2; exit 2
+    refuse "BACKPROP=0 with OBJECTIVE=no_video: the action loss is all that trains its backbone"
 fi
-PRETRAIN="${PRETRAIN:-0}" PRETRAIN_DEMOS="${PRETRAIN_DEMOS:-50}"
-case "$PRETRAIN" in 0) ;; ''|0*|*[!0-9]*) echo "error: PRETRAIN=$PRETRAIN: expected a number of steps (0 = none)" >&2; exit 2 ;; esac
-case "$PRETRAIN_DEMOS" in ''|0*|*[!0-9]*) echo "error: PRETRAIN_DEMOS=$PRETRAIN_DEMOS: expected a positive integer" >&2; exit 2 ;; esac
-if [ "${SMOKE:-0}" = 1 ]; then
+if [ "$OBJECTIVE" = joint ]; then
+    VIDEO_WEIGHT="${VIDEO_WEIGHT:-0.2}"  # the best measured weight (docs/simulation.md)
+    # a plain number >= 0: no sign, no nan/inf (it names the run, and training takes it as is)
+    if ! [[ "$VIDEO_WEIGHT" =~ ^([0-9]+([.][0-9]*)?|[.][0-9]+)([eE][-+]?[0-9]+)?$ ]] \
+        || ! awk -v v="$VIDEO_WEIGHT" 'BEGIN { exit !(v + 0 < 1e300) }'; then
+        refuse "VIDEO_WEIGHT=$VIDEO_WEIGHT: expected a number >= 0 (the video loss's weight, e.g. 0.2)"
+    fi
+    if [ "$BACKPROP" = 0 ] && awk -v v="$VIDEO_WEIGHT" 'BEGIN { exit !(v + 0 == 0) }'; then
+        refuse "VIDEO_WEIGHT=$VIDEO_WEIGHT with BACKPROP=0: no loss would train the backbone (weight the video loss > 0, or BACKPROP=1)"
+    fi
+else
+    unread VIDEO_WEIGHT "applies only to OBJECTIVE=joint (no_video trains no video loss)"
+fi
+if [ "$VAE" != fitted ]; then unread VAE_WEIGHTS "applies only to VAE=fitted"; fi
+if [ -n "${RUN_ID+x}" ]; then
+    case "$RUN_ID" in ''|*/*|.|..) refuse "RUN_ID=$RUN_ID: expected a run folder name (no /)" ;; esac
+fi
+if [ -n "${DATA_ROOT+x}" ] && [ -z "$DATA_ROOT" ]; then refuse "DATA_ROOT=: expected a folder for the demos and caches"; fi
+PRETRAIN="${PRETRAIN:-0}"
+case "$PRETRAIN" in 0) ;; ''|0*|*[!0-9]*) refuse "PRETRAIN=$PRETRAIN: expected a number of steps (0 = none)" ;; esac
+if [ "$PRETRAIN" = 0 ]; then unread PRETRAIN_DEMOS "applies only with PRETRAIN > 0 (the video pretraining's demos)"; fi
+if [ "$SMOKE" = 1 ]; then
+    for v in DEMOS STEPS EPISODES PRETRAIN_DEMOS; do
+        unread "$v" "SMOKE=1 sets its own (1 demo, 2 steps, one 16-step episode per checkpoint)"
+    done
     PRETRAIN_DEMOS=1  # the smoke's one demo
     DEMOS=1 SIZE=32x48 STEPS=2 EVERY=1 EPISODES=1 EPISODE_STEPS=16 RUN="aloha_recipe${TASK_TAG}_smoke"
     # one demo trains (nothing held out); 32x48 is the smallest size three side-by-side views allow
@@ -77,10 +115,13 @@ if [ "${SMOKE:-0}" = 1 ]; then
            trainer.num_warmup_steps=0 "datasets.vla_data.image_size=[32, 48]")
 else
     DEMOS="${DEMOS:-50}" SIZE=240x320 STEPS="${STEPS:-15000}" EPISODES="${EPISODES:-50}" EPISODE_STEPS=400
+    PRETRAIN_DEMOS="${PRETRAIN_DEMOS:-50}"
     RUN="aloha_recipe${TASK_TAG}"
-    for v in DEMOS EPISODES STEPS; do  # checked before anything runs (EPISODES is first used after training)
-        case "${!v}" in ''|0*|*[!0-9]*) echo "error: $v=${!v}: expected a positive integer" >&2; exit 2 ;; esac
-    done
+    for v in DEMOS EPISODES STEPS PRETRAIN_DEMOS; do positive "$v"; done  # EPISODES is first used after training
+    # the eval's seeds 0..EPISODES-1 within the simulator's range (sim.eval says the same, hours later)
+    if [ "${#EPISODES}" -gt 10 ] || [ "$EPISODES" -gt 4294967296 ]; then
+        refuse "EPISODES=$EPISODES: expected at most 2**32 (eval seeds 0..EPISODES-1 < 2**32, the simulator's range)"
+    fi
     EVERY=$(((STEPS + 2) / 3)) EXTRA=()  # rounded up: STEPS=8000 checkpoints 2667, 5334, 8000 (not 7998 and 8000)
 fi
 # The defaults (no_video, random VAE, 50 demos, 15000 steps) keep the plain names (run aloha_recipe,
@@ -94,15 +135,16 @@ if [ "$OBJECTIVE" = joint ]; then
     VARIANT="_joint_bp${BACKPROP}"
     EXTRA+=("${VIDEO_CLIPS[@]}"
             "framework.cosmos25.backprop_action_to_backbone=$([ "$BACKPROP" = 1 ] && echo true || echo false)"
-            "trainer.loss_scale.future_video=${VIDEO_WEIGHT:-1.0}")
-    if [ "${VIDEO_WEIGHT:-1.0}" != 1.0 ]; then VARIANT+="_vw${VIDEO_WEIGHT}"; fi
+            "trainer.loss_scale.future_video=$VIDEO_WEIGHT")
+    # weight 1.0 (the original's, the default before) keeps its runs' names; any other is in the name
+    if ! awk -v v="$VIDEO_WEIGHT" 'BEGIN { exit !(v + 0 == 1) }'; then VARIANT+="_vw${VIDEO_WEIGHT}"; fi
 fi
 if [ "$VAE" = fitted ]; then VARIANT+="_fittedvae"; fi
-DEMOS_TAG="$([ "$DEMOS" != 50 ] && [ "${SMOKE:-0}" != 1 ] && echo "_${DEMOS}demos" || true)"  # data and run
+DEMOS_TAG="$([ "$DEMOS" != 50 ] && [ "$SMOKE" != 1 ] && echo "_${DEMOS}demos" || true)"  # data and run
 VARIANT+="$DEMOS_TAG"
 # Another STEPS is another run: resuming the default one instead would skip training when STEPS is
 # smaller (and report its checkpoints) or extend it on a stretched learning-rate schedule when larger.
-if [ "$STEPS" != 15000 ] && [ "${SMOKE:-0}" != 1 ]; then VARIANT+="_${STEPS}steps"; fi
+if [ "$STEPS" != 15000 ] && [ "$SMOKE" != 1 ]; then VARIANT+="_${STEPS}steps"; fi
 if [ "$PRETRAIN" != 0 ]; then VARIANT+="_pretrain${PRETRAIN}x${PRETRAIN_DEMOS}"; fi
 RUN_ID="${RUN_ID:-$RUN$VARIANT}"
 # The recipe's choices (one-frame clips, the action loss into the backbone, the cam_high crop, state
@@ -113,7 +155,7 @@ DATA="$DATA_ROOT/${TASK}_${SIZE}_recipe$DEMOS_TAG"
 if [ "$VAE" = fitted ]; then
     # transfer cube: the committed fit (dit4dit-fit-tiny-vae on 12 demos' frames); insertion: its own
     # fit on the recipe's demos, made below when missing; SMOKE fits its own in seconds
-    if [ "${SMOKE:-0}" = 1 ]; then DEFAULT_VAE="${DATA}_tiny_vae_smoke.safetensors"
+    if [ "$SMOKE" = 1 ]; then DEFAULT_VAE="${DATA}_tiny_vae_smoke.safetensors"
     elif [ "$TASK" = insertion ]; then DEFAULT_VAE="${DATA}_tiny_vae.safetensors"
     else DEFAULT_VAE=configs/aloha/tiny_vae_transfer_cube.safetensors; fi
     VAE_WEIGHTS="${VAE_WEIGHTS:-$DEFAULT_VAE}"
@@ -123,6 +165,39 @@ OVERRIDES=(
     "datasets.vla_data.data_root_dir=$DATA_ROOT" "datasets.vla_data.data_mix=[{path: $(basename "$DATA"), weight: 1.0}]"
     "run_id=$RUN_ID" "${EXTRA[@]}" "$@"
 )
+if [ "$PRETRAIN" != 0 ]; then  # the video pretraining run: the video loss alone on its demos' 5-frame clips
+    PT_TAG="$([ "$PRETRAIN_DEMOS" != 50 ] && [ "$SMOKE" != 1 ] && echo "_${PRETRAIN_DEMOS}demos" || true)"
+    PT_DATA="$DATA_ROOT/${TASK}_${SIZE}_recipe$PT_TAG"
+    PT=("datasets.vla_data.data_root_dir=$DATA_ROOT" "datasets.vla_data.data_mix=[{path: $(basename "$PT_DATA"), weight: 1.0}]"
+        "run_id=$RUN$([ "$VAE" = fitted ] && echo _fittedvae || true)_video_only${PT_TAG}_$PRETRAIN"
+        "${EXTRA[@]}" "${VIDEO_CLIPS[@]}" framework.cosmos25.training=video trainer.eval_samples=0
+        "$@")
+fi
+
+# Each run's config with the extra overrides, checked now (a typo'd or badly valued key, a run in
+# which a module would get no loss) rather than after the demos, statistics and caches are built.
+# Not yet in it: what later stages make (the latent cache and statistics, the pretrained
+# transformer to start from, a fitted VAE file still to be fitted).
+check_config() {  # $1: the run, for the message; then its overrides
+    local what="$1" o err args=()
+    shift
+    for o in "$@"; do
+        if [ "$VAE" = fitted ] && [ "$o" = "framework.cosmos25.tiny.vae_weights=$VAE_WEIGHTS" ] && [ ! -s "$VAE_WEIGHTS" ]; then
+            continue
+        fi
+        args+=("$o")
+    done
+    if ! err="$($PY -m dit4dit_npu.train --config "$CONFIG" "${args[@]}" --dry-run 2>&1 >/dev/null)"; then
+        refuse "$what: $(printf '%s\n' "$err" | tail -n 1 | sed -e 's/^config error: //' -e 's/^error: //')"
+    fi
+}
+if [ "$PRETRAIN" != 0 ]; then
+    check_config "the video pretraining run's config (PRETRAIN=$PRETRAIN and the extra overrides)" "${PT[@]}" \
+        "trainer.max_train_steps=$PRETRAIN" "trainer.save_interval=$PRETRAIN" "trainer.eval_interval=$PRETRAIN"
+fi
+check_config "the run's config (the settings and the extra overrides)" "${OVERRIDES[@]}" trainer.resume=auto \
+    "trainer.max_train_steps=$STEPS" "trainer.save_interval=$EVERY" "trainer.eval_interval=$EVERY" \
+    trainer.keep_last_checkpoints=3
 
 stage() { echo "== $(date +%H:%M:%S) $*"; }
 t0=$SECONDS
@@ -132,7 +207,7 @@ if [ ! -d "$DATA" ]; then
 fi
 if [ "$VAE" = fitted ] && [ ! -s "$VAE_WEIGHTS" ]; then
     stage "fit the tiny VAE to the demos' frames -> $VAE_WEIGHTS"
-    $PY -m dit4dit_npu.train.fit_tiny_vae --config "$CONFIG" --out "$VAE_WEIGHTS" $([ "${SMOKE:-0}" = 1 ] && echo --smoke || true) \
+    $PY -m dit4dit_npu.train.fit_tiny_vae --config "$CONFIG" --out "$VAE_WEIGHTS" $([ "$SMOKE" = 1 ] && echo --smoke || true) \
         "${OVERRIDES[@]}" "${VIDEO_CLIPS[@]}"
 fi
 # The statistics and the latent cache of the VAE in use (a fitted one: named by its content, so a
@@ -156,18 +231,13 @@ import sys, yaml; c = yaml.safe_load(sys.stdin); print(c["run_root_dir"] + "/" +
 if [ "$PRETRAIN" = 0 ]; then
     OVERRIDES+=($(latent_stats "${DATA}_tiny_vae${FITTED}_stats.txt" "${OVERRIDES[@]}"))
 else
-    # Video pretraining: the video loss alone on the pretraining demos' 5-frame clips. Its latent
-    # statistics normalize both runs: the transformer learned latents normalized by them.
-    PT_TAG="$([ "$PRETRAIN_DEMOS" != 50 ] && [ "${SMOKE:-0}" != 1 ] && echo "_${PRETRAIN_DEMOS}demos" || true)"
-    PT_DATA="$DATA_ROOT/${TASK}_${SIZE}_recipe$PT_TAG"
+    # Video pretraining (PT, above). Its latent statistics normalize both runs: the transformer
+    # learned latents normalized by them.
     if [ ! -d "$PT_DATA" ]; then
         stage "demos for video pretraining: $PRETRAIN_DEMOS expert episodes, seeds 100000.., $SIZE"
         $PY -m dit4dit_npu.sim.demos --task "$TASK" --episodes "$PRETRAIN_DEMOS" --size "$SIZE" --out "$PT_DATA"
     fi
-    PT=("datasets.vla_data.data_root_dir=$DATA_ROOT" "datasets.vla_data.data_mix=[{path: $(basename "$PT_DATA"), weight: 1.0}]"
-        "run_id=$RUN$([ "$VAE" = fitted ] && echo _fittedvae || true)_video_only${PT_TAG}_$PRETRAIN"
-        "${EXTRA[@]}" "${VIDEO_CLIPS[@]}" framework.cosmos25.training=video trainer.eval_samples=0
-        "datasets.vla_data.latent_cache=${PT_DATA}_latents_5frames$FITTED" "$@")
+    PT+=("datasets.vla_data.latent_cache=${PT_DATA}_latents_5frames$FITTED")
     STATS_OVERRIDES=($(latent_stats "${PT_DATA}_tiny_vae${FITTED}_stats.txt" "${PT[@]}"))
     PT+=("${STATS_OVERRIDES[@]}")
     stage "video pretraining: latent cache of $PT_DATA's 5-frame clips"
@@ -191,7 +261,7 @@ stage "closed-loop eval of every checkpoint of $RUN_DIR on seeds 0-$((EPISODES -
 CURVE=(--run "$RUN_DIR" --task "$TASK" --episodes "$EPISODES" --seed 0 --max-steps "$EPISODE_STEPS" --workers "$WORKERS")
 # Only the task's own recipe (no setting changed, no RUN_ID of its own) redraws the docs' plot; every
 # other run keeps its curve in its run folder (a joint or 100-demo run must not overwrite it).
-if [ "${SMOKE:-0}" = 1 ]; then CURVE+=(--out "$RUN_DIR/sim_curve/smoke.png")
+if [ "$SMOKE" = 1 ]; then CURVE+=(--out "$RUN_DIR/sim_curve/smoke.png")
 elif [ "$RUN_ID" != "$RUN" ]; then CURVE+=(--out "$RUN_DIR/sim_curve/curve.png")
 elif [ "$TASK" = insertion ]; then CURVE+=(--out docs/aloha_insertion_success_vs_steps.png)
 else CURVE+=(--out docs/aloha_success_vs_steps.png); fi

@@ -1,5 +1,7 @@
-"""scripts/aloha_recipe.sh's settings: OBJECTIVE=, TASK=, VAE=, BACKPROP= and PRETRAIN= are checked before
-anything runs (one line, exit code 2, nothing written), and each task runs end to end at SMOKE=1,
+"""scripts/aloha_recipe.sh's settings: every variable it reads is checked before anything runs (one line,
+exit code 2, nothing written; a variable the chosen run does not read is refused, not ignored), the
+run's config with the extra training overrides through train --dry-run before the first stage, and
+each task runs end to end at SMOKE=1,
 each from its own one tiny demo (1 expert episode at 32x48, in a temp folder): transfer cube with
 the joint objective and the fitted VAE after video pretraining (the fit's smoke, 5-frame latent
 cache, a video-only run, joint training started from its transformer, the closed loop with the
@@ -42,11 +44,49 @@ def recipe(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProces
     ({"STEPS": "8k"}, "error: STEPS=8k: expected a positive integer"),
     ({"PRETRAIN": "10k"}, "error: PRETRAIN=10k: expected a number of steps (0 = none)"),
     ({"PRETRAIN": "100", "PRETRAIN_DEMOS": "-5"}, "error: PRETRAIN_DEMOS=-5: expected a positive integer"),
+    # each of these started 50 demos before
+    ({"OBJECTIVE": "joint", "VIDEO_WEIGHT": "abc"}, "error: VIDEO_WEIGHT=abc: expected a number >= 0"),
+    ({"OBJECTIVE": "joint", "VIDEO_WEIGHT": "-1"}, "error: VIDEO_WEIGHT=-1: expected a number >= 0"),
+    ({"OBJECTIVE": "joint", "VIDEO_WEIGHT": "nan"}, "error: VIDEO_WEIGHT=nan: expected a number >= 0"),
+    ({"OBJECTIVE": "joint", "VIDEO_WEIGHT": "1e400"}, "error: VIDEO_WEIGHT=1e400: expected a number >= 0"),
+    ({"WORKERS": "0"}, "error: WORKERS=0: expected a positive integer"),
+    ({"WORKERS": "abc"}, "error: WORKERS=abc: expected a positive integer"),
+    ({"SMOKE": "2"}, "error: SMOKE=2: expected 0 or 1"),
+    ({"OMP_NUM_THREADS": "0"}, "error: OMP_NUM_THREADS=0: expected a positive integer"),
+    ({"PY": "/nonexistent/python"}, "error: PY=/nonexistent/python: expected a Python executable"),
+    ({"RUN_ID": "a/b"}, "error: RUN_ID=a/b: expected a run folder name"),
+    ({"EPISODES": "4294967297"}, "error: EPISODES=4294967297: expected at most 2**32"),
+    # a setting the chosen run does not read: refused, not ignored
+    ({"VIDEO_WEIGHT": "0.2"}, "error: VIDEO_WEIGHT=0.2: applies only to OBJECTIVE=joint"),
+    ({"PRETRAIN_DEMOS": "10"}, "error: PRETRAIN_DEMOS=10: applies only with PRETRAIN > 0"),
+    ({"VAE_WEIGHTS": "my.safetensors"}, "error: VAE_WEIGHTS=my.safetensors: applies only to VAE=fitted"),
+    ({"SMOKE": "1", "DEMOS": "5"}, "error: DEMOS=5: SMOKE=1 sets its own"),
+    ({"SMOKE": "1", "STEPS": "100"}, "error: STEPS=100: SMOKE=1 sets its own"),
+    # joint with the video loss weighted 0 and detached features: nothing would train the backbone
+    ({"OBJECTIVE": "joint", "VIDEO_WEIGHT": "0", "BACKPROP": "0"}, "error: VIDEO_WEIGHT=0 with BACKPROP=0: no loss"),
 ])
 def test_a_bad_setting_is_one_line_before_anything_runs(tmp_path: Path, env: dict[str, str], message: str) -> None:
     r = recipe(tmp_path, **env)
     assert r.returncode == 2 and r.stdout == ""
     assert len(r.stderr.strip().splitlines()) == 1 and r.stderr.startswith(message), r.stderr
+    assert not (tmp_path / "data").exists()
+
+
+@pytest.mark.parametrize(("env", "overrides", "message"), [
+    ({}, ["trainer.max_train_step=5"], "unknown config key 'trainer.max_train_step' (did you mean trainer.max_train_steps?)"),
+    ({}, ["trainer.learning_rate.action_model=abc"], "trainer.learning_rate.action_model: got 'abc', expected float"),
+    ({"OBJECTIVE": "joint", "BACKPROP": "0"}, ["trainer.loss_scale.future_video=0"],
+     "backbone.transformer gets no loss: the video loss is weighted 0"),
+    ({"OBJECTIVE": "joint", "VIDEO_WEIGHT": "0", "PRETRAIN": "10"}, [],  # the pretraining run: the video loss alone
+     "the video pretraining run's config (PRETRAIN=10 and the extra overrides): backbone.transformer gets no loss"),
+], ids=["typo", "bad-value", "untrained-backbone", "pretraining-weight-0"])
+def test_the_training_overrides_are_checked_before_anything_runs(tmp_path: Path, env, overrides, message) -> None:
+    """The run's config, with the settings and the extra overrides, through train --dry-run before
+    the first stage (it used to be found after the demos, statistics and caches were built)."""
+    r = recipe(tmp_path, *overrides, **env)
+    assert r.returncode == 2 and r.stdout == ""
+    err = r.stderr.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: the ") and message in err[0], r.stderr
     assert not (tmp_path / "data").exists()
 
 
@@ -78,7 +118,8 @@ def test_joint_with_the_fitted_vae_after_video_pretraining_smoke(tmp_path: Path)
     said = re.search(r"^trainer.init_from: backbone.transformer \(\d+ tensors\) from (\S+) \(step 2\); "
                      r"action_model at its initialization$", r.stdout, re.M)
     assert said and Path(said.group(1)).resolve() == (pretrained / "checkpoints" / "step_000002" / "policy").resolve()
-    assert (runs / "aloha_recipe_smoke_joint_bp0_fittedvae_pretrain2x1").is_dir()
+    # OBJECTIVE=joint's defaults: the action loss into the backbone, the video loss at weight 0.2
+    assert (runs / "aloha_recipe_smoke_joint_bp1_vw0.2_fittedvae_pretrain2x1").is_dir()
 
 
 @pytest.mark.slow

@@ -15,6 +15,7 @@ Depends on numpy, msgpack and websockets only.
 
 from dit4dit_client.chunking import MODES, ChunkExecutor, ChunkRequest, delay_steps
 from dit4dit_client.errors import (
+    ArgumentError,
     BadReplyError,
     ClientError,
     ConnectionLostError,
@@ -34,6 +35,7 @@ from dit4dit_client.websocket_client import (
 __all__ = [
     "DEFAULT_REQUEST_TIMEOUT_S",
     "MODES",
+    "ArgumentError",
     "AsyncChunkRunner",
     "BadReplyError",
     "ChunkExecutor",

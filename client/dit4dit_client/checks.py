@@ -5,7 +5,9 @@ A reply from ``infer()`` goes straight to a robot, so one without ``actions``, o
 than the server announced, or with NaN/inf is refused here (``BadReplyError``) rather than left for
 the robot code to trip over (a ``KeyError``, or a NaN command). A request the server would refuse
 anyway, or that msgpack cannot carry at all, is refused before it is sent, naming the key
-(``RequestError``). numpy only.
+(``RequestError``). The robot loop's own arguments (a control rate within the server's bounds,
+integer step counts) are checked with the same rules where they are given (``ArgumentError``).
+numpy only.
 """
 
 from __future__ import annotations
@@ -15,9 +17,13 @@ from typing import Any
 import numpy as np
 
 from dit4dit_client import msgpack_numpy
-from dit4dit_client.errors import BadReplyError, RequestError
+from dit4dit_client.errors import ArgumentError, BadReplyError, RequestError
 
 SEED_LIMIT = 2**63  # the server's (and torch's) seed range is [0, 2**63)
+# The robot control rates the policy server accepts (its rtc.control_hz: > 0 and at most this): it
+# estimates a chunk's inference delay as latency x rate, and a loop faster than 1 kHz does not
+# execute action chunks. The client's loops take the same bounds.
+MAX_CONTROL_HZ = 1000.0
 _NUMERIC = "fiu"  # float, int, unsigned dtype kinds; bool, str, bytes are not actions
 
 
@@ -29,6 +35,27 @@ def check_seed(value: Any, key: str = "seed") -> None:
         raise RequestError(f"{key}: expected an int in [0, 2**63), got {type(value).__name__} {value!r:.60}")
     if not 0 <= int(value) < SEED_LIMIT:
         raise RequestError(f"{key}: {int(value)} is out of range, expected an int in [0, 2**63)")
+
+
+def check_control_hz(value: Any, key: str = "control_hz") -> float:
+    """A robot control rate in Hz within the server's bounds, (0, MAX_CONTROL_HZ], as a float: the
+    server's rule for its rtc.control_hz, type included (a Python int or float, not a bool)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= MAX_CONTROL_HZ:
+        raise ArgumentError(
+            f"{key}: expected the robot's control rate in Hz, > 0 and at most {MAX_CONTROL_HZ:g} (the policy "
+            f"server's bounds: faster loops than that do not execute action chunks), got {value!r:.40}"
+        )
+    return float(value)
+
+
+def check_count(value: Any, key: str, low: int, hint: str = "") -> int:
+    """A count of control steps: an int (numpy's too, never a bool) >= low. ``hint``: what else the
+    argument takes, said in the message (e.g. " (or None: whole chunks)")."""
+    if isinstance(value, bool | np.bool_) or not isinstance(value, int | np.integer):
+        raise ArgumentError(f"{key}: expected an int >= {low}{hint}, got {type(value).__name__} {value!r:.40}")
+    if value < low:
+        raise ArgumentError(f"{key}: expected >= {low}{hint}, got {value}")
+    return int(value)
 
 
 def pack_request(msg: dict[str, Any]) -> bytes:

@@ -20,7 +20,9 @@ merging code:
   guidance). The delay sent is the maximum of the recently measured ones (the paper's Q).
 
 Every measured delay (steps from the observation to the chunk's arrival) is fed back into the
-next request's ``inference_delay``. numpy only (robot side).
+next request's ``inference_delay``. Counts of control steps are ints and control rates are
+within the policy server's bounds (``checks.py``), refused where they are given
+(``ArgumentError``, one line naming the argument). numpy only (robot side).
 """
 
 from __future__ import annotations
@@ -31,6 +33,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
+from dit4dit_client.checks import check_control_hz, check_count
+from dit4dit_client.errors import ArgumentError
 
 MODES = ("sync", "async", "ensemble", "rtc")
 ACT_ENSEMBLE_DECAY = 0.01  # ACT's m: exp(-m i) over the chunks covering a step, oldest first
@@ -70,11 +75,14 @@ class ChunkExecutor:
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
-            raise ValueError(f"mode: expected one of {list(MODES)}, got {self.mode!r}")
-        if self.execution_horizon is not None and self.execution_horizon < 1:
-            raise ValueError(f"execution_horizon: expected >= 1 (or None: whole chunks), got {self.execution_horizon}")
-        if self.initial_delay < 0 or self.delay_window < 1 or not self.ensemble_decay >= 0:
-            raise ValueError("initial_delay >= 0, delay_window >= 1 and ensemble_decay >= 0 expected")
+            raise ArgumentError(f"mode: expected one of {list(MODES)}, got {self.mode!r}")
+        if self.execution_horizon is not None:
+            self.execution_horizon = check_count(self.execution_horizon, "execution_horizon", 1, " (or None: whole chunks)")
+        self.initial_delay = check_count(self.initial_delay, "initial_delay", 0)
+        self.delay_window = check_count(self.delay_window, "delay_window", 1)
+        d = self.ensemble_decay
+        if isinstance(d, bool) or not isinstance(d, int | float) or not (math.isfinite(d) and d >= 0):
+            raise ArgumentError(f"ensemble_decay: expected a finite number >= 0 (ACT: {ACT_ENSEMBLE_DECAY}), got {d!r:.40}")
         self.delays = deque(maxlen=self.delay_window)
 
     @property
@@ -83,6 +91,7 @@ class ChunkExecutor:
 
     def wants_request(self, step: int) -> bool:
         """No request in flight, and no chunk yet or ``execution_horizon`` actions of the newest done."""
+        check_count(step, "step", 0)
         if self._in_flight is not None:
             return False
         if not self._chunks:
@@ -92,6 +101,7 @@ class ChunkExecutor:
 
     def request(self, step: int) -> ChunkRequest:
         """Mark a request for the observation of ``step`` as sent."""
+        check_count(step, "step", 0)
         if self._in_flight is not None:
             raise RuntimeError("a chunk is already being computed: one request in flight at a time")
         delay = max(self.delays) if self.delays else self.initial_delay
@@ -108,6 +118,7 @@ class ChunkExecutor:
     def receive(self, chunk: np.ndarray, step: int) -> None:
         """The chunk for the request in flight, usable from control step ``step`` on. A chunk with
         NaN/inf is refused whole (ValueError): none of it may reach the robot."""
+        check_count(step, "step", 0)
         req = self._in_flight
         if req is None:
             raise RuntimeError("received a chunk nobody asked for")
@@ -127,6 +138,7 @@ class ChunkExecutor:
     def action(self, step: int) -> np.ndarray | None:
         """The action for ``step``; None when there is none (before the first chunk, while a sync
         request is computed, or a chunk ran out before the next arrived): the robot holds."""
+        check_count(step, "step", 0)
         if self.mode == "sync" and self._in_flight is not None:
             return None
         covering = [c[step - s] for s, c in self._chunks if 0 <= step - s < len(c)]  # oldest first
@@ -140,4 +152,7 @@ class ChunkExecutor:
 
 def delay_steps(delay_s: float, control_hz: float) -> int:
     """A latency in seconds -> the control steps that pass during it (a partial step counts)."""
+    control_hz = check_control_hz(control_hz)
+    if isinstance(delay_s, bool) or not isinstance(delay_s, int | float) or not (math.isfinite(delay_s) and delay_s >= 0):
+        raise ArgumentError(f"delay_s: expected a finite latency in seconds >= 0, got {delay_s!r:.40}")
     return max(0, math.ceil(delay_s * control_hz - 1e-9))

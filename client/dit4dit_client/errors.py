@@ -5,7 +5,7 @@ server that stopped answering), never a bug; its message is one line. It cannot 
 ``dit4dit_npu.errors.DiT4DiTError``: this package must install and import without dit4dit-npu
 (and its torch). ``dit4dit_npu.console`` treats both bases as user errors (one line, exit code 2).
 Each kind also subclasses the builtin a caller would catch (``TimeoutError``, ``ConnectionError``,
-``ValueError``), so ``except`` clauses written against those keep working.
+``ValueError``, ``TypeError``), so ``except`` clauses written against those keep working.
 """
 
 from __future__ import annotations
@@ -18,6 +18,13 @@ class ClientError(Exception):
 class RequestError(ClientError, ValueError):
     """A request refused before it was sent (a seed out of range, a value msgpack cannot carry);
     the message names the key."""
+
+
+class ArgumentError(ClientError, ValueError, TypeError):
+    """An argument of a client object refused where it is given (a control rate outside the
+    server's bounds, a step count that is not an int); the message names the argument. It is both
+    builtins, so callers that caught the ValueError of a bad value, or the TypeError a float step
+    count used to raise deep inside, keep working."""
 
 
 class BadReplyError(ClientError, RuntimeError):

@@ -22,11 +22,16 @@ process alive at exit), and a request older than ``request_timeout_s`` stops the
 request timeout. When the robot has to hold its last action because a chunk ran out before the
 next arrived (async, ensemble, rtc: the delay exceeded what the chunk and ``execution_horizon``
 leave), the run logs one warning with the numbers; ``RunStats.held`` counts the ticks.
+
+``control_hz`` takes the policy server's bounds, (0, 1000] (``checks.MAX_CONTROL_HZ``): a rate past
+them would call ``send_action`` as fast as the loop spins, or wait ages for the first tick.
+``run(steps)`` takes an int; bad arguments are one ``ArgumentError`` line naming the argument.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -35,8 +40,9 @@ from typing import Any
 
 import numpy as np
 
+from dit4dit_client.checks import check_control_hz, check_count
 from dit4dit_client.chunking import ChunkExecutor, ChunkRequest
-from dit4dit_client.errors import ServerTimeoutError
+from dit4dit_client.errors import ArgumentError, ServerTimeoutError
 from dit4dit_client.websocket_client import DEFAULT_REQUEST_TIMEOUT_S
 
 Infer = Callable[[dict[str, Any], ChunkRequest], np.ndarray]
@@ -125,12 +131,12 @@ class AsyncChunkRunner:
         """``request_timeout_s``: how long one request may take before ``run`` raises (wall clock);
         default: the infer's own (``websocket_infer``: the client's, plus a second), else
         ``DEFAULT_REQUEST_TIMEOUT_S``."""
-        if not control_hz > 0:
-            raise ValueError(f"control_hz: expected > 0, got {control_hz}")
+        control_hz = check_control_hz(control_hz, "AsyncChunkRunner: control_hz")
         if request_timeout_s is None:
             request_timeout_s = getattr(infer, "request_timeout_s", DEFAULT_REQUEST_TIMEOUT_S)
-        if not request_timeout_s > 0:
-            raise ValueError(f"request_timeout_s: expected > 0, got {request_timeout_s}")
+        t = request_timeout_s
+        if isinstance(t, bool) or not isinstance(t, int | float) or not (math.isfinite(t) and t > 0):
+            raise ArgumentError(f"AsyncChunkRunner: request_timeout_s: expected a finite number of seconds > 0, got {t!r:.40}")
         self.infer, self.executor, self.period = infer, executor, 1.0 / control_hz
         self.control_hz, self.request_timeout_s = control_hz, float(request_timeout_s)
         self.get_observation, self.send_action = get_observation, send_action
@@ -141,6 +147,7 @@ class AsyncChunkRunner:
         bad reply) stops the loop and is raised here; so is a request past ``request_timeout_s``.
         A request still computing after the last tick is waited for (within its timeout), so the
         client is free again when ``run`` returns."""
+        steps = check_count(steps, "AsyncChunkRunner.run: steps", 0)
         stats = RunStats()
         last: np.ndarray | None = None
         pending: _InFlight | None = None

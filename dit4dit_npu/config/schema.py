@@ -357,6 +357,11 @@ class TrainerConfig:
     # behaviour, bit for bit); inference always takes the clean state. (Was
     # framework.action_model.state_noise_std: still read, with a notice, config/migrate.py.)
     state_noise_std: float | list[float] = 0.0
+    # A run in which a trainable module gets no loss (the video transformer with no video loss and
+    # the action loss detached from its features; training 'video' with future_video 0) would log
+    # grad_norm 0 and save that module as it started: it is refused at its start
+    # (config/objective.py). true runs it anyway.
+    allow_untrained_modules: bool = False
 
     @property
     def autocast(self) -> bool:

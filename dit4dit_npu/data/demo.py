@@ -288,6 +288,8 @@ def write_demo_dataset(
         raise DatasetError(f"version must be 'v2.1' or 'v3.0', got {version!r}")
     if not replace and out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise DatasetError(f"refusing to write the demo dataset into non-empty {out}")
+    if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:  # numpy's SeedSequence takes no negative
+        raise DatasetError(f"seed (--seed): expected an int >= 0, got {seed!r}")
     if image_size[0] % 2 or image_size[1] % 2 or min(image_size) < 16:
         raise DatasetError(f"image_size must be even and >= 16, got {image_size}")
     if not 1 <= num_tasks <= len(TASKS):

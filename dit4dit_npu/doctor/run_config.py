@@ -55,11 +55,13 @@ def config_checks(args: argparse.Namespace, overrides: list[str]) -> Iterator[Re
 def check_model(cfg, path: str) -> Result:
     """What ``train --dry-run`` checks: trackers, the model's module tree, learning-rate keys and
     freeze paths (no weights loaded)."""
+    from dit4dit_npu.config.objective import check_every_module_trains
     from dit4dit_npu.train.cli import check_model_build
     from dit4dit_npu.train.metrics import check_trackers
 
     try:
         check_trackers(cfg.trackers)
+        check_every_module_trains(cfg)
         check_model_build(cfg)
     except DiT4DiTError as e:
         return Result(FAIL, "model", str(e))

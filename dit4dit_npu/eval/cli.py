@@ -20,6 +20,7 @@ from pathlib import Path
 from dit4dit_npu.console import add_compile_flag, entry_point, former_names, require
 from dit4dit_npu.eval import feature_probe, video_picture
 from dit4dit_npu.eval.offline import EvalError, evaluate, output_dir
+from dit4dit_npu.sim.tasks import check_seed_range
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -121,6 +122,7 @@ def feature_probe_args(argv: list[str] | None) -> argparse.Namespace:
         )
     if min(a.at) < 0:
         raise feature_probe.ProbeError(f"--at: got {a.at}, expected step counts >= 0")
+    check_seed_range(a.seed, a.episodes)  # before any scene is built
     return a
 
 
@@ -176,6 +178,7 @@ def video_picture_args(argv: list[str] | None) -> argparse.Namespace:
         raise EvalError(f"--steps: expected >= 1, got {a.steps}")
     if a.out.suffix.lower() != ".png":
         raise EvalError(f"--out {a.out}: expected a .png file")
+    check_seed_range(a.seed, 1, count_flag=None)  # its one closed-loop episode, before the policy loads
     return a
 
 

@@ -23,7 +23,16 @@ import numpy as np
 from dit4dit_npu.console import entry_point
 from dit4dit_npu.files import atomic_folder
 from dit4dit_npu.sim.errors import SimError
-from dit4dit_npu.sim.tasks import CAMERAS, FPS, MOTORS, TRAIN_SEED0, get_task, parse_size
+from dit4dit_npu.sim.tasks import (
+    CAMERAS,
+    FPS,
+    MOTORS,
+    SEED_LIMIT,
+    TRAIN_SEED0,
+    check_seed_range,
+    get_task,
+    parse_size,
+)
 
 # A failing seed is skipped; this many failures in a row means the expert is broken, not unlucky.
 MAX_CONSECUTIVE_FAILURES = 10
@@ -77,10 +86,7 @@ def write_demos(
     spec_task = get_task(task)
     if episodes < 1:
         raise SimError(f"--episodes: expected >= 1, got {episodes}")
-    if seed0 < TRAIN_SEED0:
-        raise SimError(
-            f"--seed: demo seeds start at {TRAIN_SEED0} or above (0..{TRAIN_SEED0 - 1} are evaluation seeds)"
-        )
+    check_seed_range(seed0, episodes, low=TRAIN_SEED0)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise SimError(f"--out: {out} exists and is not empty; refusing to overwrite a dataset")
     if task not in EXPERTS:
@@ -102,6 +108,9 @@ def write_demos(
             bar = tqdm(total=episodes, desc=f"{task} demos", unit="ep", disable=not progress)
             seed, streak = seed0, 0
             while len(kept) < episodes:
+                if seed >= SEED_LIMIT:  # failed seeds pushed the range past the simulator's (nothing is written)
+                    raise SimError(f"--seed {seed0}: {len(failed)} failed seed(s) took the demos' seeds to 2**32, "
+                                   "the simulator's limit, before --episodes were kept; start lower")
                 ep, first = record_expert_episode(scene, seed, horizon)
                 if first is None:
                     failed.append(seed)

@@ -36,7 +36,14 @@ from dit4dit_npu.sim.execution import Execution
 from dit4dit_npu.sim.policies import BUILTIN
 from dit4dit_npu.sim.rollout import EvalSetup
 from dit4dit_npu.sim.success_rate import format_rate, wilson_interval
-from dit4dit_npu.sim.tasks import EPISODE_STEPS, GYM_MAX_STEPS, TRAIN_SEED0, get_task, parse_size
+from dit4dit_npu.sim.tasks import (
+    EPISODE_STEPS,
+    GYM_MAX_STEPS,
+    TRAIN_SEED0,
+    check_seed_range,
+    get_task,
+    parse_size,
+)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -116,6 +123,7 @@ def make_setup(a: argparse.Namespace) -> EvalSetup:
     ):
         if value < low:
             raise SimError(f"{name}: expected >= {low}, got {value}")
+    check_seed_range(a.seed, a.episodes)
     if a.replan is not None and a.replan < 1:
         raise SimError(f"--replan: expected >= 1, got {a.replan}")
     if not (math.isfinite(a.connect_timeout) and a.connect_timeout > 0):

@@ -17,6 +17,8 @@ SUCCESS_REWARD = 4  # gym-aloha: terminated = is_success = (reward == 4)
 GYM_MAX_STEPS = 300  # gym-aloha registers both tasks with max_episode_steps=300
 EPISODE_STEPS = 400  # ACT's episode length (the scripted expert succeeds by step ~250)
 TRAIN_SEED0 = 100_000  # demo (training) seeds start here; evaluation seeds are 0, 1, ...: disjoint
+# gym-aloha places the objects with np.random.RandomState(seed), which takes seeds in [0, 2**32)
+SEED_LIMIT = 2**32
 
 # Scene camera -> dataset/policy key: the project's (RoboTwin's) three-camera layout.
 CAMERAS = {
@@ -69,6 +71,21 @@ def object_pose(task: str, seed: int) -> np.ndarray:
     if get_task(task).name == "transfer_cube":
         return sample_box_pose(seed)
     return np.concatenate(sample_insertion_pose(seed))
+
+
+def check_seed_range(first: int, episodes: int, low: int = 0, count_flag: str | None = "--episodes") -> None:
+    """Episodes use scene seeds first .. first + episodes - 1: every one of them in [low, 2**32),
+    said in one line before any episode runs (numpy's traceback at the first bad one, after the
+    good ones ran, otherwise). ``low``: the range's own floor (demos: TRAIN_SEED0); ``count_flag``:
+    the command's flag for ``episodes`` (None: a command of one episode)."""
+    last = first + episodes - 1
+    if first < low or last >= SEED_LIMIT:
+        floor = "0" if low == 0 else f"{low} (demo seeds start at {low}; 0..{low - 1} are evaluation seeds)"
+        given = f"--seed {first}" + (f" with {count_flag} {episodes}" if count_flag else "")
+        raise SimError(
+            f"{given}: the episodes' seeds are {first}..{last}, expected each >= {floor} and < 2**32 = "
+            f"{SEED_LIMIT} (the simulator's seed range)"
+        )
 
 
 def parse_size(text: str) -> tuple[int, int]:

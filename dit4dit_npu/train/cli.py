@@ -4,7 +4,8 @@ An original DiT4DiT YAML and its launch-script flags are accepted as they are (`
 included): the config is migrated on load (``dit4dit_npu/config/migrate.py``) and what changed
 is printed once, as one list. ``--migrate-config OUT.yaml`` writes the equivalent config in this
 project's schema; ``--dry-run`` also builds the model's module tree (no weights) so that
-everything the model build checks fails here, before any data is read.
+everything the model build checks fails here, before any data is read. A run in which a trainable
+module would get no loss is refused before either (``config/objective.py``).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import sys
 from pathlib import Path
 
 from dit4dit_npu.config import Config, dump_yaml, load_config
+from dit4dit_npu.config.objective import check_every_module_trains
 from dit4dit_npu.console import entry_point
 from dit4dit_npu.errors import DiT4DiTError
 from dit4dit_npu.files import atomic_write_text, is_out_of_space
@@ -111,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         write_migrated(cfg, args.migrate_config)
         print(f"wrote {args.migrate_config}", file=sys.stderr)
         return 0
+    check_every_module_trains(cfg)  # a run that would leave a module untrained: refused before any data work
     if args.dry_run:
         from dit4dit_npu.train.init_from import check_init_from
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from dit4dit_npu import device
 from dit4dit_npu.config import Config
+from dit4dit_npu.config.objective import check_every_module_trains
 from dit4dit_npu.sim.training_eval import check_sim_eval
 from dit4dit_npu.train.checkpoint_manager import data_fingerprint
 from dit4dit_npu.train.distributed import (
@@ -54,6 +55,7 @@ def train(cfg: Config) -> Path:
 
 
 def _train(cfg: Config, accelerator) -> Path:
+    check_every_module_trains(cfg)  # a module no loss reaches: refused before the run folder and the data
     check_ema_supported(cfg, accelerator)  # before the run folder is touched
     if cfg.trainer.compile:
         check_compile("trainer.compile")

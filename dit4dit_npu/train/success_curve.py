@@ -29,7 +29,7 @@ from dit4dit_npu.console import entry_point
 from dit4dit_npu.errors import DiT4DiTError
 from dit4dit_npu.files import atomic_write_json
 from dit4dit_npu.sim.success_rate import format_rate, wilson_interval
-from dit4dit_npu.sim.tasks import get_task
+from dit4dit_npu.sim.tasks import check_seed_range, get_task
 from dit4dit_npu.train.metrics import read_metrics
 
 
@@ -104,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
             raise DiT4DiTError(f"--{name.replace('_', '-')}: expected a positive integer, got {getattr(a, name)}")
     if a.smoke:
         a.episodes, a.max_steps, a.out = 1, 16, a.run / "sim_curve" / "smoke.png"
+    check_seed_range(a.seed, a.episodes)  # every checkpoint's episodes, before the first one runs
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     ckpts = sorted((a.run / "checkpoints").glob("step_*/policy"))
     if not ckpts:
