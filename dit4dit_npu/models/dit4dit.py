@@ -11,6 +11,11 @@ training mode and whether the action loss reaches the backbone); ``autocast`` is
 - ``action``: frozen backbone (requires_grad False), features only, no video loss.
 - ``video``: no action head; the video loss only.
 
+Cheaper joint steps (each off by default; docs/training.md): ``one_pass`` (the head reads block
+``extract_layer`` of the video-loss pass, some samples at the inference noise convention),
+``forward(video_loss=False)`` (the trainer's ``video_loss_interval``) and the backbone's
+``video_loss_future_frames``.
+
 ``forward`` returns the two losses; how they are weighted is the trainer's business. Prompt
 embeddings come from a ``PromptCache`` (``set_prompt_cache``): the text encoder is not part of
 this module.
