@@ -16,13 +16,15 @@ command line's overrides apply to every arm):
   one future latent frame (give a longer clip, e.g. ``datasets.vla_data.video_delta_indices=[0, 1,
   2, 3, 4, 5, 6, 7, 8]``).
 
-Arms run interleaved round by round (A, B, C, ..., A, B, C, ...) so a shared machine's load hits
+``--cached``: every arm's batch as a latent cache delivers it (no VAE encode in the step), as the
+sim recipe trains. Arms run interleaved round by round (A, B, C, ..., A, B, C, ...) so a shared machine's load hits
 them alike; medians are shown. The last line is ``speedup: X.XX``: today's joint step over the
 one-pass step.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from dataclasses import dataclass
 
@@ -32,6 +34,7 @@ from _common import bench_spec, count_flops, timed
 from dit4dit_npu import device as dev
 from dit4dit_npu.config import load_config
 from dit4dit_npu.models.prompt_cache import PromptCache
+from dit4dit_npu.models.vae import vae_latents
 from dit4dit_npu.weights import build_dit4dit, build_prompt_encoder
 from dit4dit_npu.weights.testing import make_batch
 
@@ -68,7 +71,16 @@ class Arm:
         return sum(timed(lambda: self.step(i == 0)) for i in range(self.interval)) / self.interval  # noqa: B023
 
 
-def build_arm(name: str, config: str, overrides: list[str], batch_size: int, encoder_cache: dict) -> Arm | None:
+def cached(model, batch):
+    """The batch as a latent cache delivers it (bench/train_step.py's "cached" path): the clip's
+    VAE posterior mean, no frames; the sim recipe trains so."""
+    video = model.video_input(batch.frames.to(model.device))
+    return dataclasses.replace(batch, frames=None, latents=vae_latents(model.backbone.vae, video))
+
+
+def build_arm(
+    name: str, config: str, overrides: list[str], batch_size: int, encoder_cache: dict, from_cache: bool = False
+) -> Arm | None:
     extra, interval = ARMS[name]
     cfg = load_config(config, overrides + extra)
     spec = bench_spec(cfg)
@@ -77,6 +89,8 @@ def build_arm(name: str, config: str, overrides: list[str], batch_size: int, enc
     if name == "future-1" and model.video_latent_frames == model.backbone.latent_frames(spec.num_frames):
         return None  # the clip has one future latent frame: nothing to leave out
     batch = make_batch(spec, batch_size=batch_size)
+    if from_cache:
+        batch = cached(model, batch)
     key = tuple(sorted(batch.instruction))
     if key not in encoder_cache:
         cache = PromptCache()
@@ -92,14 +106,15 @@ def build_arm(name: str, config: str, overrides: list[str], batch_size: int, enc
     return Arm(name, model, batch, opt, interval, cfg.trainer.loss_scale.future_video)
 
 
-def run_options(config: str, overrides: list[str], batch_size: int, steps: int) -> None:
+def run_options(config: str, overrides: list[str], batch_size: int, steps: int, from_cache: bool = False) -> None:
     cfg = load_config(config, overrides)
     if len(cfg.datasets.vla_data.clip_offsets) < 2:
         raise SystemExit("bench/train_step.py --options: the joint arms need future frames: give "
                          "datasets.vla_data.video_delta_indices=[0, 1, 2, 3, 4] (or another multi-frame clip)")
     caches: dict = {}
-    arms = [a for name in ARMS if (a := build_arm(name, config, overrides, batch_size, caches)) is not None]
+    arms = [a for name in ARMS if (a := build_arm(name, config, overrides, batch_size, caches, from_cache)) is not None]
     print(f"device: {dev.describe()}  batch={batch_size}  clip={len(cfg.datasets.vla_data.clip_offsets)} frames  "
+          f"{'from the latent cache' if from_cache else 'uncached (VAE encode in the step)'}  "
           f"backprop_action_to_backbone={cfg.framework.cosmos25.backprop_action_to_backbone}")
     for a in arms:  # warm-up: allocations, optimizer state
         a.round()

@@ -4,7 +4,7 @@
     python bench/train_step.py --config configs/robotwin/dit4dit_robotwin_tiny.yaml --batch-size 8
     python bench/train_step.py --full-size [--peak-tflops 989]   # accelerator: random-init real sizes, bf16
     python bench/train_step.py --smoke   # seconds: the tiny config, batch 2, 1 timed step per path, no projection
-    python bench/train_step.py --options [--smoke]   # the cheaper joint-step options (bench/_joint_options.py)
+    python bench/train_step.py --options [--cached] [--smoke]   # the cheaper joint-step options (bench/_joint_options.py)
 
 "reference" is the original DiT4DiT's step (SPEC 1.7, B1-B5), built by ``bench/reference.py`` from the
 same modules and weights: the text encoder every step; a full-depth feature pass with autograd on
@@ -179,6 +179,7 @@ def main() -> None:
     p.add_argument("--no-projection", action="store_true", help="skip the meta-device full-size FLOP projection")
     p.add_argument("--compile", action="store_true", help="compile ours as trainer.compile does (its warm-up untimed)")
     p.add_argument("--options", action="store_true", help="time the cheaper joint-step options instead (bench/_joint_options.py)")
+    p.add_argument("--cached", action="store_true", help="with --options: every arm from the latent cache (no VAE encode)")
     p.add_argument("--smoke", action="store_true", help="a seconds-long run at tiny sizes (overrides the size options): checks that the bench works; its numbers mean nothing")
     add_original_args(p)
     p.add_argument("overrides", nargs="*", help="config overrides, key=value")
@@ -195,7 +196,7 @@ def main() -> None:
         # the tiny config trains one-frame clips: the smoke gives the joint arms 9 frames (2 future latents)
         clip = ["datasets.vla_data.video_delta_indices=[0, 1, 2, 3, 4, 5, 6, 7, 8]",
                 "datasets.vla_data.action_video_freq_ratio=1"] if args.smoke else []
-        run_options(args.config, clip + args.overrides, args.batch_size, args.steps)
+        run_options(args.config, clip + args.overrides, args.batch_size, args.steps, args.cached)
         return
     cfg, model, encoder, batches, opt, cache, steps = setup(args)
     batch = batches["ours"]
