@@ -4,6 +4,7 @@
     python bench/train_step.py --config configs/robotwin/dit4dit_robotwin_tiny.yaml --batch-size 8
     python bench/train_step.py --full-size [--peak-tflops 989]   # accelerator: random-init real sizes, bf16
     python bench/train_step.py --smoke   # seconds: the tiny config, batch 2, 1 timed step per path, no projection
+    python bench/train_step.py --options [--cached] [--smoke]   # the cheaper joint-step options (bench/_joint_options.py)
 
 "reference" is the original DiT4DiT's step (B1-B5 of ``bench/reference.py``), built by ``bench/reference.py`` from the
 same modules and weights: the text encoder every step; a full-depth feature pass with autograd on
@@ -31,6 +32,11 @@ reference keeps the text encoder loaded, ours frees it once the prompt cache is 
 ``--full-size`` builds the real architecture with random weights (Cosmos-Predict2.5-2B transformer,
 Wan2.1 VAE, a Qwen2.5-VL-7B-sized text model; ``bench/latency.py``'s builder) from the real RoboTwin
 config, backbone in bf16 and the action head in fp32, and also prints MFU against ``--peak-tflops``.
+
+``--options`` instead times the options that make a joint step cheaper (one backbone pass, the
+video loss every k-th step, on fewer future frames, on part of the batch) against a no-video step
+and today's joint step (``bench/_joint_options.py``); its last line is ``speedup: X.XX`` of the
+one-pass step against today's joint step.
 
 The last line is exactly ``speedup: X.XX`` (reference median step time / ours). With
 ``--original-root`` / ``--original-python`` (as ``bench/parity_dit4dit.py``) the original DiT4DiT's own
@@ -172,6 +178,8 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--no-projection", action="store_true", help="skip the meta-device full-size FLOP projection")
     p.add_argument("--compile", action="store_true", help="compile ours as trainer.compile does (its warm-up untimed)")
+    p.add_argument("--options", action="store_true", help="time the cheaper joint-step options instead (bench/_joint_options.py)")
+    p.add_argument("--cached", action="store_true", help="with --options: every arm from the latent cache (no VAE encode)")
     p.add_argument("--smoke", action="store_true", help="a seconds-long run at tiny sizes (overrides the size options): checks that the bench works; its numbers mean nothing")
     add_original_args(p)
     p.add_argument("overrides", nargs="*", help="config overrides, key=value")
@@ -181,6 +189,15 @@ def main() -> None:
         args.no_projection = True  # the full-size FLOP count on the meta device alone takes ~15 s
     if args.config is None:
         args.config = str(REAL_CONFIG if args.full_size else HERE / "medium.yaml")
+    if args.options:
+        from _joint_options import run_options  # same directory
+
+        torch.set_num_threads(args.threads)
+        # the tiny config trains one-frame clips: the smoke gives the joint arms 9 frames (2 future latents)
+        clip = ["datasets.vla_data.video_delta_indices=[0, 1, 2, 3, 4, 5, 6, 7, 8]",
+                "datasets.vla_data.action_video_freq_ratio=1"] if args.smoke else []
+        run_options(args.config, clip + args.overrides, args.batch_size, args.steps, args.cached)
+        return
     cfg, model, encoder, batches, opt, cache, steps = setup(args)
     batch = batches["ours"]
     lam = cfg.trainer.loss_scale.future_video

@@ -41,6 +41,16 @@ def test_bench_smoke_ends_with_its_speedup(bench: str) -> None:
     assert_headline(run([sys.executable, f"bench/{bench}", "--smoke"])[-1])
 
 
+def test_train_step_options_smoke_times_every_arm_against_no_video_and_joint() -> None:
+    """bench/train_step.py --options: the cheaper joint-step options, each a row against a no-video
+    step and today's joint step, the reference named on the line before last."""
+    lines = run([sys.executable, "bench/train_step.py", "--options", "--smoke"])
+    assert_headline(lines[-1])
+    assert lines[-2].startswith("reference: today's joint step"), lines[-2]
+    arms = {line.split()[0] for line in lines}
+    assert {"no-video", "joint", "one-pass", "one-pass+level", "every-2", "every-4", "fraction-0.5", "future-1"} <= arms
+
+
 def test_compile_smoke_compares_eager_and_compiled_and_reports_the_warm_up() -> None:
     """bench/compile.py (trainer.compile / --compile): the same results from both copies, both timed
     rows, the warm-up apart, and the reference named on the line before last."""

@@ -514,6 +514,26 @@ def test_export_refuses_non_finite_statistics_in_one_line(imported, tmp_path, ca
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize("one_pass, extra, message", [
+    ({"enabled": True, "condition_head_on_noise_level": True}, {}, "conditioned on its features' noise level"),
+    ({"enabled": True}, {"video_loss_future_frames": 1}, "1 + video_loss_future_frames latent frames"),
+])
+def test_export_refuses_a_head_dit4dit_cannot_feed(imported, tmp_path, capfd, one_pass, extra, message):
+    """A one-pass head told its features' noise level, or trained on fewer latent frames than the
+    clip's, would be fed other features by DiT4DiT's inference: refused, not exported."""
+    policy = tmp_path / "policy"
+    shutil.copytree(imported, policy)
+    raw = json.loads((policy / "policy.json").read_text())
+    raw["model"]["framework"]["cosmos25"].update({"one_pass": one_pass, **extra})
+    (policy / "policy.json").write_text(json.dumps(raw))
+    reseal(policy)
+    r = convert_cli(capfd, "to-dit4dit", str(policy), "--out", str(tmp_path / "run"))
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    [line] = r.stderr.strip().splitlines()
+    assert line.startswith(f"error: {policy}: ") and message in line, line
+    assert not (tmp_path / "run").exists()
+
+
 def test_export_out_path_problems_are_one_line(imported, tmp_path, capfd):
     a_file = tmp_path / "a_file"
     a_file.write_text("mine")

@@ -153,6 +153,39 @@ class LoraAdapterConfig:
 
 
 @dataclass
+class OnePassConfig:
+    """One backbone pass per joint training step instead of two: the action head reads block
+    ``extract_layer`` of the video flow-matching pass itself (its forward + backward is most of a
+    joint step), not a separate feature pass (docs/training.md, "Cheaper joint steps"). It changes
+    what the head trains on: off unless chosen."""
+
+    enabled: bool = False
+    # Share of each batch's samples (drawn per sample) whose pass runs at the inference noise
+    # convention: the future latents are the feature pass's own noise at the feature sigma, the
+    # very features predict_action computes. The rest run at the video loss's own t, features the
+    # head never sees at inference unless it is told their noise level (below).
+    inference_noise_share: float = 0.5
+    # Condition the action head on the noise level of its features (a timestep embedding added to
+    # the head's own, zero at initialization); inference gives it the feature sigma.
+    condition_head_on_noise_level: bool = False
+
+    def check(self, key: str) -> None:
+        s = self.inference_noise_share
+        require(math.isfinite(s) and 0 <= s <= 1, f"{key}.inference_noise_share", s, "in [0, 1]")
+        if not self.enabled:
+            default = OnePassConfig()
+            for name in ("inference_noise_share", "condition_head_on_noise_level"):
+                require(getattr(self, name) == getattr(default, name), f"{key}.{name}", getattr(self, name),
+                        f"{getattr(default, name)} (the default) unless {key}.enabled is true: it has no effect otherwise")
+            return
+        # At share 0 no training sample is at the convention: an unconditioned head would learn on
+        # features of random noise levels and be given another kind at inference.
+        require(s > 0 or self.condition_head_on_noise_level, f"{key}.inference_noise_share", s,
+                "> 0 unless condition_head_on_noise_level is true (at 0 the head never trains on the features "
+                "inference gives it and cannot tell their noise level)")
+
+
+@dataclass
 class Cosmos25Config:
     """The video backbone (``CosmosBackbone``), where its weights come from, and what trains."""
 
@@ -190,6 +223,12 @@ class Cosmos25Config:
     # (docs/performance.md), so 0.5 takes about a third off it, for a noisier estimate of the same
     # loss. It changes the maths (fewer video samples per step): off unless chosen.
     video_loss_batch_fraction: float = 1.0
+    # Future latent frames the video loss predicts (each 4 pixel frames of the causal VAE): the
+    # first k after the observation; null = all the clip has. Fewer frames = fewer tokens in the
+    # video pass and a shorter VAE encode; the action head's feature pass keeps the whole clip
+    # unless one_pass is on (then it is this pass, and inference runs on 1 + k latent frames too).
+    video_loss_future_frames: int | None = None
+    one_pass: OnePassConfig = field(default_factory=OnePassConfig)
     lora: LoraAdapterConfig = field(default_factory=LoraAdapterConfig)
 
     @property
@@ -205,6 +244,14 @@ class Cosmos25Config:
         f = self.video_loss_batch_fraction
         require(math.isfinite(f) and 0 < f <= 1, f"{key}.video_loss_batch_fraction", f,
                 "in (0, 1] (1.0 = the video loss on every sample)")
+        k = self.video_loss_future_frames
+        require(k is None or k >= 1, f"{key}.video_loss_future_frames", k, ">= 1, or null (= all the clip's)")
+        self.one_pass.check(f"{key}.one_pass")
+        if self.one_pass.enabled:
+            require(self.training == "joint", f"{key}.training", self.training,
+                    "'joint' with one_pass.enabled (one pass serves the video loss and the action head)")
+            require(f == 1.0, f"{key}.video_loss_batch_fraction", f,
+                    "1.0 with one_pass.enabled (the one pass runs every sample: the action head reads them all)")
         if self.is_tiny:  # the tiny sizes mean nothing with a real folder
             self.tiny.check(f"{key}.tiny")
         self.lora.check(f"{key}.lora")

@@ -216,6 +216,18 @@ def validate(cfg: Config) -> None:
         "future frames after 0 with framework.cosmos25.training='video' (e.g. [0, 4, 8, 12, 16]; every "
         "action_video_freq_ratio-th is kept)",
     )
+    # Options of the joint step that need its video loss, hence a future frame.
+    require(
+        cfg.trainer.video_loss_interval == 1 or c.training == "joint", "trainer.video_loss_interval",
+        cfg.trainer.video_loss_interval, "1 unless framework.cosmos25.training is 'joint' (the steps it skips "
+        "would train nothing in 'video' mode; 'action' mode has no video loss)",
+    )
+    if c.one_pass.enabled or cfg.trainer.video_loss_interval > 1:
+        require(
+            len(d.clip_offsets) > 1, "datasets.vla_data.video_delta_indices", d.video_delta_indices,
+            "future frames after 0 with framework.cosmos25.one_pass.enabled or trainer.video_loss_interval > 1 "
+            "(both are options of the video loss, which needs a frame to predict)",
+        )
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:

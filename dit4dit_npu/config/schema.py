@@ -23,6 +23,7 @@ from dit4dit_npu.config.framework import (
     FlowMatchingConfig,
     FrameworkConfig,
     LoraAdapterConfig,
+    OnePassConfig,
     TinyCosmosConfig,
 )
 from dit4dit_npu.errors import ConfigError, require
@@ -39,6 +40,7 @@ __all__ = [
     "FrameworkConfig",
     "LoraAdapterConfig",
     "LossScaleConfig",
+    "OnePassConfig",
     "OptimizerConfig",
     "SchedulerKwargs",
     "SimEvalConfig",
@@ -335,6 +337,12 @@ class TrainerConfig:
     # Path of an accelerate/DeepSpeed json (relative to the repo or absolute); null = no DeepSpeed.
     deepspeed_config: str | None = "configs/deepspeed/zero2.json"
     loss_scale: LossScaleConfig = field(default_factory=LossScaleConfig)
+    # Joint training: the video loss on every k-th optimizer step only (steps 0, k, 2k, ...); the
+    # others are no-video steps (the action loss, from the feature pass of the observation alone),
+    # which cost about what a one-frame-clip step costs. 1 = every step. The weight stays
+    # loss_scale.future_video on the steps that have it (on average future_video / k per step), and
+    # metrics.jsonl's video_loss averages the no-video steps' 0 in.
+    video_loss_interval: int = 1
     # null = fresh run; "auto" = latest checkpoint of this run; or a checkpoint folder.
     resume: str | None = None
     # A policy folder (or a checkpoint or run folder holding one) whose weights a fresh run starts
@@ -375,7 +383,7 @@ class TrainerConfig:
             require(math.isfinite(lr) and lr > 0, f"{key}.learning_rate.{name}", lr, "a number > 0")
         self.scheduler_specific_kwargs.check(f"{key}.scheduler_specific_kwargs")
         for name in ("max_train_steps", "save_interval", "eval_interval", "logging_frequency",
-                     "gradient_accumulation_steps", "keep_last_checkpoints"):
+                     "gradient_accumulation_steps", "keep_last_checkpoints", "video_loss_interval"):
             if (v := getattr(self, name)) < 1:
                 hint = " (turn evaluation off with trainer.eval_samples=0)" if name == "eval_interval" else ""
                 raise ConfigError(f"{key}.{name}: got {v}, expected >= 1{hint}")

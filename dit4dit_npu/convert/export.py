@@ -71,6 +71,13 @@ def export_dit4dit(
         raise ConversionError(f"{path}: a LoRA policy; DiT4DiT's checkpoint holds whole weights (merge it first)")
     if f.cosmos25.training == "video":
         raise ConversionError(f"{path}: a video-only policy has no action head; DiT4DiT's model needs one")
+    one_pass = f.cosmos25.one_pass
+    if one_pass.enabled and one_pass.condition_head_on_noise_level:
+        raise ConversionError(f"{path}: its action head is conditioned on its features' noise level "
+                              "(framework.cosmos25.one_pass); DiT4DiT's head has no such input")
+    if one_pass.enabled and f.cosmos25.video_loss_future_frames is not None:
+        raise ConversionError(f"{path}: its head reads features of 1 + video_loss_future_frames latent frames "
+                              "(framework.cosmos25.one_pass); DiT4DiT's feature pass reads the whole clip's")
     cfg = inference_config(manifest.model)
     base = base_model_folder(cfg)
     kind = head_type(f.action_model, action_model_type, path, notices)

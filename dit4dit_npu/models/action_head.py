@@ -23,6 +23,7 @@ import math
 
 import torch
 import torch.nn.functional as F
+from diffusers.models.embeddings import TimestepEmbedding
 from torch import nn
 
 from dit4dit_npu import device as dev
@@ -101,6 +102,13 @@ class FlowMatchingActionHead(nn.Module):
             interleave_self_attention=body.interleave_self_attention,
         )
         self.action_decoder = mlp(body.output_dim, cfg.hidden_size, action_width)
+        # Built last, so every other weight draws the same init as in a head without it; zero output
+        # at initialization (as adaLN-zero), so the conditioned head starts as the plain one.
+        self.noise_level_embedder = None
+        if cfg.condition_on_noise_level:
+            self.noise_level_embedder = TimestepEmbedding(256, cfg.dim)
+            nn.init.zeros_(self.noise_level_embedder.linear_2.weight)
+            nn.init.zeros_(self.noise_level_embedder.linear_2.bias)
 
     @property
     def chunk_length(self) -> int:
@@ -137,14 +145,16 @@ class FlowMatchingActionHead(nn.Module):
         state_tok: torch.Tensor | None,
         kv: list[KV],
         repeats: int,
+        level: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        """``level``: the noise-level embedding of each row (``noise_level_embedding``), or None."""
         tokens = self.action_encoder(x_t.to(self.dtype), t_int)
         if self.position_embedding is not None:
             # called as a module (not .weight[:n]) so ZeRO-3 gathers the partitioned table
             tokens = tokens + self.position_embedding(torch.arange(tokens.shape[1], device=tokens.device))
         if state_tok is not None:
             tokens = torch.cat([state_tok, tokens], dim=1)
-        out = self.model(tokens, t_int, kv, repeats)
+        out = self.model(tokens, t_int, kv, repeats, level)
         return self.action_decoder(out[:, -x_t.shape[1] :]).float()
 
     def sample_time(self, n: int, device: torch.device) -> torch.Tensor:
@@ -154,6 +164,17 @@ class FlowMatchingActionHead(nn.Module):
         else:
             u = torch.distributions.Beta(a, b).sample((n,)).to(device)
         return u / self.cfg.noise_s
+
+    def noise_level_embedding(self, sigma: torch.Tensor | None, rows_per_sample: int) -> torch.Tensor | None:
+        """The embedding of each sample's feature noise level sigma (B,) in [0, 1], on the same
+        sinusoid scale as the action time (sigma * num_timestep_buckets), one row per noisy sample;
+        None for a head not conditioned on it."""
+        if self.noise_level_embedder is None:
+            return None
+        if sigma is None:
+            raise ValueError("this action head is conditioned on its features' noise level: pass feature_sigma")
+        proj = self.model.timestep_proj(sigma.float() * self.cfg.num_timestep_buckets)
+        return self.noise_level_embedder(proj.to(self.dtype)).repeat_interleave(rows_per_sample, dim=0)
 
     def context_kv(self, features: torch.Tensor) -> list[KV]:
         """Cross-attention K/V of (B, S, cross_dim) features, in the head's dtype."""
@@ -170,14 +191,17 @@ class FlowMatchingActionHead(nn.Module):
         action_mask: torch.Tensor | None = None,
         noise: torch.Tensor | None = None,
         t: torch.Tensor | None = None,
+        feature_sigma: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Masked flow-matching MSE averaged over R noise draws per sample (float32 scalar).
 
         features (B, S, cross_dim); state (B, state_width) or None; actions and the bool mask
         (B, chunk_length, action_width), as the batch brings them (PolicyIO padded them).
-        Explicit draws (noise.py): ``noise`` (B, R, chunk_length, action_width), ``t`` (B, R)."""
+        Explicit draws (noise.py): ``noise`` (B, R, chunk_length, action_width), ``t`` (B, R).
+        ``feature_sigma`` (B,): the noise level the features were computed at (read only by a
+        head conditioned on it)."""
         kv = self.context_kv(features)
-        return self.loss_with_context(kv, self.repeats, state, actions, action_mask, noise, t)
+        return self.loss_with_context(kv, self.repeats, state, actions, action_mask, noise, t, feature_sigma)
 
     def loss_with_context(
         self,
@@ -188,6 +212,7 @@ class FlowMatchingActionHead(nn.Module):
         action_mask: torch.Tensor | None = None,
         noise: torch.Tensor | None = None,
         t: torch.Tensor | None = None,
+        feature_sigma: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """``loss`` from precomputed K/V: ``kv`` rows serve ``kv_repeats`` consecutive noisy
         samples each (R for per-sample K/V; 1 for K/V of R materialised feature copies, what the
@@ -204,7 +229,8 @@ class FlowMatchingActionHead(nn.Module):
             tv = t.view(-1, 1, 1)
             x_t = (1 - tv) * a + tv * noise
             t_int = (t * self.cfg.num_timestep_buckets).floor().long()
-            err = (self._velocity(x_t, t_int, state_tok, kv, kv_repeats) - (noise - a)) ** 2
+            level = self.noise_level_embedding(feature_sigma, r)
+            err = (self._velocity(x_t, t_int, state_tok, kv, kv_repeats, level) - (noise - a)) ** 2
             if action_mask is None:
                 return err.mean()
             m = action_mask.float().repeat_interleave(r, dim=0)
@@ -220,6 +246,7 @@ class FlowMatchingActionHead(nn.Module):
         generator: torch.Generator | None = None,
         noise: torch.Tensor | None = None,
         guidance: PrefixGuidance | None = None,
+        feature_sigma: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Euler from t = 1 to 0 -> normalised chunk (B, chunk_length, action_width), float32.
 
@@ -229,7 +256,7 @@ class FlowMatchingActionHead(nn.Module):
         independent global-RNG noise per row. ``noise`` (B, H_a, A): the start x_1, given.
         ``guidance``: real-time chunking (``rtc.py``): each step's velocity is steered toward the
         previous chunk's prefix; without it (or with all-zero weights) the steps are exactly the
-        plain ones."""
+        plain ones. ``feature_sigma`` (B,): as in ``loss``."""
         b, n, chunk = features.shape[0], self.cfg.num_inference_timesteps, (self.chunk_length, self.action_width)
         x = checked(noise, "action", (b, *chunk), features.device)
         if guidance is not None:
@@ -237,6 +264,7 @@ class FlowMatchingActionHead(nn.Module):
         kv = self.context_kv(features)  # once for all Euler steps
         with torch.autocast(dev.device_type(), enabled=False):
             state_tok = self._state_token(state)
+            level = self.noise_level_embedding(feature_sigma, 1)
             if x is None and generator is not None:
                 x = torch.randn(1, *chunk, generator=generator)
                 x = x.to(features.device).expand(b, -1, -1)
@@ -247,9 +275,11 @@ class FlowMatchingActionHead(nn.Module):
                     (b,), int(self.cfg.num_timestep_buckets * (1.0 - i / n)), device=x.device, dtype=torch.long
                 )
                 if guidance is None:
-                    v = self._velocity(x, t_int, state_tok, kv, 1)
+                    v = self._velocity(x, t_int, state_tok, kv, 1, level)
                 else:  # autograd through the head alone, for the guidance's vector-Jacobian product
-                    step = functools.partial(self._velocity, t_int=t_int, state_tok=state_tok, kv=kv, repeats=1)
+                    step = functools.partial(
+                        self._velocity, t_int=t_int, state_tok=state_tok, kv=kv, repeats=1, level=level
+                    )
                     v = guided_velocity(step, x, 1.0 - i / n, guidance)
                 x = x - v / n
         return x

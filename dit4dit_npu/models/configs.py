@@ -46,6 +46,7 @@ class BackboneConfig:
     condition_latent: Literal["mean", "sample"]
     round_timesteps: bool
     video_loss_batch_fraction: float  # in (0, 1]: the video loss runs on the first ceil(f * B) samples
+    video_loss_future_frames: int | None  # future latent frames the video loss predicts; None = all
 
 
 @dataclass
@@ -77,6 +78,8 @@ class HeadConfig:
     # Training only: std of the Gaussian noise on the encoded state (one number, or one per dim;
     # 0 = off); inference always takes the clean state.
     state_noise_std: float | list[float]
+    # The head is also conditioned on the noise level of its features (framework.cosmos25.one_pass).
+    condition_on_noise_level: bool
     diffusion_model_cfg: DiTBodyConfig
 
 
@@ -84,6 +87,8 @@ class HeadConfig:
 class DiT4DiTConfig:
     training: Literal["joint", "action", "video"]
     backprop_action_to_backbone: bool
+    one_pass: bool  # framework.cosmos25.one_pass.enabled
+    inference_noise_share: float  # framework.cosmos25.one_pass.inference_noise_share
 
 
 @dataclass

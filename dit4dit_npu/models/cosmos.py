@@ -24,6 +24,7 @@ from torch import nn
 from dit4dit_npu import device as dev
 from dit4dit_npu.errors import ConfigError
 from dit4dit_npu.models.configs import BackboneConfig, VideoTimeConfig
+from dit4dit_npu.models.cosmos_blocks import run_blocks, run_split
 from dit4dit_npu.models.noise import NoiseError, checked
 from dit4dit_npu.models.vae import (
     causal_length,
@@ -50,57 +51,6 @@ def first_step_sigma(scheduler: Any) -> float:
     Read from the scheduler, never hard-coded, so a different scheduler_config.json is honoured.
     """
     return float(fresh_schedule(scheduler, 1).sigmas[0])
-
-
-def run_blocks(
-    transformer: nn.Module,
-    hidden_states: torch.Tensor,
-    timestep: torch.Tensor,
-    encoder_hidden_states: torch.Tensor,
-    condition_mask: torch.Tensor,
-    padding_mask: torch.Tensor,
-    last_block: int,
-) -> torch.Tensor:
-    """``CosmosTransformer3DModel.forward`` (the same in diffusers 0.37 to 0.42) steps 1-5 and 7,
-    stopped after block ``last_block``: returns that block's output (B, T*H/2*W/2, hidden), i.e.
-    exactly what a forward hook on ``transformer_blocks[last_block]`` sees, without running the
-    later blocks or the output head. Uses the model's own submodules; tests compare against a
-    hooked full pass, which guards this against drift in diffusers."""
-    from torchvision import transforms  # what transformer_cosmos uses for the padding mask
-
-    tr, cfg = transformer, transformer.config
-    batch_size, _, num_frames, height, width = hidden_states.shape
-    hidden_states = torch.cat([hidden_states, condition_mask], dim=1)
-    if cfg.concat_padding_mask:
-        pm = transforms.functional.resize(
-            padding_mask, [height, width], interpolation=transforms.InterpolationMode.NEAREST
-        )
-        hidden_states = torch.cat(
-            [hidden_states, pm.unsqueeze(2).repeat(batch_size, 1, num_frames, 1, 1)], dim=1
-        )
-    image_rotary_emb = tr.rope(hidden_states, fps=None)
-    extra_pos_emb = tr.learnable_pos_embed(hidden_states) if cfg.extra_pos_embed_type else None
-    p_t, p_h, p_w = cfg.patch_size
-    hidden_states = tr.patch_embed(hidden_states).flatten(1, 3)
-    if timestep.shape != (batch_size, 1, num_frames, 1, 1):
-        raise ValueError(f"timestep: expected (B, 1, T, 1, 1), got {tuple(timestep.shape)}")
-    temb, embedded_timestep = tr.time_embed(hidden_states, timestep.flatten())
-    temb, embedded_timestep = (
-        x.view(batch_size, num_frames // p_t, 1, 1, -1)
-        .expand(-1, -1, height // p_h, width // p_w, -1)
-        .flatten(1, 3)
-        for x in (temb, embedded_timestep)
-    )
-    text_context = (
-        tr.crossattn_proj(encoder_hidden_states) if cfg.use_crossattn_projection else encoder_hidden_states
-    )
-    args = (text_context, embedded_timestep, temb, image_rotary_emb, extra_pos_emb, None, None)
-    for block in tr.transformer_blocks[: last_block + 1]:
-        if torch.is_grad_enabled() and tr.gradient_checkpointing:
-            hidden_states = tr._gradient_checkpointing_func(block, hidden_states, *args)
-        else:
-            hidden_states = block(hidden_states, *args)
-    return hidden_states
 
 
 class CosmosBackbone(nn.Module):
@@ -362,6 +312,47 @@ class CosmosBackbone(nn.Module):
         with dev.attention_context(self.cfg.attention_backend):
             v = self.transformer(**self.transformer_inputs(cond, x_t, t, prompt_embeds), return_dict=False)[0]
         return torch.mean((v[:, :, 1:].float() - (z - x0)[:, :, 1:]) ** 2)
+
+
+    def video_loss_and_features(
+        self,
+        latents: torch.Tensor,
+        prompt_embeds: torch.Tensor,
+        cond: torch.Tensor,
+        at_inference_noise: torch.Tensor,
+        t: torch.Tensor | None = None,
+        z: torch.Tensor | None = None,
+        feature_noise: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The one-pass joint step: one transformer pass gives the video flow-matching loss and
+        block ``extract_layer``'s output for the action head -> (loss, features (B, S, hidden),
+        the noise level sigma (B,) each sample's features were computed at).
+
+        Samples where ``at_inference_noise`` (B,) bool holds run at the feature pass's convention,
+        what ``predict_action`` computes: future latents = the feature-pass noise itself (seeded as
+        ``features`` seeds it; ``feature_noise`` (B, 16, T_lat, h, w) given explicitly) at
+        ``feature_sigma``; their video target is that noise minus the clean latents, the pipeline's
+        first denoising step (it too starts from pure noise at sigma ~0.995, not from a 0.5%
+        mixture). The other samples are ordinary flow-matching samples at the video loss's own t.
+        The graph reaches the features: the caller detaches them unless the action loss is to
+        train the backbone."""
+        b, c, n, h, w = latents.shape
+        t = checked(t, "video_time", (b,), latents.device)
+        z = checked(z, "video", (b, c, n - 1, h, w), latents.device)
+        f = checked(feature_noise, "feature", (b, c, n, h, w), latents.device)
+        x0 = latents.float()
+        t = sample_video_time(self.cfg.flow_matching, b, x0.device) if t is None else t
+        z = torch.randn_like(x0) if z is None else torch.cat([torch.zeros_like(x0[:, :, :1]), z], dim=2)
+        f = self.feature_noise(cond, n, self.feature_seed()) if f is None else f
+        m = at_inference_noise.view(b, 1, 1, 1, 1)
+        z = torch.where(m, f.float(), z)
+        tv = t.view(-1, 1, 1, 1, 1)
+        x_t = torch.where(m, z, (1 - tv) * x0 + tv * z)
+        sigma = torch.where(at_inference_noise, torch.full_like(t, self.feature_sigma), t)
+        with dev.attention_context(self.cfg.attention_backend):
+            inputs = self.transformer_inputs(cond, x_t, sigma, prompt_embeds)
+            feats, v = run_split(self.transformer, **inputs, split_block=self.cfg.extract_layer)
+        return torch.mean((v[:, :, 1:].float() - (z - x0)[:, :, 1:]) ** 2), feats, sigma
 
 
 def sample_video_time(cfg: VideoTimeConfig, n: int, device: torch.device) -> torch.Tensor:

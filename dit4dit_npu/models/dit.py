@@ -125,10 +125,19 @@ class CrossAttentionDiT(nn.Module):
         return [blk.attn1.context_kv(features) for blk in self.blocks if blk.is_cross]
 
     def forward(
-        self, x: torch.Tensor, timestep: torch.Tensor, kv: list[KV], repeats: int = 1
+        self,
+        x: torch.Tensor,
+        timestep: torch.Tensor,
+        kv: list[KV],
+        repeats: int = 1,
+        extra_temb: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """x (B*R, N, dim), integer timestep (B*R,), kv from ``context_kv`` -> (B*R, N, output_dim)."""
+        """x (B*R, N, dim), integer timestep (B*R,), kv from ``context_kv`` -> (B*R, N, output_dim).
+        ``extra_temb`` (B*R, dim): another condition's embedding, added to the timestep's (it then
+        modulates every block as the timestep does)."""
         temb = self.timestep_embedder(self.timestep_proj(timestep).to(x.dtype))
+        if extra_temb is not None:
+            temb = temb + extra_temb
         cross = iter(kv)
         for blk in self.blocks:
             x = blk(x, temb, next(cross) if blk.is_cross else None, repeats)

@@ -11,6 +11,11 @@ training mode and whether the action loss reaches the backbone); ``autocast`` is
 - ``action``: frozen backbone (requires_grad False), features only, no video loss.
 - ``video``: no action head; the video loss only.
 
+Cheaper joint steps (each off by default; docs/training.md): ``one_pass`` (the head reads block
+``extract_layer`` of the video-loss pass, some samples at the inference noise convention),
+``forward(video_loss=False)`` (the trainer's ``video_loss_interval``) and the backbone's
+``video_loss_future_frames``.
+
 ``forward`` returns the two losses; how they are weighted is the trainer's business. Prompt
 embeddings come from a ``PromptCache`` (``set_prompt_cache``): the text encoder is not part of
 this module.
@@ -32,7 +37,7 @@ from dit4dit_npu.models.configs import DiT4DiTConfig
 from dit4dit_npu.models.cosmos import CosmosBackbone
 from dit4dit_npu.models.imagine import imagine
 from dit4dit_npu.models.lora import has_lora
-from dit4dit_npu.models.noise import InferenceNoise, TrainingNoise, noise_from
+from dit4dit_npu.models.noise import InferenceNoise, TrainingNoise, checked, noise_from
 from dit4dit_npu.models.pixels import to_uint8, to_vae_range
 from dit4dit_npu.models.prompt_cache import PromptCache, PromptCacheError
 from dit4dit_npu.models.rtc import PrefixGuidance
@@ -84,6 +89,12 @@ class DiT4DiT(nn.Module):
                 backbone.temporal_factor,
                 n,
             )
+        k = backbone.cfg.video_loss_future_frames
+        if k is not None and k >= (have := backbone.latent_frames(spec.num_frames)):
+            raise ConfigError(
+                f"framework.cosmos25.video_loss_future_frames: {k}, but clips of {spec.num_frames} frames have "
+                f"{have - 1} future latent frame(s) (set fewer, or null for all)"
+            )
         self.prompt_cache: PromptCache | None = None
         if mode == "action":
             backbone.transformer.requires_grad_(False)
@@ -95,8 +106,16 @@ class DiT4DiT(nn.Module):
 
     @property
     def feature_latent_frames(self) -> int:
-        """Latent frames of the feature pass: the training clip's, so inference sees the same S."""
-        return self.backbone.latent_frames(self.spec.num_frames)
+        """Latent frames of the feature pass: those of the pass the head trains on, so inference sees
+        the same S: the training clip's, or with one_pass the video loss's."""
+        return self.video_latent_frames if self.cfg.one_pass else self.backbone.latent_frames(self.spec.num_frames)
+
+    @property
+    def video_latent_frames(self) -> int:
+        """Latent frames the video loss reads: the observation + ``video_loss_future_frames``
+        (default all the clip's)."""
+        have, k = self.backbone.latent_frames(self.spec.num_frames), self.backbone.cfg.video_loss_future_frames
+        return have if k is None else min(have, 1 + k)
 
     @property
     def device(self) -> torch.device:
@@ -136,23 +155,28 @@ class DiT4DiT(nn.Module):
             )
 
     def clip_latents(
-        self, batch: Batch, condition_noise: torch.Tensor | None = None
+        self, batch: Batch, condition_noise: torch.Tensor | None = None, video: bool = True
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """-> (normalised clip latents (B, 16, T_lat, h, w), conditioning latent (B, 16, 1, h, w)):
         from the batch's precomputed VAE latents (a latent cache) or one batched VAE encode of its
-        frames; the rest of the step is the same either way. "action" mode needs only latent frame 0
-        (the conditioning latent; the VAE is causal)."""
-        only_cond = self.training_mode == "action"
+        frames; the rest of the step is the same either way. Only the latent frames the step reads
+        are encoded (the VAE is causal: latent j depends on pixel frames up to 4j alone): latent 0
+        without a video loss ("action" mode, ``video=False``), 1 + ``video_loss_future_frames``
+        with that option, else the whole clip."""
+        need = 1 if (self.training_mode == "action" or not video) else self.video_latent_frames
+        whole = need == self.backbone.latent_frames(self.spec.num_frames)
         if batch.latents is not None:
             if self.backbone.cfg.condition_latent == "sample":
                 raise BatchError(
                     "batch.latents: a latent cache stores posterior means, but this model conditions on a "
                     "posterior sample (condition_latent='sample'); train from video frames instead"
                 )
-            latents = self.backbone.normalize(batch.latents[:, :, :1] if only_cond else batch.latents)
+            latents = self.backbone.normalize(batch.latents[:, :, :need])
             return latents, latents[:, :, :1]
-        video = self.video_input(batch.frames)
-        return self.backbone.encode_clip(video[:, :, :1] if only_cond else video, condition_noise)
+        clip = self.video_input(batch.frames)
+        if not whole:  # the pixel frames of the first `need` latents (no padding needed: 1 + 4k)
+            clip = clip[:, :, : 1 + self.backbone.temporal_factor * (need - 1)]
+        return self.backbone.encode_clip(clip, condition_noise)
 
     def _observation(
         self, batch: Batch, condition_noise: torch.Tensor | None = None, seed: int | None = None
@@ -167,25 +191,56 @@ class DiT4DiT(nn.Module):
 
     # ------------------------------------------------------------------ training
 
-    def forward(self, batch: Batch, noise: TrainingNoise | dict | None = None) -> dict[str, torch.Tensor]:
+    def forward(
+        self, batch: Batch, noise: TrainingNoise | dict | None = None, video_loss: bool = True
+    ) -> dict[str, torch.Tensor]:
         """-> {"action_loss", "video_loss"}, float32 scalars (a loss the mode lacks is 0).
-        ``noise``: explicit draws for an exact replay (``noise.py``); unset fields are drawn."""
+        ``noise``: explicit draws for an exact replay (``noise.py``); unset fields are drawn.
+        ``video_loss=False``: a joint step without its video loss (``trainer.video_loss_interval``):
+        the feature pass of the observation and the action loss only, as at inference."""
+        if not video_loss and self.training_mode != "joint":
+            raise ValueError(f"video_loss=False: only a joint model skips its video loss, not {self.training_mode!r}")
         n = noise_from(noise, TrainingNoise) or TrainingNoise()
         batch = self._checked(batch, training=True)
         prompts = self.prompt_embeddings(batch.instruction)
+        video = self.training_mode != "action" and video_loss
         # one batched encode (or the cached latents) gives conditioning + targets
-        latents, cond = self.clip_latents(batch, n.condition)
-        action_loss = video_loss = latents.new_zeros(())
+        latents, cond = self.clip_latents(batch, n.condition, video)
+        action_loss = vloss = latents.new_zeros(())
+        grad = self.cfg.backprop_action_to_backbone and self.training_mode == "joint" and torch.is_grad_enabled()
         with dev.autocast(enabled=self.autocast):
+            if self.cfg.one_pass and video:
+                vloss, feats, sigma = self._one_pass(latents, prompts, cond, n)
+                action_loss = self.action_model.loss(
+                    feats if grad else feats.detach(), batch.state, batch.action, batch.action_mask,
+                    n.action, n.action_time, sigma,
+                )
+                return {"action_loss": action_loss, "video_loss": vloss}
             if self.action_model is not None:
-                grad = self.cfg.backprop_action_to_backbone and self.training_mode == "joint" and torch.is_grad_enabled()
                 feats = self.backbone.features(cond, prompts, self.feature_latent_frames, grad=grad, noise=n.feature)
                 action_loss = self.action_model.loss(
-                    feats, batch.state, batch.action, batch.action_mask, n.action, n.action_time
+                    feats, batch.state, batch.action, batch.action_mask, n.action, n.action_time,
+                    self._feature_sigma(feats.shape[0]),
                 )
-            if self.training_mode != "action":
-                video_loss = self.backbone.video_flow_matching_loss(latents, prompts, cond, n.video_time, n.video)
-        return {"action_loss": action_loss, "video_loss": video_loss}
+            if video:
+                vloss = self.backbone.video_flow_matching_loss(latents, prompts, cond, n.video_time, n.video)
+        return {"action_loss": action_loss, "video_loss": vloss}
+
+    def _one_pass(
+        self, latents: torch.Tensor, prompts: torch.Tensor, cond: torch.Tensor, n: TrainingNoise
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The video loss and the head's features from one pass (``framework.cosmos25.one_pass``):
+        each sample at the inference noise convention with probability ``inference_noise_share``."""
+        b = latents.shape[0]
+        u = checked(n.one_pass_draw, "one_pass_draw", (b,), latents.device)
+        u = torch.rand(b, device=latents.device) if u is None else u
+        return self.backbone.video_loss_and_features(
+            latents, prompts, cond, u < self.cfg.inference_noise_share, n.video_time, n.video, n.feature
+        )
+
+    def _feature_sigma(self, b: int) -> torch.Tensor:
+        """The noise level of the feature pass's features, (B,): what a head conditioned on it reads."""
+        return torch.full((b,), self.backbone.feature_sigma, device=self.device)
 
     # ------------------------------------------------------------------ inference
 
@@ -215,7 +270,9 @@ class DiT4DiT(nn.Module):
         try:
             _, feats = self._features(batch, seed, n)
             g = torch.Generator().manual_seed(seed) if seed is not None else None
-            return self.action_model.sample(feats, batch.state, g, n.action, guidance)
+            return self.action_model.sample(
+                feats, batch.state, g, n.action, guidance, self._feature_sigma(feats.shape[0])
+            )
         finally:
             self.train(was_training)
 

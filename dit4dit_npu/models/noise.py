@@ -18,7 +18,11 @@ field               shape                              draw
                     training: (B, R, chunk, A)         eps of repeat r of sample b
 ``action_time``     (B, R), training only              t of the action flow matching (after / noise_s)
 ``video_time``      (B,), training only                t of the video flow matching
-``video``           (B, 16, T_lat - 1, h, w)           z of the video flow matching (future frames)
+``video``           (B, 16, T_lat - 1, h, w)           z of the video flow matching (future frames; with
+                                                       ``video_loss_future_frames`` k: (B, 16, k, h, w))
+``one_pass_draw``   (B,), training only                u ~ U[0, 1) of the one-pass step (``one_pass``):
+                                                       sample b runs at the inference noise convention
+                                                       when u < ``inference_noise_share``
 ==================  =================================  ===================================================
 """
 
@@ -53,6 +57,7 @@ class TrainingNoise:
     condition: torch.Tensor | None = None
     video_time: torch.Tensor | None = None
     video: torch.Tensor | None = None
+    one_pass_draw: torch.Tensor | None = None
 
 
 def noise_from(value: Any, cls: type) -> Any:

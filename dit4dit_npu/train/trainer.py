@@ -104,11 +104,14 @@ class Trainer:
     def step(self) -> None:
         """One optimizer update: gradient_accumulation_steps micro-batches, then the LR schedule."""
         accum = self.cfg.trainer.gradient_accumulation_steps
+        # trainer.video_loss_interval: steps 0, k, 2k, ... have the video loss (the step count is
+        # restored on resume, so a resumed run keeps the same steps)
+        forward = self._forward if self.global_step % self.cfg.trainer.video_loss_interval == 0 else self._forward_no_video
         for _ in range(accum):
             with self._window.loading():
                 batch = self._to_device(self.stream.next())
             out, norm = distributed.micro_step(
-                self.accelerator, self.model, self.optimizer, self._forward, batch, self.cfg.trainer.gradient_clipping
+                self.accelerator, self.model, self.optimizer, forward, batch, self.cfg.trainer.gradient_clipping
             )
             if norm is not None:
                 self._clip_norm = norm
@@ -241,6 +244,11 @@ class Trainer:
 
     def _forward(self, batch) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         losses = self._losses(self.model(batch))
+        return losses, losses["total_loss"]
+
+    def _forward_no_video(self, batch) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        """A joint step without its video loss (``trainer.video_loss_interval``)."""
+        losses = self._losses(self.model(batch, video_loss=False))
         return losses, losses["total_loss"]
 
     # ------------------------------------------------------------------ batches and outputs

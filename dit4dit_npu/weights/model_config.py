@@ -50,22 +50,28 @@ def video_time(fm: FlowMatchingConfig) -> VideoTimeConfig:
     return _by_name(VideoTimeConfig, fm)
 
 
-def head_config(a: ActionModelConfig, state_noise_std: float | list[float] = 0.0) -> HeadConfig:
-    """``framework.action_model`` (+ ``trainer.state_noise_std``, training only) -> the head's
-    record, the DiT sizes resolved from the ``action_model_type`` preset."""
+def head_config(
+    a: ActionModelConfig, state_noise_std: float | list[float] = 0.0, condition_on_noise_level: bool = False
+) -> HeadConfig:
+    """``framework.action_model`` (+ ``trainer.state_noise_std``, training only, and
+    ``framework.cosmos25.one_pass.condition_head_on_noise_level``) -> the head's record, the DiT
+    sizes resolved from the ``action_model_type`` preset."""
     return _by_name(
         HeadConfig, a, dim=a.dim, num_heads=a.num_heads, head_dim=a.head_dim, chunk_length=a.chunk_length,
-        state_noise_std=state_noise_std, diffusion_model_cfg=_by_name(DiTBodyConfig, a.diffusion_model_cfg),
+        state_noise_std=state_noise_std, condition_on_noise_level=condition_on_noise_level,
+        diffusion_model_cfg=_by_name(DiTBodyConfig, a.diffusion_model_cfg),
     )
 
 
 def run_head_config(cfg: Config) -> HeadConfig:
     """The head's record for a run (its state noise from the trainer section)."""
-    return head_config(cfg.framework.action_model, cfg.trainer.state_noise_std)
+    one_pass = cfg.framework.cosmos25.one_pass
+    return head_config(cfg.framework.action_model, cfg.trainer.state_noise_std, one_pass.condition_head_on_noise_level)
 
 
 def dit4dit_config(f: FrameworkConfig) -> DiT4DiTConfig:
-    return _by_name(DiT4DiTConfig, f.cosmos25)
+    p = f.cosmos25.one_pass
+    return _by_name(DiT4DiTConfig, f.cosmos25, one_pass=p.enabled, inference_noise_share=p.inference_noise_share)
 
 
 def lora_adapter_config(lo: LoraAdapterConfig) -> LoraConfig:
