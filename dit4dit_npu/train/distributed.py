@@ -153,6 +153,26 @@ def building_outside_deepspeed(accelerator) -> Iterator[None]:
         plugin.set_deepspeed_weakref()
 
 
+def time_out_every_group(accelerator, timeout_s: float) -> None:
+    """``trainer.collective_timeout_s`` on every process group, DeepSpeed's own included; call it
+    once the model is prepared. init_process_group's timeout covers the default group only:
+    DeepSpeed creates its data-parallel group (ZeRO's gradient reduction, the global grad norm)
+    with ``new_group`` and no timeout, which torch then sets to its own default, 30 min under gloo
+    (a rank stopped mid-step held the other in the grad norm's all-reduce past a 15 s timeout).
+    torch lists the groups only in ``distributed_c10d._world``, and sets a group's timeout with
+    ``set_timeout`` (``_set_pg_timeout`` before it was public): there is no other way to reach
+    groups a library made. A backend that cannot change its timeout keeps it (torch warns); one
+    process has no peer to wait for, and a caller's group keeps its own."""
+    if accelerator.num_processes == 1:
+        return
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    set_timeout = getattr(dist, "set_timeout", None) or c10d._set_pg_timeout
+    for group in list(c10d._world.pg_map):
+        set_timeout(timedelta(seconds=timeout_s), group)
+
+
 @contextlib.contextmanager
 def stop_on_lost_rank(accelerator, timeout_s: float, doing: Callable[[], str], latest: Callable[[], str]) -> Iterator[None]:
     """A collective that fails because another rank died (its connection closed) or stalled (the

@@ -24,6 +24,7 @@ from dit4dit_npu.train.distributed import (
     gather_from_ranks,
     share_from_main,
     stop_on_lost_rank,
+    time_out_every_group,
 )
 from dit4dit_npu.train.errors import TrainingError
 from dit4dit_npu.train.init_from import check_init_from, init_weights
@@ -101,6 +102,7 @@ def _run(cfg: Config, accelerator, run: RunFolder, init) -> Path:
         accelerator.print(f"trainer.init_from ignored: resuming from {run.resume_from}, which holds the weights")
     trainer = Trainer(cfg, accelerator, model, data, prompt_cache, run.path)
     t = cfg.trainer
+    time_out_every_group(accelerator, t.collective_timeout_s)  # DeepSpeed's groups exist now
     # A rank that dies or stalls is named by the wait the others were in (trainer.activity).
     with stop_on_lost_rank(accelerator, t.collective_timeout_s, lambda: trainer.activity, trainer.checkpoints.latest):
         if run.resume_from is not None:
