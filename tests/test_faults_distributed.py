@@ -18,6 +18,7 @@ D's own, already checked.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import resource
@@ -32,12 +33,11 @@ from pathlib import Path
 import pytest
 from train_runs import EMA_ON, ENV, RUN, TINY, tiny_overrides
 
+from dit4dit_npu.config import ConfigError, load_config
 from dit4dit_npu.files import hash_files
 from dit4dit_npu.train import checkpoint as ckpt_io
 from dit4dit_npu.train import resume
 from dit4dit_npu.train.metrics import read_metrics
-
-pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
 LAUNCH_DEADLINE = 240  # seconds a launch may take, fault included, before the test kills it
@@ -129,11 +129,15 @@ def chain(two_rank_runs, demo_root, tmp_path_factory) -> Chain:
     def exists(name: str) -> Callable[[], bool]:
         return lambda: (ck / name).exists()
 
+    woken: list[int] = []
+
     def wake_once_rank_0_is_gone(p: subprocess.Popen, victim: int) -> None:
         # The launcher SIGTERMs a stopped rank, which acts only once it runs again, and SIGKILLs it
         # 30 s later: waking it spares the test that grace (a rank stalled for good gets the SIGKILL).
-        if rank_pid(p, 0) is None:
-            os.kill(victim, signal.SIGCONT)
+        if not woken and rank_pid(p, 0) is None:
+            woken.append(victim)
+            with contextlib.suppress(ProcessLookupError):  # already gone
+                os.kill(victim, signal.SIGCONT)
 
     def small_disk(pid: int) -> None:
         resource.prlimit(pid, resource.RLIMIT_FSIZE, (SHARD_LIMIT, SHARD_LIMIT))
@@ -176,6 +180,7 @@ def launcher_names_rank_1(output: str, signal_name: str) -> None:
                      output, re.M), output[-3000:]
 
 
+@pytest.mark.slow
 def test_a_rank_killed_mid_step_ends_the_job_within_60_s_naming_it(chain):
     k = chain.killed
     assert k.fault_at is not None and k.ended_at - k.fault_at < 60 and k.returncode != 0, k.output[-3000:]
@@ -185,6 +190,7 @@ def test_a_rank_killed_mid_step_ends_the_job_within_60_s_naming_it(chain):
     resumed_exactly(chain, chain.stalled, 1)  # the next launch continues from it exactly
 
 
+@pytest.mark.slow
 def test_a_stalled_rank_ends_the_job_at_the_collective_timeout_naming_the_wait(chain):
     s = chain.stalled
     assert s.fault_at is not None and s.ended_at - s.fault_at < STALL_TIMEOUT + 45, s.output[-3000:]
@@ -199,6 +205,7 @@ def test_a_stalled_rank_ends_the_job_at_the_collective_timeout_naming_the_wait(c
     resumed_exactly(chain, chain.terminated, 2)
 
 
+@pytest.mark.slow
 def test_sigterm_in_a_save_on_one_rank_damages_no_checkpoint(chain):
     t = chain.terminated
     assert t.fault_at is not None and t.ended_at - t.fault_at < 60, t.output[-3000:]
@@ -209,6 +216,7 @@ def test_sigterm_in_a_save_on_one_rank_damages_no_checkpoint(chain):
     resumed_exactly(chain, chain.disk_full, 2)
 
 
+@pytest.mark.slow
 def test_a_full_disk_on_one_rank_in_a_save_is_one_line_and_loses_nothing(chain):
     d = chain.disk_full
     tmp = chain.run_dir / "checkpoints" / ".tmp-step_000003"
@@ -219,3 +227,10 @@ def test_a_full_disk_on_one_rank_in_a_save_is_one_line_and_loses_nothing(chain):
     assert not d.timed_out and d.returncode != 0
     assert d.after == d.before  # the whole checkpoints, byte for byte: the next resume is this launch's own
     resumed_exactly(chain, d, 2)
+
+
+@pytest.mark.parametrize("value, shown", [("0", "0.0"), ("-5", "-5.0"), ("nan", "nan"), ("inf", "inf")])
+def test_a_collective_timeout_that_is_not_a_positive_number_of_seconds_is_refused(value, shown):
+    with pytest.raises(ConfigError, match=rf"^trainer.collective_timeout_s: got {shown}, expected a number of seconds > 0$"):
+        load_config(TINY, [f"trainer.collective_timeout_s={value}"])
+    assert load_config(TINY, []).trainer.collective_timeout_s == 600
