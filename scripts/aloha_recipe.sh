@@ -97,6 +97,9 @@ else
     unread VIDEO_WEIGHT "applies only to OBJECTIVE=joint (no_video trains no video loss)"
 fi
 if [ "$VAE" != fitted ]; then unread VAE_WEIGHTS "applies only to VAE=fitted"; fi
+if [ -n "${VAE_WEIGHTS+x}" ] && [ -z "$VAE_WEIGHTS" ]; then  # (it would take the default's place silently)
+    refuse "VAE_WEIGHTS=: expected a tiny VAE's safetensors file (unset it for the task's default)"
+fi
 if [ -n "${RUN_ID+x}" ]; then
     case "$RUN_ID" in ''|*/*|.|..) refuse "RUN_ID=$RUN_ID: expected a run folder name (no /)" ;; esac
 fi
@@ -118,6 +121,8 @@ else
     PRETRAIN_DEMOS="${PRETRAIN_DEMOS:-50}"
     RUN="aloha_recipe${TASK_TAG}"
     for v in DEMOS EPISODES STEPS PRETRAIN_DEMOS; do positive "$v"; done  # EPISODES is first used after training
+    # bash's arithmetic (the checkpoint interval below) wraps past 2**63 and the run would start
+    if [ "${#STEPS}" -gt 18 ]; then refuse "STEPS=$STEPS: expected at most 18 digits (a number of training steps)"; fi
     # the eval's seeds 0..EPISODES-1 within the simulator's range (sim.eval says the same, hours later)
     if [ "${#EPISODES}" -gt 10 ] || [ "$EPISODES" -gt 4294967296 ]; then
         refuse "EPISODES=$EPISODES: expected at most 2**32 (eval seeds 0..EPISODES-1 < 2**32, the simulator's range)"

@@ -56,6 +56,9 @@ def recipe(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProces
     ({"PY": "/nonexistent/python"}, "error: PY=/nonexistent/python: expected a Python executable"),
     ({"RUN_ID": "a/b"}, "error: RUN_ID=a/b: expected a run folder name"),
     ({"EPISODES": "4294967297"}, "error: EPISODES=4294967297: expected at most 2**32"),
+    # an empty VAE_WEIGHTS took the default silently; a 23-digit STEPS wrapped in bash and went on to the demos
+    ({"VAE": "fitted", "VAE_WEIGHTS": ""}, "error: VAE_WEIGHTS=: expected a tiny VAE's safetensors file"),
+    ({"STEPS": "99999999999999999999999"}, "error: STEPS=99999999999999999999999: expected at most 18 digits"),
     # a setting the chosen run does not read: refused, not ignored
     ({"VIDEO_WEIGHT": "0.2"}, "error: VIDEO_WEIGHT=0.2: applies only to OBJECTIVE=joint"),
     ({"PRETRAIN_DEMOS": "10"}, "error: PRETRAIN_DEMOS=10: applies only with PRETRAIN > 0"),
