@@ -61,7 +61,11 @@ run_check() {
 # model code needs too. Then the runtime dependencies of dit4dit_npu that lerobot does not bring.
 LEROBOT_SPEC="lerobot[metaworld,evaluation,diffusers-dep,transformers-dep,accelerate-dep,peft-dep]==0.6.1"
 OURS_DEPS="tokenizers>=0.22 omegaconf pyyaml msgpack websockets>=15 matplotlib"
-STAMP="$( (echo "$LEROBOT_SPEC $OURS_DEPS"; cat "$ROOT/pyproject.toml" "$ROOT/client/pyproject.toml") | sha256sum | cut -c1-16)"
+# metaworld 3.0.0 asks only for mujoco>=3.0.0, but its mocap weld setup writes 11 numbers per
+# equality constraint: mujoco 3.17 and 4.0.1 hold 12 (mjNEQDATA), a ValueError on the first env.
+# 3.8.1 (11, the version this project's own environment runs) is the one checked here.
+PINS="mujoco==3.8.1"
+STAMP="$( (echo "$LEROBOT_SPEC $OURS_DEPS $PINS"; cat "$ROOT/pyproject.toml" "$ROOT/client/pyproject.toml") | sha256sum | cut -c1-16)"
 
 build() {  # create once; rebuild when the package lists or a pyproject change
   local dir="$SIDE/venv"
@@ -73,7 +77,7 @@ build() {  # create once; rebuild when the package lists or a pyproject change
   "$BASE_PY" -m venv "$dir" || return 1
   local pip=("$dir/bin/python" -m pip install --quiet --disable-pip-version-check)
   { "${pip[@]}" --upgrade pip \
-    && "${pip[@]}" "$LEROBOT_SPEC" $OURS_DEPS \
+    && "${pip[@]}" "$LEROBOT_SPEC" $OURS_DEPS "$PINS" \
     && "${pip[@]}" "$ROOT/client" \
     && "${pip[@]}" --no-deps -e "$ROOT"; } 2>&1 | sed '/is ignored: it is neither a file nor a directory/d' >&2
   [ "${PIPESTATUS[0]}" -eq 0 ] || return 1
@@ -83,3 +87,52 @@ build() {  # create once; rebuild when the package lists or a pyproject change
 [ -n "$BASE_PY" ] || { echo "FAIL setup: no Python >= 3.12 found (lerobot 0.6.1 needs it): set PYTHON312 to one"; exit 1; }
 build || { echo "FAIL setup: cannot build the lerobot 0.6.1 side venv in $SIDE/venv"; exit 1; }
 [ "${1:-}" = "--build-only" ] && exit 0
+LR="$SIDE/venv/bin"
+# the plugin: reinstalled every run (a wheel, not editable: lerobot finds plugins by their
+# distribution's name, and a non-editable copy checks what a user's pip install gives)
+"$LR/python" -m pip install --quiet --disable-pip-version-check --no-deps --force-reinstall "$ROOT/lerobot_plugin" \
+  >"$SIDE/plugin_install.log" 2>&1 || { echo "FAIL setup: pip install lerobot_plugin ($(tail -1 "$SIDE/plugin_install.log"))"; exit 1; }
+# The side venv must run this checkout's dit4dit_npu (an editable install of another checkout
+# would check that one's code and pass); asked from outside the checkout.
+PKG="$(cd / && "$LR/python" -c 'import os, dit4dit_npu; print(os.path.dirname(os.path.dirname(os.path.realpath(dit4dit_npu.__file__))))' 2>&1)"
+[ "$PKG" = "$(pwd -P)" ] || { echo "FAIL setup: $LR/python imports dit4dit_npu from $PKG, not this checkout $(pwd -P)"; exit 1; }
+echo "[lerobot06] lerobot $("$LR/python" -c 'import lerobot; print(lerobot.__version__)' 2>/dev/null), torch $("$LR/python" -c 'import torch; print(torch.__version__)' 2>/dev/null), venv $(du -sh "$SIDE/venv" | cut -f1), work folder $WORK" >&2
+
+rm -rf "$WORK" && mkdir -p "$WORK/logs" "$WORK/data"
+TASK="${METAWORLD_TASK:-reach-v3}"
+# --- Meta-World: what an episode costs, the experts' own success -----------------------------------
+run_check "Meta-World cost" "$WORK/logs/metaworld_cost.log" "$LR/python" "$HERE/metaworld_side.py" cost \
+  --tasks "${METAWORLD_COST_TASKS:-reach-v3,push-v3,drawer-open-v3,button-press-topdown-v3,window-open-v3}" \
+  --episodes "${METAWORLD_COST_EPISODES:-3}" --size 480x480,224x224,128x128
+
+# --- the Meta-World smoke: 1 expert demo -> 2 training steps -> lerobot's plugin check + lerobot-eval
+if run_check "Meta-World demos" "$WORK/logs/demos.log" "$LR/python" "$HERE/metaworld_side.py" demos \
+  --tasks "$TASK" --episodes 1 --size 128x128 --out "$WORK/data/reach_128"; then
+  if "$PY" -m dit4dit_npu.train --config configs/metaworld/dit4dit_metaworld_tiny.yaml \
+    datasets.vla_data.data_root_dir="$WORK/data" run_root_dir="$WORK/runs" run_id=metaworld_smoke \
+    trainer.max_train_steps=2 trainer.save_interval=2 trainer.eval_interval=1000 trainer.logging_frequency=1 \
+    >"$WORK/logs/train.log" 2>&1; then
+    POLICY="$(ls -d "$WORK"/runs/metaworld_smoke/checkpoints/step_*/policy | sort | tail -1)"
+    say "PASS our training: 2 steps of the tiny policy on the Meta-World demo (python -m dit4dit_npu.train, $(basename "$(dirname "$POLICY")"))"
+    if run_check "dit4dit-lerobot-prepare" "$WORK/logs/prepare.log" "$LR/dit4dit-lerobot-prepare" --policy "$POLICY"; then
+      say "PASS dit4dit-lerobot-prepare: $(tail -1 "$WORK/logs/prepare.log" | cut -d: -f1)"
+      run_check "plugin" "$WORK/logs/plugin.log" "$LR/python" "$HERE/plugin_side.py" "$POLICY"
+      start=$(date +%s)
+      if run_check "lerobot-eval" "$WORK/logs/lerobot_eval.log" "$LR/lerobot-eval" --policy.path="$POLICY" \
+        --env.type=metaworld --env.task="$TASK" --eval.n_episodes=1 --eval.batch_size=1 --policy.device=cpu \
+        --output_dir="$WORK/lerobot_eval"; then
+        info="$WORK/lerobot_eval/eval_info.json"
+        if [ -f "$info" ]; then
+          say "PASS lerobot-eval --policy.path=<our policy folder> --env.type=metaworld --env.task=$TASK: 1 episode in $(( $(date +%s) - start )) s, $("$LR/python" -c "import json, sys; o = json.load(open(sys.argv[1]))['overall']; print(f\"success {o['pc_success']:.0f}%, sum reward {o['avg_sum_reward']:.1f}\")" "$info" 2>&1)"
+        else
+          say "FAIL lerobot-eval wrote no eval_info.json (log: $WORK/logs/lerobot_eval.log)"
+        fi
+      fi
+    fi
+  else
+    say "FAIL our training on the Meta-World demo ($(tail -1 "$WORK/logs/train.log"))"
+  fi
+fi
+
+echo "[lerobot06] $FAILS FAIL(s); logs in $WORK/logs" >&2
+[ "$FAILS" -eq 0 ]

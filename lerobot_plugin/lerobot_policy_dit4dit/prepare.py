@@ -17,7 +17,7 @@ import argparse
 import json
 from pathlib import Path
 
-from lerobot.utils.constants import CONFIG_NAME
+from huggingface_hub.constants import CONFIG_NAME  # "config.json", what lerobot reads a policy folder by
 
 from dit4dit_npu.console import entry_point
 from dit4dit_npu.policy import DiT4DiTPolicy as NativePolicy
@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     folder = Path(args.policy)
     if not folder.is_dir():
         raise LeRobotPluginError(f"--policy {folder}: not a folder")
-    config = DiT4DiTConfig(device="cpu", n_action_steps=args.n_action_steps, base_model=args.base_model)
+    config = DiT4DiTConfig(device="cpu", push_to_hub=False, n_action_steps=args.n_action_steps, base_model=args.base_model)
     written = prepare(folder, config)
     print(f"wrote {', '.join(p.name for p in written)} into {folder}: lerobot-eval --policy.path={folder} ...")
     return 0
