@@ -15,14 +15,20 @@
 #   the Meta-World smoke: expert demos written as a LeRobot dataset by our writer (each episode
 #     carries its task's instruction), 2 training steps of the tiny policy on it, and
 #     `lerobot-eval --policy.path=<that policy folder> --env.type=metaworld` for 1 episode.
-# Usage: bash scripts/lerobot_check.sh            (LEROBOT06_DIR=... puts the venv elsewhere;
-#        PYTHON312=... names the Python 3.12 to build it on)
+# Usage: bash scripts/lerobot_check.sh [--build-only]
+#   LEROBOT06_DIR=...   the side venv's folder (default .lerobot06/)
+#   PYTHON312=...       the Python >= 3.12 to build it on (default: the first found)
+#   PROJECT_PYTHON=...  this project's interpreter (default .venv/bin/python), which trains the
+#                       smoke's policy; it must import this checkout's dit4dit_npu (PYTHONPATH)
+#   METAWORLD_TASK, METAWORLD_COST_TASKS, METAWORLD_COST_EPISODES: the tasks and episodes
+# Costs (2026-12-06, 2 shared cores): the build ~8 min and 5.9 GB; the checks ~15 min, most of it
+# lerobot-eval's one episode (500 steps at ~1 s each: two 480x480 software renders per step).
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 SIDE="${LEROBOT06_DIR:-$ROOT/.lerobot06}"
 WORK="$SIDE/work"
-PY="$ROOT/.venv/bin/python"  # this project's environment (scripts/setup_env.sh): trains the tiny policy
+PY="${PROJECT_PYTHON:-$ROOT/.venv/bin/python}"  # this project's environment (scripts/setup_env.sh): trains the tiny policy
 # The first of these that runs and is Python >= 3.12 (a pyenv shim may exist and fail to run).
 BASE_PY=""
 for candidate in ${PYTHON312:-} python3.12 python3.13 /root/.pyenv/versions/3.12.*/bin/python3.12; do
@@ -84,6 +90,10 @@ build() {  # create once; rebuild when the package lists or a pyproject change
   echo "$STAMP" >"$dir/.lerobot06-stamp"
 }
 
+[ -x "$PY" ] || { echo "FAIL setup: $PY missing (run bash scripts/setup_env.sh, or set PROJECT_PYTHON)"; exit 1; }
+# Training must run this checkout's code (a worktree sharing main's .venv imports main's otherwise).
+PKG="$(cd / && "$PY" -c 'import os, dit4dit_npu; print(os.path.dirname(os.path.dirname(os.path.realpath(dit4dit_npu.__file__))))' 2>&1)"
+[ "$PKG" = "$(pwd -P)" ] || { echo "FAIL setup: $PY imports dit4dit_npu from $PKG, not this checkout $(pwd -P) (run with PYTHONPATH=$ROOT:$ROOT/client)"; exit 1; }
 [ -n "$BASE_PY" ] || { echo "FAIL setup: no Python >= 3.12 found (lerobot 0.6.1 needs it): set PYTHON312 to one"; exit 1; }
 build || { echo "FAIL setup: cannot build the lerobot 0.6.1 side venv in $SIDE/venv"; exit 1; }
 [ "${1:-}" = "--build-only" ] && exit 0
@@ -117,9 +127,12 @@ if run_check "Meta-World demos" "$WORK/logs/demos.log" "$LR/python" "$HERE/metaw
     if run_check "dit4dit-lerobot-prepare" "$WORK/logs/prepare.log" "$LR/dit4dit-lerobot-prepare" --policy "$POLICY"; then
       say "PASS dit4dit-lerobot-prepare: $(tail -1 "$WORK/logs/prepare.log" | cut -d: -f1)"
       run_check "plugin" "$WORK/logs/plugin.log" "$LR/python" "$HERE/plugin_side.py" "$POLICY"
+      # A policy of 2 steps on one demo drives the hand beyond the demo's state range, which the
+      # policy refuses by default (StateOutOfRangeError): the smoke acts on it, with a warning.
+      # lerobot-eval has no episode-length flag: an episode is 500 steps unless it succeeds.
       start=$(date +%s)
       if run_check "lerobot-eval" "$WORK/logs/lerobot_eval.log" "$LR/lerobot-eval" --policy.path="$POLICY" \
-        --env.type=metaworld --env.task="$TASK" --eval.n_episodes=1 --eval.batch_size=1 --policy.device=cpu \
+        --env.type=metaworld --env.task="$TASK" --eval.n_episodes=1 --eval.batch_size=1 --policy.device=cpu --policy.allow_out_of_range=true \
         --output_dir="$WORK/lerobot_eval"; then
         info="$WORK/lerobot_eval/eval_info.json"
         if [ -f "$info" ]; then
