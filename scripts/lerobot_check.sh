@@ -5,16 +5,19 @@
 # (git-ignored) that holds both: lerobot[metaworld] 0.6.1 from PyPI (its torch, diffusers and
 # transformers are inside this project's bounds), this checkout (editable, no dependencies of its
 # own beyond what inference needs: DeepSpeed is training-only), the client, and the plugin.
-# Checks, one PASS/FAIL line each (exit 1 on any FAIL):
-#   the plugin registers --policy.type=dit4dit with lerobot's own PreTrainedConfig registry;
-#   a tiny policy of ours (trained 2 steps here on the demo data) loads through lerobot's
-#     make_policy/make_pre_post_processors, its select_action pops a chunk from a queue refilled
-#     with predict_action (equal to predict_action's own chunk), reset clears the queue;
-#   Meta-World (lerobot's metaworld env + the metaworld package's scripted experts): one episode's
-#     render + step cost and the experts' success on a few tasks (scripts/lerobot06/metaworld_side.py);
-#   the Meta-World smoke: expert demos written as a LeRobot dataset by our writer (each episode
-#     carries its task's instruction), 2 training steps of the tiny policy on it, and
-#     `lerobot-eval --policy.path=<that policy folder> --env.type=metaworld` for 1 episode.
+# Checks, one PASS/FAIL line each (exit 1 on any FAIL; the costs are PASS lines that carry numbers):
+#   Meta-World's cost here (scripts/lerobot06/metaworld_side.py cost): a render of lerobot's camera
+#     (as its env renders, and with shadows off) plus a physics step, at 480x480 (what lerobot-eval
+#     renders), 224x224 and 128x128; the metaworld package's scripted experts' own success on five tasks;
+#   the Meta-World smoke: 1 expert demo recorded through lerobot's own MetaworldEnv and written as a
+#     LeRobot dataset by our writer, its task's description as the episode's instruction
+#     (metaworld_side.py demos); 2 training steps of configs/metaworld/dit4dit_metaworld_tiny.yaml on
+#     it, in this project's own environment; dit4dit-lerobot-prepare on the policy folder;
+#   the plugin through lerobot's own make_policy / make_pre_post_processors (plugin_side.py):
+#     lerobot's plugin discovery registers --policy.type=dit4dit; lerobot's batch gives
+#     predict_action's chunk; select_action pops it from a queue refilled when empty; reset empties
+#     it; a missing camera, an empty task, a too long n_action_steps are one line each;
+#   `lerobot-eval --policy.path=<that policy folder> --env.type=metaworld` for 1 episode.
 # Usage: bash scripts/lerobot_check.sh [--build-only]
 #   LEROBOT06_DIR=...   the side venv's folder (default .lerobot06/)
 #   PYTHON312=...       the Python >= 3.12 to build it on (default: the first found)

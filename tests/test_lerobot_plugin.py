@@ -50,3 +50,13 @@ def test_a_folder_that_is_not_a_policy_is_one_line_and_nothing_is_written(tmp_pa
     r = side("-m", "lerobot_policy_dit4dit.prepare", "--policy", str(tmp_path))
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert r.stderr.startswith("error: ") and list(tmp_path.iterdir()) == []
+
+
+def test_another_policys_lerobot_config_is_not_replaced(tmp_path: Path) -> None:
+    config = tmp_path / "config.json"
+    config.write_text('{"type": "act"}')
+    r = side("-m", "lerobot_policy_dit4dit.prepare", "--policy", str(tmp_path))
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        f"error: {config}: a lerobot config of type 'act' is already there; not replacing it"
+    ], r.stderr
+    assert config.read_text() == '{"type": "act"}' and [p.name for p in tmp_path.iterdir()] == ["config.json"]
