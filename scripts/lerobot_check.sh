@@ -24,7 +24,7 @@
 #   PROJECT_PYTHON=...  this project's interpreter (default .venv/bin/python), which trains the
 #                       smoke's policy; it must import this checkout's dit4dit_npu (PYTHONPATH)
 #   METAWORLD_TASK, METAWORLD_COST_TASKS, METAWORLD_COST_EPISODES: the tasks and episodes
-# Costs (2026-12-06, 2 shared cores): the build ~8 min and 5.9 GB; the checks ~15 min, most of it
+# Costs (2026-12-06, 2 shared cores): the build 6-8 min and 5.9 GB; the checks ~15 min, most of it
 # lerobot-eval's one episode (500 steps at ~1 s each: two 480x480 software renders per step).
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
