@@ -96,7 +96,7 @@ def test_the_training_overrides_are_checked_before_anything_runs(tmp_path: Path,
 def test_the_curve_stage_takes_the_task_and_refuses_an_unknown_one(tmp_path: Path, capsys) -> None:
     """The recipe's eval stage (success_curve --task, passed on to sim.eval): a bad task is one line
     before any checkpoint is looked for."""
-    from dit4dit_npu.train.success_curve import main
+    from dit4dit_npu.train.ops_cli import success_curve_main as main
 
     assert main(["--run", str(tmp_path), "--task", "stack"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
