@@ -100,6 +100,18 @@ if [ "$VAE" != fitted ]; then unread VAE_WEIGHTS "applies only to VAE=fitted"; f
 if [ -n "${VAE_WEIGHTS+x}" ] && [ -z "$VAE_WEIGHTS" ]; then  # (it would take the default's place silently)
     refuse "VAE_WEIGHTS=: expected a tiny VAE's safetensors file (unset it for the task's default)"
 fi
+# A given file that is missing is fitted and written there after the demos (minutes in): its folder
+# must be there and writable now, not found wrong after that work (a typo'd folder was created anew).
+if [ "$VAE" = fitted ] && [ -n "${VAE_WEIGHTS:-}" ]; then
+    if [ -d "$VAE_WEIGHTS" ]; then refuse "VAE_WEIGHTS=$VAE_WEIGHTS: is a folder, expected a tiny VAE's safetensors file"; fi
+    VAE_DIR="$(dirname -- "$VAE_WEIGHTS")"
+    if [ ! -s "$VAE_WEIGHTS" ] && [ ! -d "$VAE_DIR" ]; then
+        refuse "VAE_WEIGHTS=$VAE_WEIGHTS: no folder $VAE_DIR (the file is missing, so the fit stage would write it there)"
+    fi
+    if [ ! -s "$VAE_WEIGHTS" ] && [ ! -w "$VAE_DIR" ]; then
+        refuse "VAE_WEIGHTS=$VAE_WEIGHTS: folder $VAE_DIR is not writable (the file is missing, so the fit stage would write it there)"
+    fi
+fi
 if [ -n "${RUN_ID+x}" ]; then
     case "$RUN_ID" in ''|*/*|.|..) refuse "RUN_ID=$RUN_ID: expected a run folder name (no /)" ;; esac
 fi

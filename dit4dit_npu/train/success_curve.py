@@ -22,21 +22,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 from pathlib import Path
 
-from dit4dit_npu.console import entry_point
 from dit4dit_npu.errors import DiT4DiTError
 from dit4dit_npu.files import atomic_write_json
 from dit4dit_npu.sim.success_rate import format_rate, wilson_interval
-from dit4dit_npu.sim.tasks import check_seed_range, get_task
 from dit4dit_npu.train.metrics import read_metrics
 
 
 def evaluate(policy: Path, out: Path, a: argparse.Namespace) -> dict:
     """``python -m dit4dit_npu.sim.eval`` of one checkpoint, run in this process (each start of a
     new one would spend ~10 s importing torch and diffusers; the episodes are the same)."""
-    from dit4dit_npu.sim.eval import main as sim_eval
+    from dit4dit_npu.sim.cli import eval_main as sim_eval
 
     if not (out / "results.json").exists():
         argv = [
@@ -84,27 +81,9 @@ def plot(rows: list[dict], out: Path, title: str) -> None:
     plt.close(fig)
 
 
-@entry_point
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m dit4dit_npu.train.success_curve", description=__doc__.splitlines()[0])
-    p.add_argument("--run", type=Path, required=True, help="a training run folder (with checkpoints/)")
-    p.add_argument("--task", default="transfer_cube", help="the scene the run was trained on (default: %(default)s)")
-    p.add_argument("--episodes", type=int, default=50, help="episodes per checkpoint (default: %(default)s)")
-    p.add_argument("--seed", type=int, default=0, help="first evaluation seed")
-    p.add_argument("--replan", type=int, default=None, help="actions executed per query (default: whole chunk)")
-    p.add_argument("--workers", type=int, default=1, help="parallel eval processes (default: %(default)s)")
-    p.add_argument("--max-steps", type=int, default=400, help="episode length (ACT: 400)")
-    p.add_argument("--out", type=Path, default=Path("docs/aloha_success_vs_steps.png"), help="the plot (default: %(default)s)")
-    p.add_argument("--smoke", action="store_true", help="one 16-step episode per checkpoint, plot in the run")
-    p.add_argument("--label", default=None, help="the run's name in the plot's title (default: its folder name)")
-    a = p.parse_args(argv)
-    get_task(a.task)  # an unknown task: one line before any checkpoint is loaded
-    for name in ("episodes", "workers", "max_steps"):
-        if getattr(a, name) < 1:
-            raise DiT4DiTError(f"--{name.replace('_', '-')}: expected a positive integer, got {getattr(a, name)}")
-    if a.smoke:
-        a.episodes, a.max_steps, a.out = 1, 16, a.run / "sim_curve" / "smoke.png"
-    check_seed_range(a.seed, a.episodes)  # every checkpoint's episodes, before the first one runs
+def curve(a: argparse.Namespace) -> int:
+    """Every checkpoint of ``a.run`` evaluated (or its kept result read), the rows and the plot
+    written; ``a`` holds the command's checked flags (train/ops_cli.py's ``success_curve_main``)."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     ckpts = sorted((a.run / "checkpoints").glob("step_*/policy"))
     if not ckpts:
@@ -128,5 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # python -m dit4dit_npu.train.success_curve: the command is train/ops_cli.py's
+    from dit4dit_npu.train.ops_cli import success_curve_main
+
+    raise SystemExit(success_curve_main())
