@@ -4,7 +4,7 @@ process by it (so its peak RSS is its own):
     _full_size_child.py prompts CONFIG OVERRIDES...   the prompt cache of the demo data's instructions
     _full_size_child.py predict POLICY bf16|fp32 TEXT  from_pretrained + predict_action, timed
     _full_size_child.py check POLICY                   from_pretrained, default vs full content check
-    _full_size_child.py client POLICY PORT TEXT        one dit4dit_client round trip to a running server
+    _full_size_child.py client PORT TEXT               one dit4dit_client round trip to a running server
     _full_size_child.py convert-check RUN POLICY       the to-dit4dit checkpoint's keys and shapes vs the
                                                        original's module tree, built on the meta device
 """
@@ -80,20 +80,21 @@ def check(policy_dir: str) -> None:
         print(f"from_pretrained(full_check={full}): {time.perf_counter() - t0:.1f} s; {rss()}")
 
 
-def client(policy_dir: str, port: str, instruction: str) -> None:
+def client(port: str, instruction: str) -> None:
+    """The robot side: only dit4dit_client (no torch model); the observation from the server's metadata."""
     from dit4dit_client import WebsocketClientPolicy
 
-    from dit4dit_npu.policy import DiT4DiTPolicy
-
-    policy = DiT4DiTPolicy.from_pretrained(policy_dir)  # only for the observation contract
-    obs = observation(policy, instruction)
-    del policy
     t0 = time.perf_counter()
     with WebsocketClientPolicy("127.0.0.1", int(port), connect_timeout_s=3600, request_timeout_s=3600) as c:
         print(f"connected after {time.perf_counter() - t0:.1f} s (the server loading the policy)")
+        meta = c.get_server_metadata()
+        rng = np.random.default_rng(0)
+        h, w = meta["image_size"]
+        obs = {k: rng.integers(0, 256, (h, w, 3), dtype=np.uint8) for k in meta["camera_keys"]}
+        obs |= {"state": rng.uniform(-1, 1, meta["state_dim"]).astype(np.float32), "instruction": instruction, "seed": 0}
         t0 = time.perf_counter()
-        actions = c.infer({**obs, "seed": 0})["actions"]
-    print(f"round trip: {time.perf_counter() - t0:.2f} s, actions {np.asarray(actions).shape}")
+        actions = c.infer(obs)["actions"]
+    print(f"round trip: {time.perf_counter() - t0:.2f} s, actions {np.asarray(actions).shape}; {rss()}")
     assert np.isfinite(np.asarray(actions)).all()
 
 
