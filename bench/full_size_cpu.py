@@ -100,7 +100,7 @@ class Bench:
             "datasets.vla_data.data_mix": "[]",
             "datasets.vla_data.num_workers": "0",
             "datasets.vla_data.per_device_batch_size": "1",
-            "trainer.max_train_steps": "1", "trainer.save_interval": "1", "trainer.eval_interval": "1000",
+            "trainer.max_train_steps": "1", "trainer.save_interval": "1", "trainer.eval_samples": "0",
             "trainer.num_warmup_steps": "1", "trainer.logging_frequency": "1",
             "trainer.enable_gradient_checkpointing": "true", "trainer.mixed_precision": "bf16",
         }
