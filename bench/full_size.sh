@@ -13,10 +13,23 @@
 # Each prints `speedup: X.XX` last; the whole log goes to bench_full_size.log (or $LOG).
 # --smoke runs each with its own --smoke instead of the full size (the tests do, on CPU): it checks
 # that this script and the three benches still run; its numbers mean nothing.
+#
+#   bash bench/full_size.sh --cpu [--base DIR] [--stages a,b] [--plan] ...   # a CPU host, no accelerator
+#   bash bench/full_size.sh --cpu --smoke                                  # the same stages at tiny sizes
+#
+# --cpu: bench/full_size_cpu.py (its --help lists the stages and flags): the real model, written as a
+# random base folder and loaded as users load one, end to end on a 2-core / 24 GiB CPU host, one
+# table of wall time, peak RSS and the memory plan per stage (docs/performance.md).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PY="${PYTHON:-.venv/bin/python}"
 LOG="${LOG:-bench_full_size.log}"
+if [ "${1:-}" = "--cpu" ]; then
+  shift
+  export DIT4DIT_DEVICE=cpu DS_ACCELERATOR=cpu
+  "$PY" bench/full_size_cpu.py "$@" 2>&1 | tee "$LOG"
+  exit "${PIPESTATUS[0]}"
+fi
 if [ "${1:-}" = "--smoke" ]; then
   train=(--smoke --peak-tflops 989)
   latency=(--smoke)

@@ -22,8 +22,8 @@ ENV = {**os.environ, "DIT4DIT_DEVICE": "cpu", "OMP_NUM_THREADS": "1", "HF_HUB_OF
 HEADLINE = re.compile(r"speedup: (\d+\.\d\d)")
 
 
-def run(cmd: list[str], **env: str) -> list[str]:
-    r = subprocess.run(cmd, cwd=ROOT, env={**ENV, **env}, capture_output=True, text=True, timeout=600)
+def run(cmd: list[str], timeout: float = 600, **env: str) -> list[str]:
+    r = subprocess.run(cmd, cwd=ROOT, env={**ENV, **env}, capture_output=True, text=True, timeout=timeout)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     return r.stdout.strip().splitlines()
 
@@ -74,6 +74,24 @@ def test_full_size_script_smoke_runs_train_step_latency_and_memory(tmp_path: Pat
     assert len(headlines) == 3, headlines  # one per bench, each its last line
     for line in headlines:
         assert_headline(line)
+
+
+def test_full_size_cpu_smoke_runs_every_stage_through_the_users_commands(tmp_path: Path) -> None:
+    """bash bench/full_size.sh --cpu --smoke: the CPU host's end-to-end pipeline at tiny sizes (a
+    base folder written by dit4dit-make-base, the prompt cache, every training stage, predict,
+    the content check, a served round trip, to-dit4dit and its key check): a row per stage, none
+    failed, the headline last."""
+    from bench.full_size_cpu import STAGES
+
+    log = tmp_path / "cpu.log"
+    # 14 fresh processes (each imports torch, diffusers, DeepSpeed): ~10 minutes on a busy 2-core host
+    lines = run(["bash", "bench/full_size.sh", "--cpu", "--smoke", "--work", str(tmp_path / "work")], timeout=1800,
+                LOG=str(log))
+    assert_headline(lines[-1])
+    assert "failed stages: none" in lines, lines[-25:]
+    rows = [line.split(" | ")[0].lstrip("| ") for line in lines if line.startswith("| ") and not line.startswith("| stage")]
+    assert set(STAGES) <= set(rows), rows
+    assert any(line.startswith("| train-action |") and "plan " in line for line in lines), lines[-25:]
 
 
 def test_profile_medium_smoke_times_every_stage_and_names_its_reference() -> None:

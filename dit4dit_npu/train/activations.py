@@ -40,25 +40,7 @@ from dit4dit_npu.models import tiny as tiny_parts
 from dit4dit_npu.models.cosmos import CosmosBackbone
 from dit4dit_npu.models.vae import vae_latents
 from dit4dit_npu.weights.model_config import backbone_config, tiny_sizes
-
-# Cosmos-Predict2.5-2B's transformer, Wan2.1's VAE and Qwen2.5-VL-7B's text model
-# (their released configs), as the tiny builder's sizes.
-FULL_SIZE = TinyCosmosConfig(
-    num_layers=28, num_attention_heads=16, attention_head_dim=128, text_embed_dim=1024, adaln_lora_dim=256,
-    vae_base_dim=96, text_hidden_size=3584, text_num_layers=28, text_num_heads=28,
-)
-QWEN_VOCAB = 152064  # Qwen2.5-VL's vocabulary (the embedding table's rows)
-
-
-def full_size_text_config(vocab_size: int, layers: int = 28, pad_id: int = 0, eos_id: int = 0) -> dict:
-    """Qwen2.5-VL-7B's language model (``Qwen2_5_VLTextConfig`` keyword arguments)."""
-    return dict(
-        vocab_size=vocab_size, hidden_size=3584, intermediate_size=18944, num_hidden_layers=layers,
-        num_attention_heads=28, num_key_value_heads=4, rope_theta=1e6, max_position_embeddings=2048,
-        rope_scaling={"mrope_section": [16, 24, 24], "rope_type": "default", "type": "default"},
-        bos_token_id=pad_id, eos_token_id=eos_id, pad_token_id=pad_id,
-    )
-
+from dit4dit_npu.weights.real_size import FULL_SIZE, QWEN_VOCAB, full_size_text_config  # noqa: F401 (re-exported)
 
 PARAM_KEYS = ("Parameter", "Buffer")
 POINTS = ((1, 4, 12), (1, 8, 12), (2, 4, 12), (2, 8, 12))  # (batch, latent h, latent w); T_lat = 3
