@@ -94,7 +94,7 @@ for s in "${SEED_LIST[@]}"; do
     case "$s" in 0) ;; ''|0*|*[!0-9]*) refuse "TRAIN_SEEDS=$TRAIN_SEEDS: '$s' is not a seed (a whole number >= 0)" ;; esac
 done
 if [ "$(printf '%s\n' "${SEED_LIST[@]}" | sort | uniq -d)" ]; then refuse "TRAIN_SEEDS=$TRAIN_SEEDS: a seed named twice"; fi
-CORES="${CORES:-$(taskset -cp $$ | sed 's/.*: //' | tr ',' '\n' | awk -F- '{ for (c = $1; c <= ($2 == "" ? $1 : $2); c++) print c }' | tr '\n' ' ')}"
+CORES="${CORES:-$(taskset -cp $$ | sed 's/.*: //' | tr ',' '\n' | awk -F- '{ for (c = $1; c <= ($2 == "" ? $1 : $2); c++) print c }' | paste -sd' ')}"
 read -r -a CORE_LIST <<< "$CORES"
 if [ "${#CORE_LIST[@]}" = 0 ]; then refuse "CORES=$CORES: expected CPU numbers (e.g. \"0 1 2 3\")"; fi
 for c in "${CORE_LIST[@]}"; do
@@ -224,7 +224,8 @@ $PY -m dit4dit_npu.train.success_curve "${CURVE[@]}" > "$OUT/logs/success_curve.
         last="$(grep "^| $arm seed$seed |" "$OUT/checkpoints.md" | tail -n 1)"
         IFS='|' read -r _ _ step mins success _ <<< "$last"
         wall="$(awk -v s="$(cat "$OUT/logs/${arm}_seed$seed.wall_s")" 'BEGIN { printf "%.1f", s / 60 }')"
-        echo "| $arm | $seed | ${CORE_OF[$job]} | ${step// /} | ${mins// /} | $wall | ${success# } |"
+        success="${success# }"
+        echo "| $arm | $seed | ${CORE_OF[$job]} | ${step// /} | ${mins// /} | $wall | ${success% } |"
     done
     echo
     echo "Headline: each arm's last checkpoint, its episodes pooled over the training seeds (95% Wilson CI)."

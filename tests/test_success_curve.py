@@ -43,8 +43,8 @@ def test_several_runs_against_training_time_one_plot_and_one_table(tmp_path: Pat
     assert lines[-2].startswith("no-video: success 3/4 = 75.0%") and lines[-1].startswith("joint: success 2/4 = 50.0%")
     assert out.stat().st_size > 0
     rows = table.read_text().splitlines()
-    assert rows[2] == "| no-video | 100 | 1.0 | 1/4 = 25.0% | 4.6-69.9% | 0.0010 |"
-    assert rows[-1].startswith("| joint | 100 | 2.0 | 2/4 = 50.0% |")
+    assert rows[2] == "| no-video | 100 | 1.00 | 1/4 = 25.0% | 4.6-69.9% | 0.0010 |"
+    assert rows[-1].startswith("| joint | 100 | 1.98 | 2/4 = 50.0% |")
     curve = json.loads((b / "sim_curve" / "curve_seed0x4.json").read_text())
     assert [r["train_time_s"] for r in curve] == [61.0, 119.0]
 

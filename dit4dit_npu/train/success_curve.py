@@ -127,7 +127,7 @@ def write_table(curves: list[tuple[str, list[dict]]], out: Path) -> None:
              "| --- | ---: | ---: | ---: | ---: | ---: |"]
     for label, rows in curves:
         for r in rows:
-            t = "n/a" if r.get("train_time_s") is None else f"{r['train_time_s'] / 60:.1f}"
+            t = "n/a" if r.get("train_time_s") is None else f"{r['train_time_s'] / 60:.2f}"
             mse = "n/a" if r["val_action_mse"] is None else f"{r['val_action_mse']:.4f}"
             lo, hi = r["wilson95"]
             lines.append(f"| {label} | {r['step']} | {t} | {r['successes']}/{r['episodes']} = "
