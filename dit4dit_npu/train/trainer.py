@@ -154,7 +154,9 @@ class Trainer:
         if self.accelerator.num_processes > 1:
             from accelerate.utils import broadcast
 
-            seconds = float(broadcast(torch.tensor([seconds], dtype=torch.float64, device=self.accelerator.device))[0])
+            # float32: every collective backend takes it (HCCL's float64 support varies); every rank
+            # gets the same rounded value, so all decide alike
+            seconds = float(broadcast(torch.tensor([seconds], dtype=torch.float32, device=self.accelerator.device))[0])
         self.out_of_time, self._time_mark = self.clock.crossed(seconds)
 
     def log(self) -> None:
