@@ -92,12 +92,25 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@dataclass
+class Served:
+    uri: str  # ws://127.0.0.1:PORT
+    pid: int  # the server process (bench/serve_soak.py reads its resident memory)
+
+
 @contextlib.contextmanager
 def server_process(
     checkpoint: Path, name: str, extra: list[str], threads: int, repo: Path = REPO
 ) -> Iterator[str]:
     """A real ``python -m dit4dit_npu.serve`` process of the checkout ``repo``; yields its ws://
     address once healthy."""
+    with served(checkpoint, name, extra, threads, repo) as s:
+        yield s.uri
+
+
+@contextlib.contextmanager
+def served(checkpoint: Path, name: str, extra: list[str], threads: int, repo: Path = REPO) -> Iterator[Served]:
+    """``server_process``, yielding the process id too."""
     port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "HF_HUB_OFFLINE": "1"}
     log = open(Path(tempfile.gettempdir()) / f"serve_load_{name}_{port}.log", "w")  # noqa: SIM115
@@ -120,7 +133,7 @@ def server_process(
                 if time.monotonic() > deadline:
                     raise SystemExit(f"{name} server not up after 300 s; see {log.name}") from None
                 time.sleep(0.3)
-        yield f"ws://127.0.0.1:{port}"
+        yield Served(f"ws://127.0.0.1:{port}", proc.pid)
     finally:
         proc.terminate()
         proc.wait(30)

@@ -27,8 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from dit4dit_npu.console import run
-from dit4dit_npu.sim.eval import acting_flags
-from dit4dit_npu.sim.eval import main as eval_main
+from dit4dit_npu.sim.cli import acting_flags, eval_main
 from dit4dit_npu.sim.scene import AlohaScene
 from dit4dit_npu.sim.tasks import get_task, parse_size
 

@@ -46,10 +46,10 @@ CONFIG = "configs/aloha/dit4dit_aloha_transfer_cube_tiny.yaml"
 # Each stage's command, by module: its console script's function, called in this process (the
 # command's own code path, without a fresh interpreter's ~10 s of imports per stage).
 STAGES = {
-    "dit4dit_npu.sim.demos": "dit4dit_npu.sim.demos:main",
-    "dit4dit_npu.data.encode_latents": "dit4dit_npu.data.encode_latents:main",
+    "dit4dit_npu.sim.demos": "dit4dit_npu.sim.cli:demos_main",
+    "dit4dit_npu.data.encode_latents": "dit4dit_npu.data.cli:encode_latents_main",
     "dit4dit_npu.train": "dit4dit_npu.train.cli:main",
-    "dit4dit_npu.sim.eval": "dit4dit_npu.sim.eval:main",
+    "dit4dit_npu.sim.eval": "dit4dit_npu.sim.cli:eval_main",
 }
 
 

@@ -131,6 +131,21 @@ if [ -n "${TRAIN_MINUTES+x}" ]; then
     fi
 fi
 if [ "$VAE" != fitted ]; then unread VAE_WEIGHTS "applies only to VAE=fitted"; fi
+if [ -n "${VAE_WEIGHTS+x}" ] && [ -z "$VAE_WEIGHTS" ]; then  # (it would take the default's place silently)
+    refuse "VAE_WEIGHTS=: expected a tiny VAE's safetensors file (unset it for the task's default)"
+fi
+# A given file that is missing is fitted and written there after the demos (minutes in): its folder
+# must be there and writable now, not found wrong after that work (a typo'd folder was created anew).
+if [ "$VAE" = fitted ] && [ -n "${VAE_WEIGHTS:-}" ]; then
+    if [ -d "$VAE_WEIGHTS" ]; then refuse "VAE_WEIGHTS=$VAE_WEIGHTS: is a folder, expected a tiny VAE's safetensors file"; fi
+    VAE_DIR="$(dirname -- "$VAE_WEIGHTS")"
+    if [ ! -s "$VAE_WEIGHTS" ] && [ ! -d "$VAE_DIR" ]; then
+        refuse "VAE_WEIGHTS=$VAE_WEIGHTS: no folder $VAE_DIR (the file is missing, so the fit stage would write it there)"
+    fi
+    if [ ! -s "$VAE_WEIGHTS" ] && [ ! -w "$VAE_DIR" ]; then
+        refuse "VAE_WEIGHTS=$VAE_WEIGHTS: folder $VAE_DIR is not writable (the file is missing, so the fit stage would write it there)"
+    fi
+fi
 if [ -n "${RUN_ID+x}" ]; then
     case "$RUN_ID" in ''|*/*|.|..) refuse "RUN_ID=$RUN_ID: expected a run folder name (no /)" ;; esac
 fi
@@ -153,6 +168,8 @@ else
     PRETRAIN_DEMOS="${PRETRAIN_DEMOS:-50}"
     RUN="aloha_recipe${TASK_TAG}"
     for v in DEMOS EPISODES STEPS PRETRAIN_DEMOS; do positive "$v"; done  # EPISODES is first used after training
+    # bash's arithmetic (the checkpoint interval below) wraps past 2**63 and the run would start
+    if [ "${#STEPS}" -gt 18 ]; then refuse "STEPS=$STEPS: expected at most 18 digits (a number of training steps)"; fi
     # the eval's seeds 0..EPISODES-1 within the simulator's range (sim.eval says the same, hours later)
     if [ "${#EPISODES}" -gt 10 ] || [ "$EPISODES" -gt 4294967296 ]; then
         refuse "EPISODES=$EPISODES: expected at most 2**32 (eval seeds 0..EPISODES-1 < 2**32, the simulator's range)"

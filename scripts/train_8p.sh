@@ -39,8 +39,11 @@ while [ "$#" -gt 0 ]; do
         value="$1"; shift
       fi
       printf -v "${flag#--}" '%s' "$value" ;;
-    --dry_run) dry_run=1 ;;
-    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
+    --dry_run|--help)  # switches: a value (--dry_run=0 meant a dry run all the same) is refused
+      if [ "$has_value" = 1 ]; then echo "train_8p.sh: $arg: $flag takes no value" >&2; exit 2; fi
+      if [ "$flag" = --help ]; then sed -n '2,11p' "$0"; exit 0; fi
+      dry_run=1 ;;
+    -h) sed -n '2,11p' "$0"; exit 0 ;;
     --*) echo "train_8p.sh: unknown flag $arg" >&2; exit 2 ;;
     *) overrides+=("$arg") ;;
   esac

@@ -40,7 +40,7 @@ from train_runs import demo_root, demo_run, ema_workers_runs, full_run, two_rank
 # `--dist loadgroup` and `xdist_group` marks: xdist 3.8 marks a group by rewriting `item._nodeid`,
 # which pytest 9 no longer reads, so the marks were silently ignored and every file's tests were
 # spread over both workers (each worker then trained the shared runs again).
-SHARED_RUNS_GROUP = {"test_train.py": "train_runs", "test_ema.py": "train_runs"}
+SHARED_RUNS_GROUP = {"test_train.py": "train_runs", "test_ema.py": "train_runs", "test_faults_distributed.py": "train_runs"}
 
 # Files whose tests share nothing and each take minutes: one unit per test, so they spread over
 # the workers instead of queueing on one.

@@ -56,6 +56,9 @@ def recipe(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProces
     ({"PY": "/nonexistent/python"}, "error: PY=/nonexistent/python: expected a Python executable"),
     ({"RUN_ID": "a/b"}, "error: RUN_ID=a/b: expected a run folder name"),
     ({"EPISODES": "4294967297"}, "error: EPISODES=4294967297: expected at most 2**32"),
+    # an empty VAE_WEIGHTS took the default silently; a 23-digit STEPS wrapped in bash and went on to the demos
+    ({"VAE": "fitted", "VAE_WEIGHTS": ""}, "error: VAE_WEIGHTS=: expected a tiny VAE's safetensors file"),
+    ({"STEPS": "99999999999999999999999"}, "error: STEPS=99999999999999999999999: expected at most 18 digits"),
     # a setting the chosen run does not read: refused, not ignored
     ({"VIDEO_WEIGHT": "0.2"}, "error: VIDEO_WEIGHT=0.2: applies only to OBJECTIVE=joint"),
     ({"PRETRAIN_DEMOS": "10"}, "error: PRETRAIN_DEMOS=10: applies only with PRETRAIN > 0"),
@@ -84,6 +87,37 @@ def test_a_bad_setting_is_one_line_before_anything_runs(tmp_path: Path, env: dic
     assert not (tmp_path / "data").exists()
 
 
+def read_only_folder(tmp_path: Path) -> Path:
+    """A folder this process cannot write to: a mode-555 one, or for root (who writes through modes)
+    a read-only mount's."""
+    folder = tmp_path / "read_only"
+    folder.mkdir()
+    folder.chmod(0o555)
+    if not os.access(folder, os.W_OK):
+        return folder
+    for candidate in (Path("/proc/sys"), Path("/sys/fs/cgroup")):
+        if candidate.is_dir() and not os.access(candidate, os.W_OK):
+            return candidate
+    pytest.skip("no folder here that this user cannot write to")
+
+
+@pytest.mark.parametrize("where", ["missing", "read-only", "a-folder"])
+def test_a_fitted_vae_path_the_fit_cannot_write_is_one_line_before_the_demos(tmp_path: Path, where: str) -> None:
+    """VAE=fitted with a VAE_WEIGHTS file that is missing: the fit stage writes it after the demos,
+    so a folder that is not there or not writable is refused first (it was found after the demos,
+    or a typo'd folder was created anew); a folder given as the file too."""
+    folder = {"missing": lambda: tmp_path / "nope", "read-only": lambda: read_only_folder(tmp_path),
+              "a-folder": lambda: tmp_path}[where]()
+    weights = tmp_path if where == "a-folder" else folder / "vae.safetensors"
+    r = recipe(tmp_path, VAE="fitted", VAE_WEIGHTS=str(weights))
+    expected = {"missing": f"no folder {folder} (the file is missing, so the fit stage would write it there)",
+                "read-only": f"folder {folder} is not writable (the file is missing, so the fit stage would write it there)",
+                "a-folder": "is a folder, expected a tiny VAE's safetensors file"}[where]
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.strip().splitlines() == [f"error: VAE_WEIGHTS={weights}: {expected}"], r.stderr
+    assert not (tmp_path / "data").exists() and not (tmp_path / "nope").exists()
+
+
 @pytest.mark.parametrize(("env", "overrides", "message"), [
     ({}, ["trainer.max_train_step=5"], "unknown config key 'trainer.max_train_step' (did you mean trainer.max_train_steps?)"),
     ({}, ["trainer.learning_rate.action_model=abc"], "trainer.learning_rate.action_model: got 'abc', expected float"),
@@ -110,7 +144,7 @@ def test_the_training_overrides_are_checked_before_anything_runs(tmp_path: Path,
 def test_the_curve_stage_takes_the_task_and_refuses_an_unknown_one(tmp_path: Path, capsys) -> None:
     """The recipe's eval stage (success_curve --task, passed on to sim.eval): a bad task is one line
     before any checkpoint is looked for."""
-    from dit4dit_npu.train.success_curve import main
+    from dit4dit_npu.train.ops_cli import success_curve_main as main
 
     assert main(["--run", str(tmp_path), "--task", "stack"]) == 2
     err = capsys.readouterr().err.strip().splitlines()

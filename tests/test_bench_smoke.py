@@ -152,3 +152,14 @@ def test_sim_replay_and_success_curve_smoke_end_with_a_success_line(tmp_path: Pa
     assert success.fullmatch(lines[-1]), lines[-5:]
     lines = run([sys.executable, "-m", "dit4dit_npu.train.success_curve", "--smoke", "--run", str(tmp_path / "replay_smoke" / "replay1")])
     assert success.fullmatch(lines[-1]), lines[-5:]
+
+
+def test_serve_soak_smoke_serves_without_errors_and_ends_with_the_memory_growth() -> None:
+    """A soak has no speedup: its last line is the server's resident-memory growth over the run,
+    ``rss_growth: X.XX%`` (documented in bench/serve_soak.py), after the requests served and the
+    errors (none expected on loopback)."""
+    lines = run([sys.executable, "bench/serve_soak.py", "--smoke"])
+    assert re.fullmatch(r"rss_growth: -?\d+\.\d\d%", lines[-1]), lines[-8:]
+    assert "errors: 0" in lines, lines[-8:]
+    served = next(line for line in lines if line.startswith("requests served: "))
+    assert int(served.split()[2]) > 0, served

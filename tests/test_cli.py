@@ -41,6 +41,17 @@ def test_every_entry_point_has_a_console_script() -> None:
     }
 
 
+def test_argparse_programs_live_in_cli_modules_only() -> None:
+    """A library module keeps only a two-line ``__main__`` block; its flags are its package's cli
+    module's (sim.demos, sim.eval and train.success_curve held their own parsers, and their console
+    scripts pointed at the library modules)."""
+    cli = ("cli", "ops_cli", "__main__")
+    assert {s: t for s, t in SCRIPTS.items() if t.split(":")[0].rsplit(".", 1)[1] not in cli} == {}
+    parsers = sorted(str(f.relative_to(ROOT)) for f in (ROOT / "dit4dit_npu").rglob("*.py")
+                     if f.stem not in cli and "ArgumentParser(" in f.read_text())
+    assert parsers == []
+
+
 @pytest.mark.slow  # a process each (the options' help text is checked in-process below)
 @pytest.mark.parametrize("script", sorted(SCRIPTS))
 def test_console_script_help_runs(script: str) -> None:

@@ -7,6 +7,7 @@ The client's bound and the server's agree: every rate is refused by both or by n
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -24,7 +25,7 @@ def runner(control_hz, sent: list | None = None) -> AsyncChunkRunner:
                             get_observation=dict, send_action=sent.append)
 
 
-@pytest.mark.parametrize("hz", [math.inf, 1e9, 5000, 1000.5, 0, -1, math.nan, True, "50"])
+@pytest.mark.parametrize("hz", [math.inf, 1e9, 5000, 1000.5, 0, -1, math.nan])
 def test_a_control_rate_outside_the_servers_bounds_is_refused(hz) -> None:
     with pytest.raises(ArgumentError) as e:
         runner(hz)
@@ -33,6 +34,57 @@ def test_a_control_rate_outside_the_servers_bounds_is_refused(hz) -> None:
     assert "\n" not in msg and isinstance(e.value, ValueError) and isinstance(e.value, ClientError)
     with pytest.raises(ArgumentError, match="^control_hz: expected"):
         delay_steps(0.1, hz)
+
+
+@pytest.mark.parametrize(("hz", "got"), [  # (numpy 2 writes np.float32(50.0), numpy 1 50.0)
+    (np.float32(50), r"float32 (np\.float32\()?50\.0\)?"), (True, "bool True"), ("50", "str '50'")])
+def test_a_control_rate_of_another_type_is_refused_naming_the_type(hz, got) -> None:
+    """The server takes a Python int or float only (numpy's float32 too is refused there); the
+    message said the 0-1000 bounds, which 50 is within."""
+    with pytest.raises(ArgumentError) as e:
+        runner(hz)
+    assert re.fullmatch(re.escape("AsyncChunkRunner: control_hz: expected the robot's control rate in Hz as a Python "
+                                  "int or float (the policy server takes no other type; float(x) converts numpy's), got ")
+                        + got, str(e.value)), str(e.value)
+    assert runner(float(hz)).control_hz == float(hz)
+
+
+@pytest.mark.parametrize(("name", "value", "got"), [
+    ("executor", "async", "expected a ChunkExecutor, got str"),
+    ("infer", None, "expected a callable, got NoneType None"),
+    ("get_observation", {}, "expected a callable, got dict {}"),
+    ("send_action", [], "expected a callable, got list []"),
+    ("clock", 0.0, "expected a callable, got float 0.0"),
+    ("sleep", 1, "expected a callable, got int 1"),
+])
+def test_the_runner_checks_its_executor_and_functions_where_they_are_given(name, value, got) -> None:
+    """They were used only in run(): an AttributeError or 'object is not callable' from deep inside
+    the loop (a send_action of the wrong kind after the first request had gone out)."""
+    args = {"infer": lambda obs, req: np.zeros((8, 2)), "executor": ChunkExecutor("async", 4), "control_hz": 50,
+            "get_observation": dict, "send_action": [].append, name: value}
+    with pytest.raises(ArgumentError) as e:
+        AsyncChunkRunner(**args)
+    assert str(e.value) == f"AsyncChunkRunner: {name}: {got}"
+
+
+def test_a_very_slow_rate_is_taken_and_its_first_tick_waits_out_the_period() -> None:
+    """The bound is the server's, > 0 only: 1e-300 Hz is accepted, and the first tick's wait of
+    1e300 s is slept in pieces time.sleep takes (one sleep of it raised OverflowError)."""
+    slept: list[float] = []
+
+    class Waited(Exception):
+        pass
+
+    def sleep(s: float) -> None:
+        slept.append(s)
+        if len(slept) == 3:
+            raise Waited
+
+    r = AsyncChunkRunner(lambda obs, req: np.zeros((8, 2)), ChunkExecutor("async", 4), 1e-300, get_observation=dict,
+                         send_action=[].append, sleep=sleep)
+    with pytest.raises(Waited):
+        r.run(2)
+    assert r.period > 1e299 and len(slept) == 3 and all(0 < s <= 86400 for s in slept)
 
 
 def test_rates_within_the_bounds_run() -> None:

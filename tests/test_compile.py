@@ -62,7 +62,7 @@ def test_compile_on_cpu_without_a_cxx_compiler_says_so(monkeypatch):
 def test_every_command_that_loads_a_policy_has_the_same_compile_flag(tmp_path):
     from dit4dit_npu.eval.cli import parse_args as eval_args
     from dit4dit_npu.serve.cli import parse_args as serve_args
-    from dit4dit_npu.sim.eval import parse_args as sim_args
+    from dit4dit_npu.sim.cli import parse_eval_args as sim_args
 
     for parse, rest in ((serve_args, []), (eval_args, []), (sim_args, ["--out", str(tmp_path)])):
         assert parse(["--policy", "p", *rest]).compile is False  # off by default

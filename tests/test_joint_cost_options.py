@@ -206,6 +206,9 @@ def test_video_loss_on_fewer_future_latent_frames(cache):
         (["framework.cosmos25.one_pass.condition_head_on_noise_level=true"],
          r"framework\.cosmos25\.one_pass\.condition_head_on_noise_level: got True.*unless framework\.cosmos25\.one_pass\.enabled"),
         (["framework.cosmos25.video_loss_future_frames=0"], r"framework\.cosmos25\.video_loss_future_frames: got 0, expected >= 1"),
+        # (was accepted and ignored: 'action' mode encodes latent 0 alone)
+        (["framework.cosmos25.video_loss_future_frames=1", "framework.cosmos25.training=action"],
+         r"framework\.cosmos25\.video_loss_future_frames: got 1, expected null with framework\.cosmos25\.training 'action'"),
         (["trainer.video_loss_interval=0"], r"trainer\.video_loss_interval: got 0, expected >= 1"),
         (["trainer.video_loss_interval=2", "framework.cosmos25.training=action"],
          r"trainer\.video_loss_interval: got 2.*unless framework\.cosmos25\.training is 'joint'"),

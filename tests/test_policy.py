@@ -129,6 +129,14 @@ def test_batch_and_single_agree(setup, policy: DiT4DiTPolicy) -> None:
         assert np.abs(v[i].astype(int) - single.astype(int)).max() <= 1  # uint8 rounding
 
 
+def test_an_empty_batch_is_a_policy_input_error(policy: DiT4DiTPolicy) -> None:
+    """It was a plain TypeError ('got []'), which a server counts as its own failure, not the caller's."""
+    for empty in ([], (), iter([])):
+        with pytest.raises(PolicyInputError) as e:
+            policy.predict_batch(empty)
+        assert str(e.value) == "predict_batch: expected one or more requests (ParsedRequests or ModelSpaceRequests), got none"
+
+
 def test_bf16_backbone_stays_close_to_fp32(setup, policy: DiT4DiTPolicy) -> None:
     fast = DiT4DiTPolicy.from_pretrained(setup.policy_dir, backbone_dtype=torch.bfloat16)
     assert fast.model.backbone.dtype == torch.bfloat16 and fast.model.action_model.dtype == torch.float32

@@ -13,11 +13,10 @@ from pathlib import Path
 import pytest
 
 from dit4dit_npu.data.cli import demo_main as data_demo_main
-from dit4dit_npu.sim.demos import main as demos_main
+from dit4dit_npu.sim.cli import demos_main, eval_main
 from dit4dit_npu.sim.errors import SimError
-from dit4dit_npu.sim.eval import main as eval_main
 from dit4dit_npu.sim.tasks import SEED_LIMIT, check_seed_range
-from dit4dit_npu.train.success_curve import main as curve_main
+from dit4dit_npu.train.ops_cli import success_curve_main as curve_main
 
 ROOT = Path(__file__).resolve().parents[1]
 PAST = ["--seed", str(SEED_LIMIT - 1), "--episodes", "2"]  # episode 1 is fine, episode 2's seed is 2**32

@@ -210,10 +210,21 @@ def test_cli_checks_its_numbers(capsys) -> None:
                         (["--max-new-instructions", "-2"], "--max-new-instructions must be >= 0"),
                         (["--port", "99999"], "--port must be in 0..65535, got 99999"),  # was OverflowError
                         (["--port", "-1"], "--port must be in 0..65535, got -1"),  # was 'unknown host'
-                        (["--log-level", "LOUD"], "--log-level must be DEBUG, INFO, WARNING or ERROR")):
+                        (["--log-level", "LOUD"], "--log-level must be DEBUG, INFO, WARNING or ERROR"),
+                        # NaN passed every comparison, inf overflowed int() after the model load (tracebacks)
+                        (["--max-message-mb", "nan"], "--max-message-mb must be a finite number, got nan"),
+                        (["--max-decoded-mb", "inf"], "--max-decoded-mb must be a finite number, got inf"),
+                        (["--batch-window-ms", "nan"], "--batch-window-ms must be a finite number, got nan"),
+                        # the cap was ignored without a word
+                        (["--max-new-instructions", "2", "--refuse-new-instructions"],
+                         "--max-new-instructions 2 with --refuse-new-instructions")):
         with pytest.raises(SystemExit) as info:
             serve_main(["--policy", "x", *args])
         assert info.value.code == 2 and match in capsys.readouterr().err
+    from dit4dit_npu.serve.cli import parse_args
+
+    assert parse_args(["--policy", "x"]).max_new_instructions == 8  # the default, unchanged
+    assert parse_args(["--policy", "x", "--refuse-new-instructions"]).max_new_instructions == 8
 
 
 def test_client_refuses_a_malformed_address_at_once() -> None:

@@ -13,7 +13,7 @@ import pytest
 pytest.importorskip("gym_aloha", reason="simulation extra not installed (pip install -e '.[sim]')")
 
 from dit4dit_npu.data.lerobot import LeRobotDataset  # noqa: E402
-from dit4dit_npu.sim.demos import main as demos_main  # noqa: E402
+from dit4dit_npu.sim.cli import demos_main  # noqa: E402
 from dit4dit_npu.sim.demos import record_expert_episode, write_demos  # noqa: E402
 from dit4dit_npu.sim.scene import AlohaScene  # noqa: E402
 from dit4dit_npu.sim.tasks import CAMERAS, MOTORS, TRAIN_SEED0, get_task  # noqa: E402

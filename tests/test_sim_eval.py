@@ -16,8 +16,8 @@ import pytest
 pytest.importorskip("gym_aloha", reason="simulation extra not installed (pip install -e '.[sim]')")
 
 from dit4dit_npu.data.video import probe_video  # noqa: E402
+from dit4dit_npu.sim.cli import eval_main  # noqa: E402
 from dit4dit_npu.sim.errors import SimError  # noqa: E402
-from dit4dit_npu.sim.eval import main as eval_main  # noqa: E402
 from dit4dit_npu.sim.policies import check_compatible  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -300,7 +300,8 @@ def test_default_render_size_follows_the_policy_training_videos() -> None:
 def test_former_policy_spellings_for_servers_and_scripted_policies_say_so_once(tmp_path: Path, capsys) -> None:
     """``--policy hold`` / ``--policy ws://...`` (before --scripted and --server) keep working: the
     same policy, one notice line naming the new flag."""
-    from dit4dit_npu.sim.eval import acting_flags, parse_args
+    from dit4dit_npu.sim.cli import acting_flags
+    from dit4dit_npu.sim.cli import parse_eval_args as parse_args
 
     out = tmp_path / "o"
     for old, new in (["hold", ["--scripted", "hold"]], ["ws://127.0.0.1:9", ["--server", "ws://127.0.0.1:9"]]):

@@ -71,7 +71,7 @@ def train(args: list[str], env: dict | None = None, entry: tuple[str, ...] = ("-
 def sim_eval(capsys, policy: str, out: Path, *extra: str) -> dict:
     """One closed-loop episode through ``dit4dit_npu.sim.eval`` (in this process: the policy side
     is what is tested; the scene is the real one either way)."""
-    from dit4dit_npu.sim.eval import main as eval_main
+    from dit4dit_npu.sim.cli import eval_main
 
     code = eval_main(["--policy", policy, "--episodes", "1", "--max-steps", str(EPISODE_STEPS), "--videos", "0",
                       "--out", str(out), *extra])

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dit4dit_npu.train.success_curve import main
+from dit4dit_npu.train.ops_cli import success_curve_main as main
 
 
 def fake_run(root: Path, name: str, checkpoints: dict[int, tuple[float | None, int]], episodes: int = 4) -> Path:

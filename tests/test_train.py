@@ -295,6 +295,8 @@ def run_script(args: list[str], tmp_path: Path, **env) -> subprocess.CompletedPr
         (["--num_processes="], "--num_processes=: expected a positive integer"),
         (["--num_machines=0"], "--num_machines=0: expected a positive integer"),
         (["--num_machines=2", "--machine_rank=2"], "--machine_rank=2: expected an integer from 0 to 1"),
+        # a switch's value was ignored: --dry-run=0 started a dry run
+        (["--dry-run=0"], "--dry-run=0: --dry_run takes no value"),
     ],
 )
 def test_train_8p_script_refuses_bad_counts_with_one_line(tmp_path, args, message):

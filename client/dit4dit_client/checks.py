@@ -40,7 +40,12 @@ def check_seed(value: Any, key: str = "seed") -> None:
 def check_control_hz(value: Any, key: str = "control_hz") -> float:
     """A robot control rate in Hz within the server's bounds, (0, MAX_CONTROL_HZ], as a float: the
     server's rule for its rtc.control_hz, type included (a Python int or float, not a bool)."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= MAX_CONTROL_HZ:
+    if isinstance(value, bool) or not isinstance(value, int | float):  # numpy's float32, a str, ...
+        raise ArgumentError(
+            f"{key}: expected the robot's control rate in Hz as a Python int or float (the policy server "
+            f"takes no other type; float(x) converts numpy's), got {type(value).__name__} {value!r:.40}"
+        )
+    if not 0 < value <= MAX_CONTROL_HZ:
         raise ArgumentError(
             f"{key}: expected the robot's control rate in Hz, > 0 and at most {MAX_CONTROL_HZ:g} (the policy "
             f"server's bounds: faster loops than that do not execute action chunks), got {value!r:.40}"

@@ -23,9 +23,12 @@ request timeout. When the robot has to hold its last action because a chunk ran 
 next arrived (async, ensemble, rtc: the delay exceeded what the chunk and ``execution_horizon``
 leave), the run logs one warning with the numbers; ``RunStats.held`` counts the ticks.
 
-``control_hz`` takes the policy server's bounds, (0, 1000] (``checks.MAX_CONTROL_HZ``): a rate past
-them would call ``send_action`` as fast as the loop spins, or wait ages for the first tick.
-``run(steps)`` takes an int; bad arguments are one ``ArgumentError`` line naming the argument.
+``control_hz`` takes the policy server's bounds, (0, 1000] (``checks.MAX_CONTROL_HZ``): a faster
+rate is refused (the loop would call ``send_action`` as fast as it spins). There is no lower bound
+but > 0: every tick, the first included, ends by waiting out its period (1 / ``control_hz``
+seconds), so a rate such as 1e-300 Hz is accepted and its first tick waits (practically) forever.
+``run(steps)`` takes an int; the executor must be a ``ChunkExecutor`` and the functions callables;
+bad arguments are one ``ArgumentError`` line naming the argument.
 """
 
 from __future__ import annotations
@@ -50,6 +53,9 @@ logger = logging.getLogger(__name__)
 # The runner's own bound on a request waits this long past its timeout, so the client's error
 # (which names the server) is the one raised when both would fire.
 _GRACE_S = 1.0
+# The longest single sleep of a tick; a longer period (a rate such as 1e-300 Hz, which the server's
+# bounds accept) is waited out in sleeps of this length.
+_LONGEST_SLEEP_S = 86400.0
 
 
 def websocket_infer(client: Any, session: bool = True) -> Infer:
@@ -131,6 +137,12 @@ class AsyncChunkRunner:
         """``request_timeout_s``: how long one request may take before ``run`` raises (wall clock);
         default: the infer's own (``websocket_infer``: the client's, plus a second), else
         ``DEFAULT_REQUEST_TIMEOUT_S``."""
+        if not isinstance(executor, ChunkExecutor):
+            raise ArgumentError(f"AsyncChunkRunner: executor: expected a ChunkExecutor, got {type(executor).__name__}")
+        for name, f in (("infer", infer), ("get_observation", get_observation), ("send_action", send_action),
+                        ("clock", clock), ("sleep", sleep)):
+            if not callable(f):
+                raise ArgumentError(f"AsyncChunkRunner: {name}: expected a callable, got {type(f).__name__} {f!r:.40}")
         control_hz = check_control_hz(control_hz, "AsyncChunkRunner: control_hz")
         if request_timeout_s is None:
             request_timeout_s = getattr(infer, "request_timeout_s", DEFAULT_REQUEST_TIMEOUT_S)
@@ -184,7 +196,11 @@ class AsyncChunkRunner:
             now = self.clock()
             if now > due + self.period:
                 stats.late_ticks += 1
-            self.sleep(max(0.0, due - now))
+            wait = max(0.0, due - now)
+            while wait > _LONGEST_SLEEP_S:  # time.sleep overflows past ~292 years (1e-300 Hz: 1e300 s)
+                self.sleep(_LONGEST_SLEEP_S)
+                wait -= _LONGEST_SLEEP_S
+            self.sleep(wait)
         if pending is not None:  # not needed any more, but the client must be free when we return
             if not pending.wait():
                 raise pending.timeout(self.request_timeout_s)

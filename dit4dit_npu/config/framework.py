@@ -246,6 +246,8 @@ class Cosmos25Config:
                 "in (0, 1] (1.0 = the video loss on every sample)")
         k = self.video_loss_future_frames
         require(k is None or k >= 1, f"{key}.video_loss_future_frames", k, ">= 1, or null (= all the clip's)")
+        require(k is None or self.training != "action", f"{key}.video_loss_future_frames", k,
+                f"null with {key}.training 'action' (it has no video loss: the option would have no effect)")
         self.one_pass.check(f"{key}.one_pass")
         if self.one_pass.enabled:
             require(self.training == "joint", f"{key}.training", self.training,

@@ -362,6 +362,13 @@ class TrainerConfig:
     # resume ignores it (its checkpoint already holds the weights).
     init_from: str | None = None
     keep_last_checkpoints: int = 2
+    # How long (seconds) a rank waits in a collective (all-reduce, barrier) for the other ranks
+    # before the job stops with one line naming the wait: a rank that stalls (a hung card, a
+    # stopped process) otherwise holds every other card for the backend's default, 30 min (gloo,
+    # hccl) or 10 min (nccl). It must exceed the longest time one rank legitimately works alone
+    # while the others wait (rank 0 exporting and hashing a checkpoint, encoding the prompt cache
+    # on a first start, a trainer.sim_eval episode batch): docs/operations.md has the reasoning.
+    collective_timeout_s: float = 600.0
     # Number of held-out samples scored at each eval_interval (0 = off).
     eval_samples: int = 32
     ema: EMAConfig = field(default_factory=EMAConfig)
@@ -402,6 +409,8 @@ class TrainerConfig:
             v = getattr(self, name)
             require(v is None or (math.isfinite(v) and v > 0), f"{key}.{name}", v, "a number of seconds > 0, or null (= off)")
         require(self.num_warmup_steps >= 0, f"{key}.num_warmup_steps", self.num_warmup_steps, ">= 0")
+        require(math.isfinite(self.collective_timeout_s) and self.collective_timeout_s > 0,
+                f"{key}.collective_timeout_s", self.collective_timeout_s, "a number of seconds > 0")
         require(self.eval_samples >= 0, f"{key}.eval_samples", self.eval_samples, ">= 0 (0 = no evaluation)")
         require(math.isfinite(self.gradient_clipping) and self.gradient_clipping > 0, f"{key}.gradient_clipping",
                 self.gradient_clipping, "> 0")

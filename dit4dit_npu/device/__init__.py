@@ -4,6 +4,7 @@
     dev.get_device(); dev.autocast(); dev.dist_backend(); dev.configure_host_allocator()
 
 ``api`` (which device; torch.device, autocast, backends, seeding, synchronize, memory),
+``collectives`` (how each backend's collective fails when a peer died or stalled),
 ``launch`` (the launch environment: Ascend defaults, library path, one rank per card), ``host``
 (glibc malloc tuning on CPU hosts), ``stack`` (the installed software stack: Python, torch,
 torch_npu, CANN; stdlib only), ``probes`` (what the doctor, ``python -m dit4dit_npu.doctor``,
@@ -51,6 +52,7 @@ if TYPE_CHECKING:  # the names below, for readers and type checkers; resolved by
         synchronize,
         video_memory_format,
     )
+    from dit4dit_npu.device.collectives import collective_failure  # noqa: F401
     from dit4dit_npu.device.host import HOST_MALLOC_DEFAULTS, configure_host_allocator  # noqa: F401
     from dit4dit_npu.device.launch import (  # noqa: F401
         ASCEND_ENV_DEFAULTS,
@@ -69,12 +71,13 @@ _EXPORTS = {
         "parse_device", "reset_cache", "reset_peak_memory", "seed_everything", "set_device",
         "supports_fused_adamw", "synchronize", "video_memory_format",
     ),
+    "collectives": ("collective_failure",),
     "host": ("HOST_MALLOC_DEFAULTS", "configure_host_allocator"),
     "launch": ("ASCEND_ENV_DEFAULTS", "apply_env_defaults", "check_local_ranks", "cpu_cores", "launch_env",
                "library_paths"),
 }
 _OWNER = {name: module for module, names in _EXPORTS.items() for name in names}
-_SUBMODULES = ("api", "host", "launch", "stack", "probes")
+_SUBMODULES = ("api", "collectives", "host", "launch", "stack", "probes")
 
 __all__ = sorted(_OWNER)
 

@@ -304,6 +304,8 @@ class DiT4DiTPolicy:
         return NaN/inf. ``noise``: see ``predict_action``."""
         seed = parse_seed(seed)
         requests = list(requests)
+        if not requests:  # the caller's input (a server counts it so), not a bug of the policy
+            raise PolicyInputError("predict_batch: expected one or more requests (ParsedRequests or ModelSpaceRequests), got none")
         kinds = {type(r) for r in requests}
         if len(kinds) != 1 or not kinds <= {ParsedRequest, ModelSpaceRequest}:
             raise TypeError(f"predict_batch: expected ParsedRequests or ModelSpaceRequests, got {sorted(k.__name__ for k in kinds)}")

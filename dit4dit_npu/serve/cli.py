@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import math
 import time
 
 from dit4dit_npu.console import add_compile_flag, entry_point, former_names, require
@@ -54,19 +55,28 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     former_names(p, allow, "--allow-out-of-range-state")
     p.add_argument("--batch-window-ms", type=float, default=DEFAULT_BATCH_WINDOW_MS,
                    help="how long the first request of a batch waits for others to join (default: %(default)g)")
-    p.add_argument("--max-new-instructions", type=int, default=DEFAULT_MAX_NEW_INSTRUCTIONS,
+    p.add_argument("--max-new-instructions", type=int, default=None,
                    help="instructions outside the training set kept encoded, least recently used dropped "
-                   "(default: %(default)d; each is ~100 MB at full size)")
+                   f"(default: {DEFAULT_MAX_NEW_INSTRUCTIONS}; each is ~100 MB at full size)")
     p.add_argument("--refuse-new-instructions", action="store_true",
                    help="answer only the instructions the policy was trained with")
     p.add_argument("--log-level", default="INFO", help="DEBUG, INFO (default), WARNING or ERROR")
     args = p.parse_args(argv)
     require(p, args, policy)
     for name, low in (("max_batch", 1), ("max_new_instructions", 0)):
-        if getattr(args, name) < low:
+        if getattr(args, name) is not None and getattr(args, name) < low:
             p.error(f"--{name.replace('_', '-')} must be >= {low}, got {getattr(args, name)}")
+    # a NaN passes every comparison, and an inf overflows the byte counts after the model load
+    for name in ("batch_window_ms", "max_message_mb", "max_decoded_mb"):
+        if (v := getattr(args, name)) is not None and not math.isfinite(v):
+            p.error(f"--{name.replace('_', '-')} must be a finite number, got {v}")
     if args.batch_window_ms < 0 or args.max_message_mb <= 0:
         p.error("--batch-window-ms must be >= 0 and --max-message-mb > 0")
+    if args.refuse_new_instructions and args.max_new_instructions is not None:
+        p.error(f"--max-new-instructions {args.max_new_instructions} with --refuse-new-instructions: the cap "
+                "has no effect when every new instruction is refused (give one of them)")
+    if args.max_new_instructions is None:
+        args.max_new_instructions = DEFAULT_MAX_NEW_INSTRUCTIONS
     if args.max_rows is not None and args.max_rows < 1:
         p.error(f"--max-rows must be >= 1, got {args.max_rows}")
     if args.max_decoded_mb is not None and not args.max_decoded_mb > 0:

@@ -11,6 +11,7 @@
     success_rate.py  Wilson interval and the summary line
     demos.py         python -m dit4dit_npu.sim.demos: expert demos -> LeRobot dataset
     eval.py          python -m dit4dit_npu.sim.eval: success rate with CIs, results.json, videos
+    cli.py           those two commands' flags (demos_main, eval_main: dit4dit-sim-demos, dit4dit-sim-eval)
 
 Importing this package is light; MuJoCo loads with ``scene``/``render``/``ik``.
 """

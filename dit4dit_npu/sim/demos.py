@@ -7,20 +7,18 @@ Each episode: reset the scene with the next training seed, run the task's script
 the episode only if it succeeded (reward 4) - the seeds used are listed in ``meta/sim_demos.json``.
 Memory holds one episode (its frames are encoded before the next starts): 50 episodes at 240x320
 would need 13.8 GB held together. Training seeds start at 100000, disjoint from the evaluation
-seeds (0, 1, ... by default in ``dit4dit_npu.sim.eval``).
+seeds (0, 1, ... by default in ``dit4dit_npu.sim.eval``). The command's flags are ``demos_main`` in
+``sim/cli.py``.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-from dit4dit_npu.console import entry_point
 from dit4dit_npu.files import atomic_folder
 from dit4dit_npu.sim.errors import SimError
 from dit4dit_npu.sim.tasks import (
@@ -31,7 +29,6 @@ from dit4dit_npu.sim.tasks import (
     TRAIN_SEED0,
     check_seed_range,
     get_task,
-    parse_size,
 )
 
 # A failing seed is skipped; this many failures in a row means the expert is broken, not unlucky.
@@ -145,37 +142,7 @@ def write_demos(
     return summary
 
 
-@entry_point
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m dit4dit_npu.sim.demos", description=__doc__.splitlines()[0])
-    p.add_argument("--task", default="transfer_cube", help="the scene and its scripted expert (default: %(default)s)")
-    p.add_argument("--episodes", type=int, default=50, help="how many successful episodes to keep (default: %(default)s)")
-    p.add_argument("--size", default="240x320", help="HxW of every camera (RoboTwin: 240x320)")
-    p.add_argument("--out", required=True, type=Path, help="new (or empty) folder to write the dataset into")
-    p.add_argument("--seed", type=int, default=TRAIN_SEED0, help=f"first training seed (>= {TRAIN_SEED0})")
-    p.add_argument(
-        "--horizon",
-        type=int,
-        default=None,
-        help="steps per episode (default: the expert's: transfer_cube 320, insertion 300)",
-    )
-    p.add_argument(
-        "--version", default="v3.0", choices=["v2.1", "v3.0"], help="LeRobot format version (default: %(default)s)"
-    )
-    a = p.parse_args(argv)
-    get_task(a.task)
-    size_hw = parse_size(a.size)
-    from dit4dit_npu.sim.backend import require_simulator
+if __name__ == "__main__":  # python -m dit4dit_npu.sim.demos: the command is sim/cli.py's
+    from dit4dit_npu.sim.cli import demos_main
 
-    require_simulator()
-    s = write_demos(a.out, a.task, a.episodes, size_hw, a.seed, a.horizon, a.version)
-    print(
-        f"wrote {s['episodes']} {a.task} demos ({s['frames_per_episode']} frames, 3 cameras {a.size}, seeds "
-        f"{s['seeds'][0]}..{s['seeds'][-1]}, {len(s['failed_seeds'])} failed seed(s) skipped) in "
-        f"{s['sim_and_write_s']} s -> {a.out}"
-    )
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(demos_main())

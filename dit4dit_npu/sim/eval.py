@@ -15,6 +15,9 @@ ends there, as gym-aloha's env terminates); success within gym-aloha's 300-step 
 too. Prints one line per episode and ``success k/N = p% (95% Wilson CI lo–hi%)``; writes
 ``results.json`` and mp4s (cam_high | left wrist | right wrist) of the first N episodes.
 W > 1 runs episodes in W processes, each with its own scene and policy.
+
+The command (its flags, the printed lines) is ``eval_main`` in ``sim/cli.py``; this module runs the
+episodes and writes ``results.json``.
 """
 
 from __future__ import annotations
@@ -22,94 +25,22 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from dit4dit_client import MODES
-
-from dit4dit_npu.console import add_compile_flag, entry_point, former_names, require
 from dit4dit_npu.files import atomic_write_json
 from dit4dit_npu.sim.errors import SimError
 from dit4dit_npu.sim.execution import Execution
 from dit4dit_npu.sim.policies import BUILTIN
 from dit4dit_npu.sim.rollout import EvalSetup
-from dit4dit_npu.sim.success_rate import format_rate, wilson_interval
+from dit4dit_npu.sim.success_rate import wilson_interval
 from dit4dit_npu.sim.tasks import (
-    EPISODE_STEPS,
     GYM_MAX_STEPS,
-    TRAIN_SEED0,
     check_seed_range,
     get_task,
     parse_size,
 )
-
-
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m dit4dit_npu.sim.eval", description=__doc__.splitlines()[0])
-    # what acts: exactly one of a policy folder, a policy server, a scripted policy (console.py: --policy
-    # names a policy folder in every command)
-    who = p.add_mutually_exclusive_group(required=True)
-    who.add_argument("--policy", metavar="DIR", help="a policy folder")
-    who.add_argument("--server", metavar="ws://HOST:PORT", help="a policy server (python -m dit4dit_npu.serve)")
-    who.add_argument("--scripted", choices=BUILTIN, help="a scripted policy: the demo expert (whole or in chunks), "
-                                                          "or hold the start pose")
-    p.add_argument("--task", default="transfer_cube", help="the scene and its success check (default: %(default)s)")
-    p.add_argument("--episodes", type=int, default=50, help="how many episodes (default: %(default)s)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the first episode")
-    p.add_argument(
-        "--replan", type=int, default=None,
-        help="actions executed per query, the execution horizon (default: whole chunk; half of it for the async modes)",
-    )
-    p.add_argument(
-        "--execution", default="sync", choices=MODES,
-        help="how chunks are merged while the next is computed: sync (pause), async (switch), ensemble (ACT's "
-        "temporal ensembling), rtc (real-time chunking)",
-    )
-    p.add_argument("--delay-ms", type=float, default=0.0, help="simulated inference delay (default 0)")
-    p.add_argument(
-        "--size", default=None, help="HxW per camera (default: the policy's training size, else 240x320)"
-    )
-    p.add_argument("--max-steps", type=int, default=EPISODE_STEPS, help="episode length (ACT: 400)")
-    p.add_argument("--videos", type=int, default=2, help="mp4s of the first N episodes")
-    p.add_argument("--workers", type=int, default=1, help="parallel worker processes (each: scene + policy)")
-    p.add_argument("--connect-timeout", type=float, default=30.0, help="seconds to wait for a ws:// server")
-    p.add_argument(
-        "--merge-lora", action="store_true", help="fold a LoRA policy folder's adapter into the base transformer at load"
-    )
-    add_compile_flag(p)
-    out = p.add_argument("--out", type=Path, help="folder for results.json and the videos (required)")
-    former_names(p, out, "--output")
-    args = p.parse_args(argv)
-    require(p, args, out)
-    args.policy = acting_policy(args)
-    return args
-
-
-def acting_policy(a: argparse.Namespace) -> str:
-    """The one spec string the rollout workers build their policy from (``policies.make_policy``):
-    a folder, a ws:// address or a scripted name. ``--policy ws://...`` and ``--policy expert`` (the
-    spelling before --server and --scripted) keep working, with one notice line."""
-    if a.server is not None:
-        if not a.server.startswith(("ws://", "wss://")):
-            raise SimError(f"--server: expected ws://HOST:PORT, got {a.server!r}")
-        return a.server
-    if a.scripted is not None:
-        return a.scripted
-    if a.policy.startswith(("ws://", "wss://")):
-        print(f"notice: --policy {a.policy} is deprecated, use --server {a.policy}", file=sys.stderr)
-    elif a.policy in BUILTIN:
-        print(f"notice: --policy {a.policy} is deprecated, use --scripted {a.policy}", file=sys.stderr)
-    return a.policy
-
-
-def acting_flags(spec: str) -> list[str]:
-    """The flags that say ``spec`` (a policy folder, a ws:// address or a scripted name) to this
-    command, for callers that take any of the three (bench/sim_eval.py, bench/rtc_sim.py)."""
-    if spec.startswith(("ws://", "wss://")):
-        return ["--server", spec]
-    return ["--scripted", spec] if spec in BUILTIN else ["--policy", spec]
 
 
 def make_setup(a: argparse.Namespace) -> EvalSetup:
@@ -301,48 +232,32 @@ def summarize(
     }
 
 
-@entry_point
-def main(argv: list[str] | None = None) -> int:
-    a = parse_args(argv)
-    setup = make_setup(a)
-    from dit4dit_npu.sim.backend import require_simulator
 
-    require_simulator()
+
+def evaluate(a: argparse.Namespace, setup: EvalSetup, on_result) -> dict:
+    """Every episode of seeds S..S+N-1 (in this process, or in W workers), then ``results.json``
+    in ``a.out``; ``on_result`` sees each episode's result as it arrives. Returns the summary."""
     seeds = list(range(a.seed, a.seed + a.episodes))
-    if seeds[-1] >= TRAIN_SEED0:
-        print(f"warning: seeds >= {TRAIN_SEED0} are the demo (training) seeds", file=sys.stderr)
     results: list[dict] = []
 
-    def on_result(r: dict) -> None:
+    def collect(r: dict) -> None:
         results.append(r)
-        print(episode_line(len(results) - 1, len(seeds), r), flush=True)
+        on_result(len(results) - 1, len(seeds), r)
 
     t0 = time.perf_counter()
     workers = min(a.workers, a.episodes)
     if workers == 1:
-        info = run_serial(setup, seeds, a.out, on_result)
+        info = run_serial(setup, seeds, a.out, collect)
     else:
-        info = run_parallel(setup, seeds, workers, a.out, on_result)
+        info = run_parallel(setup, seeds, workers, a.out, collect)
     wall = time.perf_counter() - t0
     results.sort(key=lambda r: r["seed"])
     summary = summarize(a, setup, info, results, wall)
     atomic_write_json(a.out / "results.json", {"summary": summary, "episodes": results})
-    print(f"success {format_rate(summary['successes'], len(results))}")
-    print(
-        f"success within {GYM_MAX_STEPS} steps (gym-aloha's limit): "
-        f"{format_rate(summary[f'successes_within_{GYM_MAX_STEPS}'], len(results))}"
-    )
-    if a.execution != "sync" or a.delay_ms:
-        print(
-            f"{a.execution} execution, {summary['delay_steps']} steps ({a.delay_ms:g} ms) delay: jerk at chunk "
-            f"boundaries {summary['boundary_jerk']} rad/s^3, elsewhere {summary['interior_jerk']}"
-        )
-    print(
-        f"env {summary['env_ms_per_step']} ms/step, policy {summary['policy_ms_per_chunk']} ms/chunk, "
-        f"{summary['episodes_per_min']} episodes/min with {summary['workers']} worker(s) -> {a.out / 'results.json'}"
-    )
-    return 0
+    return summary
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # python -m dit4dit_npu.sim.eval: the command is sim/cli.py's
+    from dit4dit_npu.sim.cli import eval_main
+
+    raise SystemExit(eval_main())

@@ -20,7 +20,8 @@
     cli.py          `python -m dit4dit_npu.train` (dit4dit-train); errors.py: TrainingError
 
 The ops tools: run before or after a training run, not by it. Each is a package command; the
-flags of the first two are parsed in ops_cli.py, those of latent statistics in data/cli.py.
+flags of the memory planner, fit_tiny_vae and the success curve are parsed in ops_cli.py, those of
+latent statistics in data/cli.py.
 
     memory planner  will a config's run fit the card? Per-card memory of the real model under ZeRO
                     0/2/3, with and without gradient checkpointing (memory_plan.py; its activation

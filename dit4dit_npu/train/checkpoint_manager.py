@@ -34,6 +34,12 @@ def data_fingerprint(data) -> dict:
     return ckpt_io.data_fingerprint(split, data.io.to_dict())
 
 
+def latest_checkpoint(run_dir: Path) -> str:
+    """Where a stopped run stands, for its one line."""
+    done = ckpt_io.list_checkpoints(run_dir)
+    return f"the latest checkpoint is still {done[-1][1]}" if done else "no checkpoint was saved yet"
+
+
 class CheckpointManager:
     def __init__(self, cfg, accelerator, run_dir: Path, model, ema: EMA | None, scheduler, stream, data,
                  prompt_cache, watch: DivergenceWatch) -> None:
@@ -135,9 +141,9 @@ class CheckpointManager:
             raise TrainingError(f"checkpoint step {step} not saved: {bad} ({why}); {self.latest()}")
         tmp = ckpt_io.tmp_dir_for(self.run_dir, step)
         error = self._on_every_rank(lambda: self._make_folder(tmp))
-        if error is None:
-            # Every rank writes its shards (a DeepSpeed rank that fails before DeepSpeed's own
-            # barrier still leaves the others waiting there).
+        if error is None and distributed.uses_deepspeed(acc) and acc.num_processes > 1:
+            self._save_shards_or_stop(tmp, step)
+        elif error is None:
             error = self._on_every_rank(lambda: distributed.save_state(acc, tmp / "state"))
         if error is None:
             # ZeRO-3 gathers for the export; the EMA shards meet on rank 0 and in the model for
@@ -154,6 +160,25 @@ class CheckpointManager:
                 self.run_dir, self.cfg.trainer.keep_last_checkpoints, protect=ckpt_io.final_dir_for(self.run_dir, step)
             )
         acc.wait_for_everyone()
+
+    def _save_shards_or_stop(self, tmp: Path, step: int) -> None:
+        """Every rank's shards under DeepSpeed with several ranks. A rank whose write fails (its
+        disk full, a file-size limit) cannot agree on the outcome with the others (``_on_every_rank``):
+        they wait in DeepSpeed's own barrier after the shards, which it never reaches, and a
+        collective it entered instead would leave both waiting out trainer.collective_timeout_s.
+        It stops at once with its one line; the others stop when its
+        connection closes (``distributed.stop_on_lost_rank``), and the partial folder is removed
+        at the next start, as after a kill."""
+        try:
+            distributed.save_state(self.accelerator, tmp / "state")
+        except Exception as e:
+            if not is_out_of_space(e):
+                raise  # a bug: its traceback
+            raise TrainingError(
+                f"checkpoint step {step} not saved: no space left on rank {self.accelerator.process_index} writing "
+                f"{tmp} ({ckpt_io.one_line(e)}); every rank stops, the partial folder is removed at the next start, "
+                f"{self.latest()}"
+            ) from None
 
     def _make_folder(self, tmp: Path) -> None:
         if self.is_main:
@@ -199,8 +224,7 @@ class CheckpointManager:
         )
 
     def latest(self) -> str:
-        done = ckpt_io.list_checkpoints(self.run_dir)
-        return f"the latest checkpoint is still {done[-1][1]}" if done else "no checkpoint was saved yet"
+        return latest_checkpoint(self.run_dir)
 
     # ------------------------------------------------------------------ export
 

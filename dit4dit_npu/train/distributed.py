@@ -15,11 +15,14 @@ import json
 import os
 import socket
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dit4dit_npu import device
 from dit4dit_npu.config import Config, ConfigError
+from dit4dit_npu.errors import DiT4DiTError
+from dit4dit_npu.train.errors import TrainingError
 
 if TYPE_CHECKING:
     import torch
@@ -105,7 +108,12 @@ def build_accelerator(cfg: Config):
         "mixed_precision": "no",
         # An explicit backend makes accelerate read world size/rank from torch.distributed
         # (without it accelerate 1.15 reports num_processes=1 on CPU under DeepSpeed).
-        "kwargs_handlers": [InitProcessGroupKwargs(backend=device.dist_backend())],
+        # The timeout reaches torch.distributed.init_process_group through accelerate, and through
+        # deepspeed.init_distributed under DeepSpeed: every later collective of the group waits at
+        # most this long for a peer (a caller's existing process group keeps its own).
+        "kwargs_handlers": [InitProcessGroupKwargs(
+            backend=device.dist_backend(), timeout=timedelta(seconds=cfg.trainer.collective_timeout_s)
+        )],
     }
     if cfg.trainer.deepspeed_config:
         if device.device_type() == device.CPU:
@@ -143,6 +151,51 @@ def building_outside_deepspeed(accelerator) -> Iterator[None]:
         yield
     finally:
         plugin.set_deepspeed_weakref()
+
+
+def time_out_every_group(accelerator, timeout_s: float) -> None:
+    """``trainer.collective_timeout_s`` on every process group, DeepSpeed's own included; call it
+    once the model is prepared. init_process_group's timeout covers the default group only:
+    DeepSpeed creates its data-parallel group (ZeRO's gradient reduction, the global grad norm)
+    with ``new_group`` and no timeout, which torch then sets to its own default, 30 min under gloo
+    (a rank stopped mid-step held the other in the grad norm's all-reduce past a 15 s timeout).
+    torch lists the groups only in ``distributed_c10d._world``, and sets a group's timeout with
+    ``set_timeout`` (``_set_pg_timeout`` before it was public): there is no other way to reach
+    groups a library made. A backend that cannot change its timeout keeps it (torch warns); one
+    process has no peer to wait for, and a caller's group keeps its own."""
+    if accelerator.num_processes == 1:
+        return
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    set_timeout = getattr(dist, "set_timeout", None) or c10d._set_pg_timeout
+    for group in list(c10d._world.pg_map):
+        set_timeout(timedelta(seconds=timeout_s), group)
+
+
+@contextlib.contextmanager
+def stop_on_lost_rank(accelerator, timeout_s: float, doing: Callable[[], str], latest: Callable[[], str]) -> Iterator[None]:
+    """A collective that fails because another rank died (its connection closed) or stalled (the
+    process group's timeout, ``trainer.collective_timeout_s``, ran out) becomes one line naming
+    this rank, what it was doing (``doing()``: the wait) and the newest checkpoint (``latest()``),
+    instead of the backend's traceback. Which rank died is the launcher's report (torchrun names
+    the first to fail, with its exit code or signal). One process: nothing to lose, left alone."""
+    try:
+        yield
+    except DiT4DiTError:
+        raise  # already one line (an inner stop_on_lost_rank's among them)
+    except Exception as e:
+        kind = device.collective_failure(e) if accelerator.num_processes > 1 else None
+        if kind is None:
+            raise
+        me = f"rank {accelerator.process_index}"
+        if kind == "timeout":
+            what = (f"{me} waited {timeout_s:g} s (trainer.collective_timeout_s) for the other ranks in a collective "
+                    f"while {doing()}: another rank stalled")
+        else:
+            what = (f"{me} lost another rank while {doing()} (its connection closed: it died; the launcher's report "
+                    "names it)")
+        raise TrainingError(f"{what}; stopping; {latest()}; trainer.resume=auto continues from it") from None
 
 
 def gather_from_ranks(accelerator) -> Callable[[Any], list[Any]] | None:

@@ -18,12 +18,14 @@ from dit4dit_npu import device
 from dit4dit_npu.config import Config
 from dit4dit_npu.config.objective import check_every_module_trains
 from dit4dit_npu.sim.training_eval import check_sim_eval
-from dit4dit_npu.train.checkpoint_manager import data_fingerprint
+from dit4dit_npu.train.checkpoint_manager import data_fingerprint, latest_checkpoint
 from dit4dit_npu.train.distributed import (
     build_accelerator,
     building_outside_deepspeed,
     gather_from_ranks,
     share_from_main,
+    stop_on_lost_rank,
+    time_out_every_group,
 )
 from dit4dit_npu.train.errors import TrainingError
 from dit4dit_npu.train.init_from import check_init_from, init_weights
@@ -56,6 +58,12 @@ def train(cfg: Config) -> Path:
 
 
 def _train(cfg: Config, accelerator) -> Path:
+    with stop_on_lost_rank(accelerator, cfg.trainer.collective_timeout_s, lambda: "starting up (run folder, data, "
+                           "model)", lambda: latest_checkpoint(cfg.run_dir)):
+        return _start(cfg, accelerator)
+
+
+def _start(cfg: Config, accelerator) -> Path:
     check_every_module_trains(cfg)  # a module no loss reaches: refused before the run folder and the data
     check_ema_supported(cfg, accelerator)  # before the run folder is touched
     if cfg.trainer.compile:
@@ -94,26 +102,28 @@ def _run(cfg: Config, accelerator, run: RunFolder, init) -> Path:
     elif init is not None:
         accelerator.print(f"trainer.init_from ignored: resuming from {run.resume_from}, which holds the weights")
     trainer = Trainer(cfg, accelerator, model, data, prompt_cache, run.path)
-    if run.resume_from is not None:
-        resume(trainer, cfg, accelerator, data, run)
-    else:
-        trainer.start_fresh()
-
     t = cfg.trainer
-    with trainer.session():
-        # trainer.max_train_time_s: the first step boundary past the budget is the last step
-        while trainer.global_step < t.max_train_steps and not trainer.out_of_time:
-            trainer.step()
-            trainer.check_clock()
-            if trainer.due(t.logging_frequency):
-                trainer.log()
-            if trainer.due(t.eval_interval):
-                trainer.evaluate()
-            if t.sim_eval.task is not None and trainer.due(t.sim_eval.interval):
-                trainer.sim_evaluate()
-            if trainer.due(t.save_interval):
-                trainer.save()
-    trainer.finish()
+    time_out_every_group(accelerator, t.collective_timeout_s)  # DeepSpeed's groups exist now
+    # A rank that dies or stalls is named by the wait the others were in (trainer.activity).
+    with stop_on_lost_rank(accelerator, t.collective_timeout_s, lambda: trainer.activity, trainer.checkpoints.latest):
+        if run.resume_from is not None:
+            resume(trainer, cfg, accelerator, data, run)
+        else:
+            trainer.start_fresh()
+        with trainer.session():
+            # trainer.max_train_time_s: the first step boundary past the budget is the last step
+            while trainer.global_step < t.max_train_steps and not trainer.out_of_time:
+                trainer.step()
+                trainer.check_clock()
+                if trainer.due(t.logging_frequency):
+                    trainer.log()
+                if trainer.due(t.eval_interval):
+                    trainer.evaluate()
+                if t.sim_eval.task is not None and trainer.due(t.sim_eval.interval):
+                    trainer.sim_evaluate()
+                if trainer.due(t.save_interval):
+                    trainer.save()
+        trainer.finish()
     return run.path
 
 

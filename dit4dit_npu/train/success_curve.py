@@ -27,21 +27,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 from pathlib import Path
 
-from dit4dit_npu.console import entry_point
 from dit4dit_npu.errors import DiT4DiTError
 from dit4dit_npu.files import atomic_write_json, atomic_write_text
 from dit4dit_npu.sim.success_rate import format_rate, wilson_interval
-from dit4dit_npu.sim.tasks import check_seed_range, get_task
 from dit4dit_npu.train.metrics import read_metrics
 
 
 def evaluate(policy: Path, out: Path, a: argparse.Namespace) -> dict:
     """``python -m dit4dit_npu.sim.eval`` of one checkpoint, run in this process (each start of a
     new one would spend ~10 s importing torch and diffusers; the episodes are the same)."""
-    from dit4dit_npu.sim.eval import main as sim_eval
+    from dit4dit_npu.sim.cli import eval_main as sim_eval
 
     if not (out / "results.json").exists():
         argv = [
@@ -136,7 +133,7 @@ def write_table(curves: list[tuple[str, list[dict]]], out: Path) -> None:
     atomic_write_text(out, "\n".join(lines) + "\n")
 
 
-def curve(run: Path, label: str, a: argparse.Namespace) -> list[dict]:
+def run_curve(run: Path, label: str, a: argparse.Namespace) -> list[dict]:
     """Evaluate (or read the kept results of) every checkpoint of ``run``; one printed row each."""
     ckpts = sorted((run / "checkpoints").glob("step_*/policy"))
     mse = {m["step"]: m["val/action_mse"] for m in read_metrics(run / "metrics.jsonl") if "val/action_mse" in m}
@@ -157,35 +154,10 @@ def curve(run: Path, label: str, a: argparse.Namespace) -> list[dict]:
     return rows
 
 
-@entry_point
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m dit4dit_npu.train.success_curve", description=__doc__.splitlines()[0])
-    p.add_argument("--run", type=Path, action="append", required=True,
-                   help="a training run folder (with checkpoints/); repeat it for several runs on one figure")
-    p.add_argument("--task", default="transfer_cube", help="the scene the run was trained on (default: %(default)s)")
-    p.add_argument("--episodes", type=int, default=50, help="episodes per checkpoint (default: %(default)s)")
-    p.add_argument("--seed", type=int, default=0, help="first evaluation seed")
-    p.add_argument("--replan", type=int, default=None, help="actions executed per query (default: whole chunk)")
-    p.add_argument("--workers", type=int, default=1, help="parallel eval processes (default: %(default)s)")
-    p.add_argument("--max-steps", type=int, default=400, help="episode length (ACT: 400)")
-    p.add_argument("--out", type=Path, default=Path("docs/aloha_success_vs_steps.png"), help="the plot (default: %(default)s)")
-    p.add_argument("--smoke", action="store_true", help="one 16-step episode per checkpoint, plot in the (first) run")
-    p.add_argument("--label", action="append", default=None,
-                   help="a run's name in the plot (default: its folder name); once per --run, in their order")
-    p.add_argument("--x", choices=("step", "time"), default="step",
-                   help="the x axis: the training step (default), or the training wall time each checkpoint records "
-                        "(minutes; trainer.max_train_time_s's count)")
-    p.add_argument("--table", type=Path, default=None, help="also write every checkpoint of every run as a Markdown table")
-    a = p.parse_args(argv)
-    get_task(a.task)  # an unknown task: one line before any checkpoint is loaded
-    for name in ("episodes", "workers", "max_steps"):
-        if getattr(a, name) < 1:
-            raise DiT4DiTError(f"--{name.replace('_', '-')}: expected a positive integer, got {getattr(a, name)}")
-    if a.label is not None and len(a.label) != len(a.run):
-        raise DiT4DiTError(f"--label: given {len(a.label)} time(s) for {len(a.run)} --run; give one per run, or none")
-    if a.smoke:
-        a.episodes, a.max_steps, a.out = 1, 16, a.run[0] / "sim_curve" / "smoke.png"
-    check_seed_range(a.seed, a.episodes)  # every checkpoint's episodes, before the first one runs
+def curve(a: argparse.Namespace) -> int:
+    """Every checkpoint of every ``a.run`` evaluated (or its kept result read), the rows, the plot
+    (and with ``a.table`` the table) written; ``a`` holds the command's checked flags
+    (train/ops_cli.py's ``success_curve_main``)."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     labels = a.label or [r.name for r in a.run]
     for run in a.run:  # every run's checkpoints, and with --x time their training seconds, before any eval
@@ -195,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         if a.x == "time":
             for policy in ckpts:
                 train_seconds(policy)
-    curves = [(label, curve(run, label, a)) for run, label in zip(a.run, labels)]
+    curves = [(label, run_curve(run, label, a)) for run, label in zip(a.run, labels)]
     seeds = f"seeds {a.seed}-{a.seed + a.episodes - 1}"
     title = (f"{labels[0]}: ALOHA {a.task.replace('_', ' ')}, {seeds}" if len(curves) == 1
              else f"ALOHA {a.task.replace('_', ' ')}, {seeds}, success against training "
@@ -210,5 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # python -m dit4dit_npu.train.success_curve: the command is train/ops_cli.py's
+    from dit4dit_npu.train.ops_cli import success_curve_main
+
+    raise SystemExit(success_curve_main())

@@ -53,6 +53,9 @@ class Trainer:
         self.cfg, self.accelerator, self.run_dir = cfg, accelerator, run_dir
         self.data, self.prompt_cache = data, prompt_cache
         self.is_main = accelerator.is_main_process
+        # What this rank is doing, for the one line a collective that another rank never joined
+        # becomes (distributed.stop_on_lost_rank): the wait it was in.
+        self.activity = "preparing the model and optimizer"
         optimizer = build_optimizer(model, cfg.trainer)
         # The schedule steps the plain optimizer once per update (never per micro-batch).
         self.scheduler = build_scheduler(optimizer, cfg.trainer)
@@ -87,6 +90,7 @@ class Trainer:
         logged after that checkpoint (and a line torn by a kill) are dropped. Returns None, or why
         ``ckpt`` cannot be used, as one line, before anything else is changed (the caller sets
         ``ckpt`` aside and falls back). Collective."""
+        self.activity = f"resuming from {ckpt}"
         try:
             self.global_step, seconds = self.checkpoints.load(ckpt)
         except UnusableCheckpoint as e:
@@ -118,6 +122,7 @@ class Trainer:
         """One optimizer update: gradient_accumulation_steps micro-batches, then the LR schedule."""
         accum = self.cfg.trainer.gradient_accumulation_steps
         self._time_mark = False
+        self.activity = f"training step {self.global_step + 1}"
         # trainer.video_loss_interval: steps 0, k, 2k, ... have the video loss (the step count is
         # restored on resume, so a resumed run keeps the same steps)
         forward = self._forward if self.global_step % self.cfg.trainer.video_loss_interval == 0 else self._forward_no_video
@@ -162,6 +167,7 @@ class Trainer:
     def log(self) -> None:
         """One metrics row: losses and data/step time averaged over ranks and over the steps since
         the last row, per-group LRs, the global grad norm, throughput."""
+        self.activity = f"logging step {self.global_step}"
         self._stop_if_nonfinite()
         acc, w = self.accelerator, self._window
         grad_norm = distributed.global_grad_norm(acc, self.model, self._clip_norm)
@@ -187,6 +193,7 @@ class Trainer:
     def evaluate(self) -> None:
         """Held-out action MSE in eval mode (``evaluate.py``), logged as ``val/action_mse``; of the
         EMA weights when ``trainer.ema`` is on (the weights the exported policy holds)."""
+        self.activity = f"evaluating at step {self.global_step}"
         with self._not_training(), averaged(self.ema):
             t = self.cfg.trainer
             metrics = held_out_action_mse(
@@ -212,6 +219,8 @@ class Trainer:
         the weights are removed after. A failed eval is one warning line; training goes on."""
         from dit4dit_npu.sim.training_eval import SimEvalFailed, evaluate
 
+        self.activity = f"running the closed-loop evaluation at step {self.global_step}"
+
         with self._not_training():
             acc, step = self.accelerator, self.global_step
             folder = self.run_dir / "sim_eval" / f"step_{step:06d}"
@@ -230,6 +239,7 @@ class Trainer:
     def save(self) -> None:
         """A full checkpoint of this step (``CheckpointManager.save``: atomic, never of a diverged
         model; a failed save stops every rank with one line)."""
+        self.activity = f"saving checkpoint step {self.global_step}"
         self._stop_if_nonfinite()
         with self._not_training():
             self.checkpoints.save(self.global_step, self.clock.seconds if self.clock.known else None)
@@ -256,6 +266,7 @@ class Trainer:
 
     def finish(self) -> None:
         """loss.png next to metrics.jsonl, and where the policy is."""
+        self.activity = "finishing, after the last step"
         if self.is_main:
             plot_losses(self.run_dir / "metrics.jsonl", self.run_dir / "loss.png")
             latest = ckpt_io.final_dir_for(self.run_dir, self.global_step)

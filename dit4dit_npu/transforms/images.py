@@ -32,19 +32,23 @@ INTERPOLATION = "BILINEAR"  # swscale filter for every resize (decode-time and l
 # How live images are resized: "swscale" (this project's training frames: the same path, so
 # inference matches training), or "torch_bilinear", DiT4DiT's training resize (imported policies).
 RESIZE_METHODS = ("swscale", "torch_bilinear")
+# PyAV 17 made ``reformat`` multithreaded (sws_scale_frame) and gave it a ``threads`` argument, whose
+# default pool deadlocks a forked DataLoader worker that inherits it: one thread. Before 17 it ran
+# on one thread and takes no such argument (lerobot 0.6 pins av < 16: the side environment of
+# scripts/lerobot_check.sh runs 15.1).
+_ONE_THREAD = {"threads": 1} if int(av.__version__.split(".")[0]) >= 17 else {}
 
 
 def swscale_rgb(frame: av.VideoFrame, size_hw: Sequence[int] | None, reformatter: VideoReformatter) -> np.ndarray:
     """One swscale pass: pixel-format conversion to rgb24 and (optional) resize together.
 
     A long-lived ``VideoReformatter`` keeps its swscale context between frames (a fresh one per
-    frame costs ~5x the conversion). ``threads=1``: PyAV's default thread pool deadlocks a forked
-    DataLoader worker that inherits it; workers are the parallelism.
+    frame costs ~5x the conversion). One swscale thread (``_ONE_THREAD``): workers are the parallelism.
     """
     if size_hw is None:
-        return reformatter.reformat(frame, format="rgb24", threads=1).to_ndarray()
+        return reformatter.reformat(frame, format="rgb24", **_ONE_THREAD).to_ndarray()
     h, w = int(size_hw[0]), int(size_hw[1])
-    rgb = reformatter.reformat(frame, width=w, height=h, format="rgb24", interpolation=INTERPOLATION, threads=1)
+    rgb = reformatter.reformat(frame, width=w, height=h, format="rgb24", interpolation=INTERPOLATION, **_ONE_THREAD)
     return rgb.to_ndarray()
 
 
