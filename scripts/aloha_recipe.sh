@@ -18,6 +18,7 @@
 #   SMOKE=1 bash scripts/aloha_recipe.sh       # the same commands, tiny: 1 demo at 32x48, 2 steps,
 #                                              # one 16-step episode per checkpoint
 #   OBJECTIVE=joint VAE=fitted bash scripts/aloha_recipe.sh   # see below; SMOKE=1 works with each
+#   OBJECTIVE=joint ONE_PASS=1 TRAIN_MINUTES=60 bash scripts/aloha_recipe.sh  # a cheaper joint step, 60 training minutes
 #
 # What is trained (docs/simulation.md, "Fitted tiny VAE and OBJECTIVE="):
 #   OBJECTIVE=no_video (default) the shipped config's: one-frame clips, video loss 0, the action loss
@@ -37,6 +38,21 @@
 #                      then starts the run (trainer.init_from; a fresh action head), normalized by
 #                      the pretraining demos' latent statistics. The point: few labelled demos
 #                      (DEMOS=10) after video of many. Extra overrides apply to both runs
+#   ONE_PASS=1         (OBJECTIVE=joint) the action head reads the video-loss pass itself: the backbone
+#                      runs once per step (framework.cosmos25.one_pass.enabled; docs/training.md,
+#                      "Cheaper joint steps"). Default 0: two passes, as the original
+#   VIDEO_EVERY=k      (OBJECTIVE=joint) the video loss on every k-th step only, the others no-video
+#                      steps (trainer.video_loss_interval). Default 1: every step
+#   TRAIN_MINUTES=N    a budget of N training minutes (a decimal number; trainer.max_train_time_s: the
+#                      run stops at the first step past it, or at STEPS, which still sets the LR
+#                      schedule's length), checkpoints every N/3 training minutes instead of every
+#                      STEPS/3 steps (trainer.save_every_s); training minutes leave out start-up, the
+#                      data/cache building, evaluations and saves. For equal-time comparisons:
+#                      scripts/equal_time.sh runs the arms side by side. Unset: STEPS steps
+#   PREPARE_ONLY=1     the checks, demos, statistics and latent cache of the run these settings
+#                      name, then stop (no training, no eval: WORKERS and EPISODES are refused); the
+#                      last line is `prepared in seconds: demos D, cache C` (scripts/equal_time.sh
+#                      prepares every arm's data so, one after the other, before the arms run side by side)
 #   TASK=transfer_cube (default) | insertion: the task's config (configs/aloha/dit4dit_aloha_TASK_tiny.yaml,
 #                      each with its own crop and state noise, reasons there), demos and eval scene;
 #                      insertion's runs are aloha_recipe_insertion[_joint_bp0...], its demos
@@ -67,6 +83,11 @@ positive OMP_NUM_THREADS " (threads per process)"
 export OMP_NUM_THREADS PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 PY="${PY:-.venv/bin/python}"
 if ! command -v "$PY" >/dev/null; then refuse "PY=$PY: expected a Python executable (the project's .venv/bin/python)"; fi
+PREPARE_ONLY="${PREPARE_ONLY:-0}"
+case "$PREPARE_ONLY" in 0|1) ;; *) refuse "PREPARE_ONLY=$PREPARE_ONLY: expected 0 or 1" ;; esac
+if [ "$PREPARE_ONLY" = 1 ]; then
+    for v in WORKERS EPISODES; do unread "$v" "PREPARE_ONLY=1 stops before the eval"; done
+fi
 WORKERS="${WORKERS:-1}"
 positive WORKERS " (eval processes)"
 OBJECTIVE="${OBJECTIVE:-no_video}" TASK="${TASK:-transfer_cube}" VAE="${VAE:-random}"
@@ -93,8 +114,21 @@ if [ "$OBJECTIVE" = joint ]; then
     if [ "$BACKPROP" = 0 ] && awk -v v="$VIDEO_WEIGHT" 'BEGIN { exit !(v + 0 == 0) }'; then
         refuse "VIDEO_WEIGHT=$VIDEO_WEIGHT with BACKPROP=0: no loss would train the backbone (weight the video loss > 0, or BACKPROP=1)"
     fi
+    ONE_PASS="${ONE_PASS:-0}"
+    case "$ONE_PASS" in 0|1) ;; *) refuse "ONE_PASS=$ONE_PASS: expected 0 or 1" ;; esac
+    VIDEO_EVERY="${VIDEO_EVERY:-1}"
+    positive VIDEO_EVERY " (the video loss on every k-th step; 1 = every step)"
 else
     unread VIDEO_WEIGHT "applies only to OBJECTIVE=joint (no_video trains no video loss)"
+    unread ONE_PASS "applies only to OBJECTIVE=joint (no_video has no video-loss pass)"
+    unread VIDEO_EVERY "applies only to OBJECTIVE=joint (no_video trains no video loss)"
+fi
+if [ -n "${TRAIN_MINUTES+x}" ]; then
+    # a plain decimal number > 0 (it names the run; training takes it in seconds)
+    if ! [[ "$TRAIN_MINUTES" =~ ^([0-9]+([.][0-9]*)?|[.][0-9]+)$ ]] \
+        || ! awk -v v="$TRAIN_MINUTES" 'BEGIN { exit !(v + 0 > 0 && v + 0 < 1e9) }'; then
+        refuse "TRAIN_MINUTES=$TRAIN_MINUTES: expected a number of training minutes > 0 (e.g. 60 or 0.5)"
+    fi
 fi
 if [ "$VAE" != fitted ]; then unread VAE_WEIGHTS "applies only to VAE=fitted"; fi
 if [ -n "${VAE_WEIGHTS+x}" ] && [ -z "$VAE_WEIGHTS" ]; then  # (it would take the default's place silently)
@@ -121,10 +155,11 @@ case "$PRETRAIN" in 0) ;; ''|0*|*[!0-9]*) refuse "PRETRAIN=$PRETRAIN: expected a
 if [ "$PRETRAIN" = 0 ]; then unread PRETRAIN_DEMOS "applies only with PRETRAIN > 0 (the video pretraining's demos)"; fi
 if [ "$SMOKE" = 1 ]; then
     for v in DEMOS STEPS EPISODES PRETRAIN_DEMOS; do
-        unread "$v" "SMOKE=1 sets its own (1 demo, 2 steps, one 16-step episode per checkpoint)"
+        unread "$v" "SMOKE=1 sets its own (1 demo, 2 steps (1000 under TRAIN_MINUTES), one 16-step episode per checkpoint)"
     done
     PRETRAIN_DEMOS=1  # the smoke's one demo
     DEMOS=1 SIZE=32x48 STEPS=2 EVERY=1 EPISODES=1 EPISODE_STEPS=16 RUN="aloha_recipe${TASK_TAG}_smoke"
+    if [ -n "${TRAIN_MINUTES+x}" ]; then STEPS=1000; fi  # the budget stops it; the steps only bound it
     # one demo trains (nothing held out); 32x48 is the smallest size three side-by-side views allow
     EXTRA=(datasets.vla_data.val_fraction=0.0 trainer.eval_samples=0 datasets.vla_data.per_device_batch_size=2
            trainer.num_warmup_steps=0 "datasets.vla_data.image_size=[32, 48]")
@@ -155,6 +190,12 @@ if [ "$OBJECTIVE" = joint ]; then
             "trainer.loss_scale.future_video=$VIDEO_WEIGHT")
     # weight 1.0 (the original's, the default before) keeps its runs' names; any other is in the name
     if ! awk -v v="$VIDEO_WEIGHT" 'BEGIN { exit !(v + 0 == 1) }'; then VARIANT+="_vw${VIDEO_WEIGHT}"; fi
+    if [ "$ONE_PASS" = 1 ]; then
+        VARIANT+="_onepass" EXTRA+=(framework.cosmos25.one_pass.enabled=true)
+    fi
+    if [ "$VIDEO_EVERY" != 1 ]; then
+        VARIANT+="_vevery${VIDEO_EVERY}" EXTRA+=("trainer.video_loss_interval=$VIDEO_EVERY")
+    fi
 fi
 if [ "$VAE" = fitted ]; then VARIANT+="_fittedvae"; fi
 DEMOS_TAG="$([ "$DEMOS" != 50 ] && [ "$SMOKE" != 1 ] && echo "_${DEMOS}demos" || true)"  # data and run
@@ -163,6 +204,15 @@ VARIANT+="$DEMOS_TAG"
 # smaller (and report its checkpoints) or extend it on a stretched learning-rate schedule when larger.
 if [ "$STEPS" != 15000 ] && [ "$SMOKE" != 1 ]; then VARIANT+="_${STEPS}steps"; fi
 if [ "$PRETRAIN" != 0 ]; then VARIANT+="_pretrain${PRETRAIN}x${PRETRAIN_DEMOS}"; fi
+# The training command's schedule: STEPS steps with a checkpoint every EVERY, or a budget of training
+# time with a checkpoint every third of it (the steps then only bound the run and set the LR schedule).
+SCHEDULE=("trainer.max_train_steps=$STEPS" "trainer.save_interval=$EVERY" "trainer.eval_interval=$EVERY")
+if [ -n "${TRAIN_MINUTES+x}" ]; then
+    VARIANT+="_${TRAIN_MINUTES}min"
+    SCHEDULE=("trainer.max_train_steps=$STEPS" "trainer.save_interval=$STEPS" "trainer.eval_interval=$STEPS"
+              "trainer.max_train_time_s=$(awk -v m="$TRAIN_MINUTES" 'BEGIN { printf "%.6g", m * 60 }')"
+              "trainer.save_every_s=$(awk -v m="$TRAIN_MINUTES" 'BEGIN { printf "%.6g", m * 20 }')")
+fi
 RUN_ID="${RUN_ID:-$RUN$VARIANT}"
 # The recipe's choices (one-frame clips, the action loss into the backbone, the cam_high crop, state
 # noise) are the config's own, each with its reason there; the measurements are in
@@ -213,8 +263,7 @@ if [ "$PRETRAIN" != 0 ]; then
         "trainer.max_train_steps=$PRETRAIN" "trainer.save_interval=$PRETRAIN" "trainer.eval_interval=$PRETRAIN"
 fi
 check_config "the run's config (the settings and the extra overrides)" "${OVERRIDES[@]}" trainer.resume=auto \
-    "trainer.max_train_steps=$STEPS" "trainer.save_interval=$EVERY" "trainer.eval_interval=$EVERY" \
-    trainer.keep_last_checkpoints=3
+    "${SCHEDULE[@]}" trainer.keep_last_checkpoints=3
 
 stage() { echo "== $(date +%H:%M:%S) $*"; }
 t0=$SECONDS
@@ -268,14 +317,22 @@ t_demos=$SECONDS
 stage "latent cache: every training sample's clip, VAE-encoded once"
 $PY -m dit4dit_npu.data.encode_latents --config "$CONFIG" --out "$CACHE" "${OVERRIDES[@]}"
 t_cache=$SECONDS
-stage "train: $STEPS steps, a checkpoint every $EVERY"
-$PY -m dit4dit_npu.train --config "$CONFIG" "${OVERRIDES[@]}" trainer.resume=auto \
-    "trainer.max_train_steps=$STEPS" "trainer.save_interval=$EVERY" "trainer.eval_interval=$EVERY" \
+if [ "$PREPARE_ONLY" = 1 ]; then
+    echo "prepared in seconds: demos $((t_demos - t0)), cache $((t_cache - t_demos))"
+    exit 0
+fi
+if [ -n "${TRAIN_MINUTES+x}" ]; then
+    stage "train: $TRAIN_MINUTES training minutes (at most $STEPS steps), a checkpoint every third of them"
+else
+    stage "train: $STEPS steps, a checkpoint every $EVERY"
+fi
+$PY -m dit4dit_npu.train --config "$CONFIG" "${OVERRIDES[@]}" trainer.resume=auto "${SCHEDULE[@]}" \
     trainer.keep_last_checkpoints=3  # every checkpoint of the curve
 t_train=$SECONDS
 RUN_DIR="$(run_dir "${OVERRIDES[@]}")"
 stage "closed-loop eval of every checkpoint of $RUN_DIR on seeds 0-$((EPISODES - 1))"
 CURVE=(--run "$RUN_DIR" --task "$TASK" --episodes "$EPISODES" --seed 0 --max-steps "$EPISODE_STEPS" --workers "$WORKERS")
+if [ -n "${TRAIN_MINUTES+x}" ]; then CURVE+=(--x time); fi  # its checkpoints are spaced in training time
 # Only the task's own recipe (no setting changed, no RUN_ID of its own) redraws the docs' plot; every
 # other run keeps its curve in its run folder (a joint or 100-demo run must not overwrite it).
 if [ "$SMOKE" = 1 ]; then CURVE+=(--out "$RUN_DIR/sim_curve/smoke.png")

@@ -44,12 +44,12 @@ SHARED_RUNS_GROUP = {"test_train.py": "train_runs", "test_ema.py": "train_runs",
 
 # Files whose tests share nothing and each take minutes: one unit per test, so they spread over
 # the workers instead of queueing on one.
-ONE_GROUP_PER_TEST = {"test_bench_smoke.py", "test_aloha_recipe.py", "test_compile.py"}
+ONE_GROUP_PER_TEST = {"test_bench_smoke.py", "test_aloha_recipe.py", "test_compile.py", "test_equal_time.py"}
 
 # The longest units (measured, tens of seconds to minutes each) start first, so that no worker is
 # left with one of them while the other has run dry.
-LONGEST_FIRST = ("test_aloha_recipe.py", "test_eval.py", "train_runs", "test_compile.py", "test_bench_smoke.py",
-                 "test_sim_training.py", "test_lora.py")
+LONGEST_FIRST = ("test_aloha_recipe.py", "test_equal_time.py", "test_eval.py", "train_runs", "test_compile.py",
+                 "test_bench_smoke.py", "test_sim_training.py", "test_lora.py")
 
 
 def unit_of(nodeid: str) -> str:

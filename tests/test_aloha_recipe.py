@@ -65,6 +65,18 @@ def recipe(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProces
     ({"VAE_WEIGHTS": "my.safetensors"}, "error: VAE_WEIGHTS=my.safetensors: applies only to VAE=fitted"),
     ({"SMOKE": "1", "DEMOS": "5"}, "error: DEMOS=5: SMOKE=1 sets its own"),
     ({"SMOKE": "1", "STEPS": "100"}, "error: STEPS=100: SMOKE=1 sets its own"),
+    # the cheaper joint steps and the time budget (equal-time comparisons)
+    ({"OBJECTIVE": "joint", "ONE_PASS": "yes"}, "error: ONE_PASS=yes: expected 0 or 1"),
+    ({"OBJECTIVE": "joint", "VIDEO_EVERY": "0"}, "error: VIDEO_EVERY=0: expected a positive integer"),
+    ({"OBJECTIVE": "joint", "VIDEO_EVERY": "2.5"}, "error: VIDEO_EVERY=2.5: expected a positive integer"),
+    ({"ONE_PASS": "1"}, "error: ONE_PASS=1: applies only to OBJECTIVE=joint"),
+    ({"VIDEO_EVERY": "4"}, "error: VIDEO_EVERY=4: applies only to OBJECTIVE=joint"),
+    ({"TRAIN_MINUTES": "1h"}, "error: TRAIN_MINUTES=1h: expected a number of training minutes > 0"),
+    ({"TRAIN_MINUTES": "0"}, "error: TRAIN_MINUTES=0: expected a number of training minutes > 0"),
+    ({"TRAIN_MINUTES": "-3"}, "error: TRAIN_MINUTES=-3: expected a number of training minutes > 0"),
+    ({"TRAIN_MINUTES": ""}, "error: TRAIN_MINUTES=: expected a number of training minutes > 0"),
+    ({"PREPARE_ONLY": "2"}, "error: PREPARE_ONLY=2: expected 0 or 1"),
+    ({"PREPARE_ONLY": "1", "EPISODES": "100"}, "error: EPISODES=100: PREPARE_ONLY=1 stops before the eval"),
     # joint with the video loss weighted 0 and detached features: nothing would train the backbone
     ({"OBJECTIVE": "joint", "VIDEO_WEIGHT": "0", "BACKPROP": "0"}, "error: VIDEO_WEIGHT=0 with BACKPROP=0: no loss"),
 ])
@@ -113,7 +125,12 @@ def test_a_fitted_vae_path_the_fit_cannot_write_is_one_line_before_the_demos(tmp
      "backbone.transformer gets no loss: the video loss is weighted 0"),
     ({"OBJECTIVE": "joint", "VIDEO_WEIGHT": "0", "PRETRAIN": "10"}, [],  # the pretraining run: the video loss alone
      "the video pretraining run's config (PRETRAIN=10 and the extra overrides): backbone.transformer gets no loss"),
-], ids=["typo", "bad-value", "untrained-backbone", "pretraining-weight-0"])
+    # ONE_PASS and VIDEO_EVERY reach the run's config: its own checks refuse what they rule out
+    ({"OBJECTIVE": "joint", "ONE_PASS": "1"}, ["framework.cosmos25.video_loss_batch_fraction=0.5"],
+     "framework.cosmos25.video_loss_batch_fraction: got 0.5, expected 1.0 with one_pass.enabled"),
+    ({"OBJECTIVE": "joint", "VIDEO_EVERY": "4"}, ["framework.cosmos25.training=action"],
+     "trainer.video_loss_interval: got 4, expected 1 unless framework.cosmos25.training is 'joint'"),
+], ids=["typo", "bad-value", "untrained-backbone", "pretraining-weight-0", "one-pass", "video-every"])
 def test_the_training_overrides_are_checked_before_anything_runs(tmp_path: Path, env, overrides, message) -> None:
     """The run's config, with the settings and the extra overrides, through train --dry-run before
     the first stage (it used to be found after the demos, statistics and caches were built)."""

@@ -343,6 +343,17 @@ class TrainerConfig:
     # loss_scale.future_video on the steps that have it (on average future_video / k per step), and
     # metrics.jsonl's video_loss averages the no-video steps' 0 in.
     video_loss_interval: int = 1
+    # A budget of training seconds (equal-time comparisons of objectives whose steps cost
+    # differently): the run stops at the first step boundary past it (or at max_train_steps, which
+    # still sets the LR schedule's length), saves a whole checkpoint and exports its policy there.
+    # Training seconds are the loop's wall time (steps with their data loading, logging) without
+    # start-up, data/cache/model building, evaluations and saves (train/budget.py); each checkpoint
+    # records them, and a resumed run continues the count. null = no budget.
+    max_train_time_s: float | None = None
+    # A checkpoint (with the evaluations of a last step) at the first step boundary past every
+    # multiple of this many training seconds, besides save_interval's: one run gives a curve
+    # against training time. null = off.
+    save_every_s: float | None = None
     # null = fresh run; "auto" = latest checkpoint of this run; or a checkpoint folder.
     resume: str | None = None
     # A policy folder (or a checkpoint or run folder holding one) whose weights a fresh run starts
@@ -394,6 +405,9 @@ class TrainerConfig:
             if (v := getattr(self, name)) < 1:
                 hint = " (turn evaluation off with trainer.eval_samples=0)" if name == "eval_interval" else ""
                 raise ConfigError(f"{key}.{name}: got {v}, expected >= 1{hint}")
+        for name in ("max_train_time_s", "save_every_s"):
+            v = getattr(self, name)
+            require(v is None or (math.isfinite(v) and v > 0), f"{key}.{name}", v, "a number of seconds > 0, or null (= off)")
         require(self.num_warmup_steps >= 0, f"{key}.num_warmup_steps", self.num_warmup_steps, ">= 0")
         require(math.isfinite(self.collective_timeout_s) and self.collective_timeout_s > 0,
                 f"{key}.collective_timeout_s", self.collective_timeout_s, "a number of seconds > 0")

@@ -8,6 +8,7 @@
     distributed.py  everything accelerate- or DeepSpeed-specific (accelerator, clipping, grad norm,
                     state save/load, ZeRO-3 gathering), behind small functions
     stream.py       BatchStream: endless micro-batches and the data cursor checkpoints save
+    budget.py       TrainClock: training seconds, the wall-time budget and time checkpoints they drive
     checkpoint.py   checkpoint layout, atomic commit, resume lookup, config fingerprint
     resume.py       which checkpoint a run continues from, and whether it is whole
     run_folder.py   refusing a run before anything is written; config.yaml
@@ -36,7 +37,8 @@ latent statistics in data/cli.py.
                     images, as config lines to paste (dit4dit_npu/data/latent_stats.py).
                         python -m dit4dit_npu.data.latent_stats --config CFG (dit4dit-data-latent-stats)
     success curve   closed-loop success of every saved checkpoint of a run in the ALOHA simulator,
-                    beside its held-out error at the same steps (success_curve.py).
+                    beside its held-out error at the same steps (success_curve.py); several runs on one
+                    figure, against training wall time with --x time.
                         python -m dit4dit_npu.train.success_curve --run RUN (dit4dit-sim-success-curve)
 
 The run's prompt-embedding cache (encoded once before the first step) is dit4dit_npu/weights/prompt_cache.py.

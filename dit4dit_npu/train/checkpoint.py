@@ -8,7 +8,7 @@ Layout of a run folder::
         state/                          accelerate/DeepSpeed state: model, optimizer, RNG of every rank
         policy/                         exported policy folder (inference only needs this)
         fingerprint.json                config and data a resume must agree with
-        trainer_state.pt                step, LR scheduler, data cursor, world size
+        trainer_state.pt                step, LR scheduler, data cursor, world size, training seconds
         ema.safetensors                 the EMA of the trainable weights (trainer.ema on only)
         manifest.json                   every file above with its size and content hash, and its own
                                         hash (manifest_sha256, files.seal; written last)
@@ -118,13 +118,17 @@ def final_dir_for(run_dir: Path, step: int) -> Path:
 
 
 def write_trainer_state(
-    tmp: Path, cfg: Config, data_fp: dict[str, Any], step: int, scheduler, sampler_state: dict, world_size: int
+    tmp: Path, cfg: Config, data_fp: dict[str, Any], step: int, scheduler, sampler_state: dict, world_size: int,
+    train_time_s: float | None = None,
 ) -> None:
     (tmp / FINGERPRINT).write_text(json.dumps({**fingerprint(cfg), "data": data_fp}, indent=1))
     state = {
         "step": step, "scheduler": scheduler.state_dict(), "sampler": sampler_state, "world_size": world_size,
         # the schedule's length: a resume with another one follows another curve (CheckpointManager.load)
         "max_train_steps": cfg.trainer.max_train_steps,
+        # training seconds up to this step (train/budget.py: what counts); a resume continues the
+        # count, and success curves against training time read it. None: unknown (see TrainClock)
+        "train_time_s": train_time_s,
     }
     torch.save(state, tmp / TRAINER_STATE)
 

@@ -50,9 +50,10 @@ class CheckpointManager:
 
     # ------------------------------------------------------------------ resume
 
-    def load(self, ckpt: Path) -> int:
+    def load(self, ckpt: Path) -> tuple[int, float | None]:
         """Load everything ``ckpt`` holds into the run (weights, optimizer, every rank's RNG, the LR
-        schedule, the data cursor, the EMA) and return its step. ``ckpt`` was checked whole by
+        schedule, the data cursor, the EMA) and return its step and training seconds (None from a
+        version that did not record them). ``ckpt`` was checked whole by
         ``resume.py``; what only loading shows is checked here: every file must load (a checkpoint
         of an older version, without content hashes, may hold a file damaged in place) and the
         weights and the EMA must be finite (a checkpoint saved by a version that did not check
@@ -79,7 +80,7 @@ class CheckpointManager:
                 f"warning: {ckpt} was saved by {saved_world} rank(s), resuming with "
                 f"{self.accelerator.num_processes}: the data order does not continue exactly"
             )
-        return state["step"]
+        return state["step"], state.get("train_time_s")
 
     def _warn_if_schedule_moved(self, ckpt: Path, state: dict) -> None:
         """The scheduler's saved state is its step, not its shape: the learning rate of every later
@@ -126,8 +127,8 @@ class CheckpointManager:
 
     # ------------------------------------------------------------------ save
 
-    def save(self, step: int) -> None:
-        """A full checkpoint, written into ``.tmp-step_N`` and renamed into place only when
+    def save(self, step: int, train_time_s: float | None = None) -> None:
+        """A full checkpoint (of ``step``, after ``train_time_s`` training seconds), written into ``.tmp-step_N`` and renamed into place only when
         complete: accelerate/DeepSpeed state of every rank, the exported policy, the trainer state
         and last the manifest. Never saves a diverged model. A failed save (a full disk above
         all) removes its partial folder and stops every rank with one line; the previous
@@ -149,7 +150,7 @@ class CheckpointManager:
             # the export: entered by every rank.
             with distributed.gathered_parameters(acc, distributed.unwrap(self.model)), averaged(self.ema):
                 ema = self.ema.full_state_dict() if self.ema is not None else None
-                error = self._on_every_rank(lambda: self._write_rest(tmp, step, ema))
+                error = self._on_every_rank(lambda: self._write_rest(tmp, step, ema, train_time_s))
         if error is not None:
             if self.is_main:
                 shutil.rmtree(tmp, ignore_errors=True)
@@ -184,7 +185,8 @@ class CheckpointManager:
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
 
-    def _write_rest(self, tmp: Path, step: int, ema: dict[str, torch.Tensor] | None) -> None:
+    def _write_rest(self, tmp: Path, step: int, ema: dict[str, torch.Tensor] | None,
+                    train_time_s: float | None) -> None:
         """Rank 0's part of a save; the model holds the EMA weights when on (see ``save``)."""
         if not self.is_main:
             return
@@ -193,7 +195,8 @@ class CheckpointManager:
             EMA.save(ema, tmp)
         world = self.accelerator.num_processes
         ckpt_io.write_trainer_state(
-            tmp, self.cfg, data_fingerprint(self.data), step, self.scheduler, self.stream.state_dict(), world
+            tmp, self.cfg, data_fingerprint(self.data), step, self.scheduler, self.stream.state_dict(), world,
+            train_time_s,
         )
         ckpt_io.write_manifest(tmp)
         ckpt_io.commit(tmp, ckpt_io.final_dir_for(self.run_dir, step))

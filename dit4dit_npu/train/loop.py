@@ -6,7 +6,8 @@ cache is filled once, here, never per step; a fresh run starts from ``trainer.in
 weights when set), hand them to a ``Trainer`` (optimizer,
 schedule, accelerate + DeepSpeed), resume if asked (falling back past a checkpoint whose weights
 turn out non-finite once loaded), then step until ``max_train_steps``, logging, evaluating and
-saving on their intervals. The verbs are in ``trainer.py``.
+saving on their intervals (in steps, and in training seconds with trainer.save_every_s), until
+``trainer.max_train_time_s`` training seconds if set (``budget.py``). The verbs are in ``trainer.py``.
 """
 
 from __future__ import annotations
@@ -110,8 +111,10 @@ def _run(cfg: Config, accelerator, run: RunFolder, init) -> Path:
         else:
             trainer.start_fresh()
         with trainer.session():
-            while trainer.global_step < t.max_train_steps:
+            # trainer.max_train_time_s: the first step boundary past the budget is the last step
+            while trainer.global_step < t.max_train_steps and not trainer.out_of_time:
                 trainer.step()
+                trainer.check_clock()
                 if trainer.due(t.logging_frequency):
                     trainer.log()
                 if trainer.due(t.eval_interval):

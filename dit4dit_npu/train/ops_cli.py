@@ -106,7 +106,8 @@ def success_curve_main(argv: list[str] | None = None) -> int:
     from dit4dit_npu.train import success_curve
 
     p = argparse.ArgumentParser(prog="python -m dit4dit_npu.train.success_curve", description=success_curve.__doc__.splitlines()[0])
-    p.add_argument("--run", type=Path, required=True, help="a training run folder (with checkpoints/)")
+    p.add_argument("--run", type=Path, action="append", required=True,
+                   help="a training run folder (with checkpoints/); repeat it for several runs on one figure")
     p.add_argument("--task", default="transfer_cube", help="the scene the run was trained on (default: %(default)s)")
     p.add_argument("--episodes", type=int, default=50, help="episodes per checkpoint (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="first evaluation seed")
@@ -114,14 +115,21 @@ def success_curve_main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", type=int, default=1, help="parallel eval processes (default: %(default)s)")
     p.add_argument("--max-steps", type=int, default=400, help="episode length (ACT: 400)")
     p.add_argument("--out", type=Path, default=Path("docs/aloha_success_vs_steps.png"), help="the plot (default: %(default)s)")
-    p.add_argument("--smoke", action="store_true", help="one 16-step episode per checkpoint, plot in the run")
-    p.add_argument("--label", default=None, help="the run's name in the plot's title (default: its folder name)")
+    p.add_argument("--smoke", action="store_true", help="one 16-step episode per checkpoint, plot in the (first) run")
+    p.add_argument("--label", action="append", default=None,
+                   help="a run's name in the plot (default: its folder name); once per --run, in their order")
+    p.add_argument("--x", choices=("step", "time"), default="step",
+                   help="the x axis: the training step (default), or the training wall time each checkpoint records "
+                        "(minutes; trainer.max_train_time_s's count)")
+    p.add_argument("--table", type=Path, default=None, help="also write every checkpoint of every run as a Markdown table")
     a = p.parse_args(argv)
     get_task(a.task)  # an unknown task: one line before any checkpoint is loaded
     for name in ("episodes", "workers", "max_steps"):
         if getattr(a, name) < 1:
             raise DiT4DiTError(f"--{name.replace('_', '-')}: expected a positive integer, got {getattr(a, name)}")
+    if a.label is not None and len(a.label) != len(a.run):
+        raise DiT4DiTError(f"--label: given {len(a.label)} time(s) for {len(a.run)} --run; give one per run, or none")
     if a.smoke:
-        a.episodes, a.max_steps, a.out = 1, 16, a.run / "sim_curve" / "smoke.png"
+        a.episodes, a.max_steps, a.out = 1, 16, a.run[0] / "sim_curve" / "smoke.png"
     check_seed_range(a.seed, a.episodes)  # every checkpoint's episodes, before the first one runs
     return success_curve.curve(a)

@@ -1,14 +1,19 @@
-"""Closed-loop success vs training steps, next to the held-out open-loop error at the same steps.
+"""Closed-loop success vs training steps (or training time), next to the held-out open-loop error at the same steps.
 
     python -m dit4dit_npu.train.success_curve --run runs/aloha_recipe [--task transfer_cube] [--episodes 50] [--seed 0] \
         [--replan K] [--workers W] [--out docs/aloha_success_vs_steps.png]   (console script dit4dit-sim-success-curve)
+    python -m dit4dit_npu.train.success_curve --run RUN_A --run RUN_B [--label A --label B] --x time \
+        --out curve.png --table curve.md   # several runs on one figure, against training wall time
 
 Evaluates every saved checkpoint of the run (``checkpoints/step_*/policy``) with
 ``python -m dit4dit_npu.sim.eval`` (in this process) on seeds S..S+N-1 (results kept in ``RUN/sim_curve/step_N/``:
 a rerun evaluates only what is missing), reads ``val/action_mse`` at the same steps from
 ``metrics.jsonl``, and plots both against the step: does the open-loop error predict success?
 Prints one row per checkpoint; the last line is the last checkpoint's ``success k/N = p% (95%
-Wilson CI)``.
+Wilson CI)`` (several runs: one such line per run, prefixed by its label, the last run's last).
+``--x time`` puts each checkpoint at the training seconds it records (``trainer.max_train_time_s``'s
+count: start-up, data and cache building, evaluations and saves excluded), in minutes; a checkpoint
+that does not record them is refused, before any evaluation.
 
     python bench/sim_replay.py --smoke && \
         python -m dit4dit_npu.train.success_curve --smoke --run runs/sim_replay_smoke/replay1   # 96 s at load 11
@@ -25,7 +30,7 @@ import os
 from pathlib import Path
 
 from dit4dit_npu.errors import DiT4DiTError
-from dit4dit_npu.files import atomic_write_json
+from dit4dit_npu.files import atomic_write_json, atomic_write_text
 from dit4dit_npu.sim.success_rate import format_rate, wilson_interval
 from dit4dit_npu.train.metrics import read_metrics
 
@@ -49,31 +54,42 @@ def evaluate(policy: Path, out: Path, a: argparse.Namespace) -> dict:
     return json.loads((out / "results.json").read_text())["summary"]
 
 
-def plot(rows: list[dict], out: Path, title: str) -> None:
+def plot(curves: list[tuple[str, list[dict]]], out: Path, title: str, x: str) -> None:
+    """Success (with its 95% Wilson interval) of every run on one axis, the held-out error of each
+    on a second one, in the run's colour; x: the training step, or training minutes."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    steps = [r["step"] for r in rows]
-    rate = [100 * r["successes"] / r["episodes"] for r in rows]
-    lo = [100 * r["wilson95"][0] for r in rows]
-    hi = [100 * r["wilson95"][1] for r in rows]
     fig, ax = plt.subplots(figsize=(7, 4))
-    ax.errorbar(steps, rate, yerr=[[r - a for r, a in zip(rate, lo)], [b - r for r, b in zip(rate, hi)]],
-                fmt="o-", color="tab:blue", capsize=4, label="closed-loop success (95% Wilson CI)")
-    ax.set_xlabel("training step")
-    ax.set_ylabel("success rate (%)", color="tab:blue")
+    ax2 = None
+    several = len(curves) > 1
+    for i, (label, rows) in enumerate(curves):
+        color = f"C{i}" if several else "tab:blue"
+        xs = [_x(r, x) for r in rows]
+        rate = [100 * r["successes"] / r["episodes"] for r in rows]
+        lo = [100 * r["wilson95"][0] for r in rows]
+        hi = [100 * r["wilson95"][1] for r in rows]
+        ax.errorbar(xs, rate, yerr=[[r - a for r, a in zip(rate, lo)], [b - r for r, b in zip(rate, hi)]],
+                    fmt="o-", color=color, capsize=4,
+                    label=f"{label}: success" if several else "closed-loop success (95% Wilson CI)")
+        mse = [(_x(r, x), r["val_action_mse"]) for r in rows if r["val_action_mse"] is not None]
+        if mse:
+            ax2 = ax2 or ax.twinx()
+            ax2.plot(*zip(*mse), "s--", color=color if several else "tab:red", alpha=0.6 if several else 1.0,
+                     label=f"{label}: held-out MSE" if several else "held-out action MSE (open loop)")
+    ax.set_xlabel("training step" if x == "step" else "training wall time (min; start-up, caches, evals and saves excluded)")
+    ax.set_ylabel("success rate (%)" + (" (95% Wilson CI)" if several else ""), color="black" if several else "tab:blue")
     ax.set_ylim(0, 100)
     ax.grid(alpha=0.3)
-    mse = [(r["step"], r["val_action_mse"]) for r in rows if r["val_action_mse"] is not None]
-    if mse:
-        ax2 = ax.twinx()
-        ax2.plot(*zip(*mse), "s--", color="tab:red", label="held-out action MSE (open loop)")
-        ax2.set_ylabel("held-out action MSE (normalized)", color="tab:red")
+    lines = ax.get_legend_handles_labels()[0]
+    if ax2 is not None:
+        ax2.set_ylabel("held-out action MSE (normalized)", color="black" if several else "tab:red")
         ax2.set_yscale("log")
-        lines = ax.get_legend_handles_labels()[0] + ax2.get_legend_handles_labels()[0]
-        ax.legend(lines, [h.get_label() for h in lines], loc="upper right", fontsize=8)
+        lines += ax2.get_legend_handles_labels()[0]
+    if several or ax2 is not None:
+        ax.legend(lines, [h.get_label() for h in lines], loc="upper right", fontsize=7 if several else 8)
     ax.set_title(title, fontsize=9)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -81,29 +97,88 @@ def plot(rows: list[dict], out: Path, title: str) -> None:
     plt.close(fig)
 
 
-def curve(a: argparse.Namespace) -> int:
-    """Every checkpoint of ``a.run`` evaluated (or its kept result read), the rows and the plot
-    written; ``a`` holds the command's checked flags (train/ops_cli.py's ``success_curve_main``)."""
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    ckpts = sorted((a.run / "checkpoints").glob("step_*/policy"))
-    if not ckpts:
-        raise DiT4DiTError(f"--run: no checkpoints/step_*/policy under {a.run}")
-    mse = {m["step"]: m["val/action_mse"] for m in read_metrics(a.run / "metrics.jsonl") if "val/action_mse" in m}
+def _x(row: dict, x: str) -> float:
+    return row["step"] if x == "step" else row["train_time_s"] / 60
+
+
+def train_seconds(policy: Path) -> float:
+    """The training seconds the checkpoint of ``policy`` records (``trainer.max_train_time_s``'s
+    count: train/budget.py)."""
+    from dit4dit_npu.train.checkpoint import read_trainer_state
+
+    try:
+        seconds = read_trainer_state(policy.parent).get("train_time_s")
+    except Exception as e:  # a missing or damaged trainer_state.pt: pickle and torch raise many types
+        raise DiT4DiTError(f"--x time: cannot read {policy.parent / 'trainer_state.pt'} ({type(e).__name__})") from None
+    if seconds is None:
+        raise DiT4DiTError(
+            f"--x time: {policy.parent} does not record its training time (a checkpoint of an older version, or "
+            "of a run resumed from one); plot it with --x step"
+        )
+    return float(seconds)
+
+
+def write_table(curves: list[tuple[str, list[dict]]], out: Path) -> None:
+    """Every checkpoint of every run as one Markdown table."""
+    lines = ["| run | step | training min | closed-loop success | 95% Wilson CI | held-out action MSE |",
+             "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    for label, rows in curves:
+        for r in rows:
+            t = "n/a" if r.get("train_time_s") is None else f"{r['train_time_s'] / 60:.2f}"
+            mse = "n/a" if r["val_action_mse"] is None else f"{r['val_action_mse']:.4f}"
+            lo, hi = r["wilson95"]
+            lines.append(f"| {label} | {r['step']} | {t} | {r['successes']}/{r['episodes']} = "
+                         f"{100 * r['successes'] / r['episodes']:.1f}% | {100 * lo:.1f}-{100 * hi:.1f}% | {mse} |")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out, "\n".join(lines) + "\n")
+
+
+def run_curve(run: Path, label: str, a: argparse.Namespace) -> list[dict]:
+    """Evaluate (or read the kept results of) every checkpoint of ``run``; one printed row each."""
+    ckpts = sorted((run / "checkpoints").glob("step_*/policy"))
+    mse = {m["step"]: m["val/action_mse"] for m in read_metrics(run / "metrics.jsonl") if "val/action_mse" in m}
+    seconds = {p: train_seconds(p) for p in ckpts} if a.x == "time" else {}  # every one, before the first eval
     suffix = ("" if a.replan is None else f"_replan{a.replan}") + ("" if a.max_steps == 400 else f"_len{a.max_steps}")
     rows = []
     for policy in ckpts:
         step = int(policy.parent.name.split("_")[1])
-        s = evaluate(policy, a.run / "sim_curve" / f"{policy.parent.name}_seed{a.seed}x{a.episodes}{suffix}", a)
+        s = evaluate(policy, run / "sim_curve" / f"{policy.parent.name}_seed{a.seed}x{a.episodes}{suffix}", a)
         k, n = s["successes"], s["episodes"]
         rows.append({"step": step, "successes": k, "episodes": n, "wilson95": list(wilson_interval(k, n)),
-                     "val_action_mse": mse.get(step), "eval_wall_s": s["wall_s"]})
+                     "val_action_mse": mse.get(step), "eval_wall_s": s["wall_s"], "train_time_s": seconds.get(policy)})
         val = f"{mse[step]:.4f}" if step in mse else "n/a"
-        print(f"step {step}: held-out action MSE {val} | closed loop {format_rate(k, n)} | eval {s['wall_s']:.0f} s",
-              flush=True)
-    atomic_write_json(a.run / "sim_curve" / f"curve_seed{a.seed}x{a.episodes}{suffix}.json", rows)
-    plot(rows, a.out, f"{a.label or a.run.name}: ALOHA {a.task.replace('_', ' ')}, seeds {a.seed}-{a.seed + a.episodes - 1}")
+        when = f"step {step}" + (f" ({seconds[policy] / 60:.1f} training min)" if policy in seconds else "")
+        print(f"{label + ': ' if len(a.run) > 1 else ''}{when}: held-out action MSE {val} | closed loop "
+              f"{format_rate(k, n)} | eval {s['wall_s']:.0f} s", flush=True)
+    atomic_write_json(run / "sim_curve" / f"curve_seed{a.seed}x{a.episodes}{suffix}.json", rows)
+    return rows
+
+
+def curve(a: argparse.Namespace) -> int:
+    """Every checkpoint of every ``a.run`` evaluated (or its kept result read), the rows, the plot
+    (and with ``a.table`` the table) written; ``a`` holds the command's checked flags
+    (train/ops_cli.py's ``success_curve_main``)."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    labels = a.label or [r.name for r in a.run]
+    for run in a.run:  # every run's checkpoints, and with --x time their training seconds, before any eval
+        ckpts = sorted((run / "checkpoints").glob("step_*/policy"))
+        if not ckpts:
+            raise DiT4DiTError(f"--run: no checkpoints/step_*/policy under {run}")
+        if a.x == "time":
+            for policy in ckpts:
+                train_seconds(policy)
+    curves = [(label, run_curve(run, label, a)) for run, label in zip(a.run, labels)]
+    seeds = f"seeds {a.seed}-{a.seed + a.episodes - 1}"
+    title = (f"{labels[0]}: ALOHA {a.task.replace('_', ' ')}, {seeds}" if len(curves) == 1
+             else f"ALOHA {a.task.replace('_', ' ')}, {seeds}, success against training "
+                  f"{'step' if a.x == 'step' else 'wall time'}")
+    plot(curves, a.out, title, a.x)
     print(f"plot -> {a.out}")
-    print(f"success {format_rate(rows[-1]['successes'], rows[-1]['episodes'])}")
+    if a.table is not None:
+        write_table(curves, a.table)
+        print(f"table -> {a.table}")
+    for label, rows in curves:
+        print(f"{label + ': ' if len(curves) > 1 else ''}success {format_rate(rows[-1]['successes'], rows[-1]['episodes'])}")
     return 0
 
 

@@ -24,9 +24,11 @@ from dit4dit_npu.batch import Batch
 from dit4dit_npu.config import Config, ConfigError
 from dit4dit_npu.train import checkpoint as ckpt_io
 from dit4dit_npu.train import distributed
+from dit4dit_npu.train.budget import TrainClock
 from dit4dit_npu.train.checkpoint_manager import CheckpointManager, UnusableCheckpoint
 from dit4dit_npu.train.divergence import DivergenceWatch
 from dit4dit_npu.train.ema import EMA, averaged
+from dit4dit_npu.train.errors import TrainingError
 from dit4dit_npu.train.evaluate import held_out_action_mse
 from dit4dit_npu.train.metrics import MetricsLogger, Window, plot_losses, truncate_metrics
 from dit4dit_npu.train.optim import build_optimizer, build_scheduler, group_lrs
@@ -71,6 +73,10 @@ class Trainer:
         self._nonfinite = torch.zeros((), device=dev)  # micro-batches with a non-finite loss, ever
         self._clip_norm = None  # accelerate's grad norm of the last update (unused under DeepSpeed)
         self._window = Window()
+        # training seconds (trainer.max_train_time_s, trainer.save_every_s: budget.py)
+        self.clock = TrainClock(cfg.trainer.max_train_time_s, cfg.trainer.save_every_s)
+        self.out_of_time = False  # the budget is spent: the loop stops at this step
+        self._time_mark = False  # this step boundary is a time checkpoint (or the budget's stop)
         self.watch = DivergenceWatch(accelerator, self.model, self.ema)
         self.checkpoints = CheckpointManager(cfg, accelerator, run_dir, self.model, self.ema, self.scheduler,
                                              self.stream, data, prompt_cache, self.watch)
@@ -86,9 +92,16 @@ class Trainer:
         ``ckpt`` aside and falls back). Collective."""
         self.activity = f"resuming from {ckpt}"
         try:
-            self.global_step = self.checkpoints.load(ckpt)
+            self.global_step, seconds = self.checkpoints.load(ckpt)
         except UnusableCheckpoint as e:
             return str(e)
+        if seconds is None and self.clock.enabled:
+            raise TrainingError(
+                f"{ckpt} does not record its training time (saved by an older version): resume it without "
+                "trainer.max_train_time_s and trainer.save_every_s, or start a new run (another run_id)"
+            )
+        self.clock.restore(seconds)
+        self.out_of_time = self.clock.spent()
         self._truncate_metrics(self.global_step)
         self.watch.resumed_from = ckpt
         self.accelerator.print(f"resumed from {ckpt} at step {self.global_step}")
@@ -108,6 +121,7 @@ class Trainer:
     def step(self) -> None:
         """One optimizer update: gradient_accumulation_steps micro-batches, then the LR schedule."""
         accum = self.cfg.trainer.gradient_accumulation_steps
+        self._time_mark = False
         self.activity = f"training step {self.global_step + 1}"
         # trainer.video_loss_interval: steps 0, k, 2k, ... have the video loss (the step count is
         # restored on resume, so a resumed run keeps the same steps)
@@ -132,8 +146,23 @@ class Trainer:
             self._progress.update(1)
 
     def due(self, every: int) -> bool:
-        """Every ``every`` steps, and always at the last step."""
-        return self.global_step % every == 0 or self.global_step == self.cfg.trainer.max_train_steps
+        """Every ``every`` steps, and always at the last step (the budget's stop included) and at
+        a time checkpoint (``trainer.save_every_s``)."""
+        return self.global_step % every == 0 or self.global_step == self.cfg.trainer.max_train_steps or self._time_mark
+
+    def check_clock(self) -> None:
+        """At a step boundary: is the budget spent, is a time checkpoint due (``budget.py``)? Every
+        rank decides on rank 0's count (a stop and a save are collective)."""
+        if not self.clock.enabled:
+            return
+        seconds = self.clock.seconds
+        if self.accelerator.num_processes > 1:
+            from accelerate.utils import broadcast
+
+            # float32: every collective backend takes it (HCCL's float64 support varies); every rank
+            # gets the same rounded value, so all decide alike
+            seconds = float(broadcast(torch.tensor([seconds], dtype=torch.float32, device=self.accelerator.device))[0])
+        self.out_of_time, self._time_mark = self.clock.crossed(seconds)
 
     def log(self) -> None:
         """One metrics row: losses and data/step time averaged over ranks and over the steps since
@@ -152,6 +181,8 @@ class Trainer:
             step_time=elapsed / w.steps,
             samples_per_s=self.global_batch * w.steps / max(elapsed, 1e-9),
         )
+        if self.clock.known:
+            values["train_time_s"] = self.clock.seconds
         self._logger.log(self.global_step, values)
         if self._progress is not None:
             self._progress.set_postfix(loss=f"{values['total_loss']:.4f}", refresh=False)
@@ -163,7 +194,7 @@ class Trainer:
         """Held-out action MSE in eval mode (``evaluate.py``), logged as ``val/action_mse``; of the
         EMA weights when ``trainer.ema`` is on (the weights the exported policy holds)."""
         self.activity = f"evaluating at step {self.global_step}"
-        with self._window.paused(), averaged(self.ema):
+        with self._not_training(), averaged(self.ema):
             t = self.cfg.trainer
             metrics = held_out_action_mse(
                 distributed.unwrap(self.model),
@@ -190,7 +221,7 @@ class Trainer:
 
         self.activity = f"running the closed-loop evaluation at step {self.global_step}"
 
-        with self._window.paused():
+        with self._not_training():
             acc, step = self.accelerator, self.global_step
             folder = self.run_dir / "sim_eval" / f"step_{step:06d}"
             if self.is_main:
@@ -210,8 +241,8 @@ class Trainer:
         model; a failed save stops every rank with one line)."""
         self.activity = f"saving checkpoint step {self.global_step}"
         self._stop_if_nonfinite()
-        with self._window.paused():
-            self.checkpoints.save(self.global_step)
+        with self._not_training():
+            self.checkpoints.save(self.global_step, self.clock.seconds if self.clock.known else None)
 
     @contextlib.contextmanager
     def session(self) -> Iterator[None]:
@@ -224,9 +255,11 @@ class Trainer:
             self._progress = tqdm(total=t.max_train_steps, initial=self.global_step, desc="train", dynamic_ncols=True)
         self.model.train()
         self._window.reset()
+        self.clock.start()
         try:
             yield
         finally:
+            self.clock.stop()
             if self._progress is not None:
                 self._progress.close()
             self._logger.close()
@@ -237,7 +270,11 @@ class Trainer:
         if self.is_main:
             plot_losses(self.run_dir / "metrics.jsonl", self.run_dir / "loss.png")
             latest = ckpt_io.final_dir_for(self.run_dir, self.global_step)
-            self.accelerator.print(f"done: {self.global_step} steps; policy at {latest / 'policy'}")
+            budget = ""
+            if self.out_of_time:
+                budget = (f" (trainer.max_train_time_s={self.cfg.trainer.max_train_time_s:g} spent: "
+                          f"{self.clock.seconds:.1f} s of training)")
+            self.accelerator.print(f"done: {self.global_step} steps{budget}; policy at {latest / 'policy'}")
         self.accelerator.wait_for_everyone()
 
     # ------------------------------------------------------------------ internals
@@ -249,6 +286,12 @@ class Trainer:
             return None
         check_ema_supported(cfg, accelerator)
         return EMA(model, cfg.trainer.ema, accelerator.process_index, accelerator.num_processes)
+
+    @contextlib.contextmanager
+    def _not_training(self) -> Iterator[None]:
+        """An evaluation or a save: out of the throughput and out of the training seconds."""
+        with self._window.paused(), self.clock.paused():
+            yield
 
     def _stop_if_nonfinite(self) -> None:
         self.watch.stop_if_nonfinite(self._nonfinite, self.global_step)

@@ -1,0 +1,76 @@
+"""python -m dit4dit_npu.train.success_curve over several runs against training wall time (--x time):
+on run folders laid out as training leaves them, with each checkpoint's closed-loop results already
+kept (the tool reads kept results instead of evaluating again; the evaluation itself runs in
+tests/test_equal_time.py's smoke)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from dit4dit_npu.train.ops_cli import success_curve_main as main
+
+
+def fake_run(root: Path, name: str, checkpoints: dict[int, tuple[float | None, int]], episodes: int = 4) -> Path:
+    """A run folder: step -> (training seconds, or None for an older version's; successes)."""
+    run = root / name
+    for step, (seconds, wins) in checkpoints.items():
+        ckpt = run / "checkpoints" / f"step_{step:06d}"
+        (ckpt / "policy").mkdir(parents=True)
+        state = {"step": step}
+        if seconds is not None:
+            state["train_time_s"] = seconds
+        torch.save(state, ckpt / "trainer_state.pt")
+        kept = run / "sim_curve" / f"step_{step:06d}_seed0x{episodes}"
+        kept.mkdir(parents=True)
+        (kept / "results.json").write_text(json.dumps({"summary": {"successes": wins, "episodes": episodes, "wall_s": 1.0}}))
+    (run / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "val/action_mse": 0.1 / s}) + "\n" for s in checkpoints))
+    return run
+
+
+def test_several_runs_against_training_time_one_plot_and_one_table(tmp_path: Path, capsys) -> None:
+    a = fake_run(tmp_path, "no_video", {100: (60.0, 1), 200: (120.0, 3)})
+    b = fake_run(tmp_path, "joint", {50: (61.0, 0), 100: (119.0, 2)})
+    out, table = tmp_path / "curve.png", tmp_path / "curve.md"
+    code = main(["--run", str(a), "--run", str(b), "--label", "no-video", "--label", "joint", "--x", "time",
+                 "--episodes", "4", "--out", str(out), "--table", str(table)])
+    assert code == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert "no-video: step 200 (2.0 training min): held-out action MSE 0.0005" in "\n".join(lines)
+    assert lines[-2].startswith("no-video: success 3/4 = 75.0%") and lines[-1].startswith("joint: success 2/4 = 50.0%")
+    assert out.stat().st_size > 0
+    rows = table.read_text().splitlines()
+    assert rows[2] == "| no-video | 100 | 1.00 | 1/4 = 25.0% | 4.6-69.9% | 0.0010 |"
+    assert rows[-1].startswith("| joint | 100 | 1.98 | 2/4 = 50.0% |")
+    curve = json.loads((b / "sim_curve" / "curve_seed0x4.json").read_text())
+    assert [r["train_time_s"] for r in curve] == [61.0, 119.0]
+
+
+def test_against_time_a_checkpoint_without_its_training_time_is_refused_first(tmp_path: Path, capsys) -> None:
+    a = fake_run(tmp_path, "a", {100: (60.0, 1)})
+    old = fake_run(tmp_path, "old", {100: (None, 1)})
+    out = tmp_path / "curve.png"
+    assert main(["--run", str(a), "--run", str(old), "--x", "time", "--episodes", "4", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "does not record its training time" in err[0] and "--x step" in err[0], err
+    assert not out.exists() and not (a / "sim_curve" / "curve_seed0x4.json").exists()  # before the first run's curve
+
+
+def test_against_steps_an_older_checkpoint_plots_as_before(tmp_path: Path, capsys) -> None:
+    old = fake_run(tmp_path, "old", {100: (None, 1), 200: (None, 4)})
+    assert main(["--run", str(old), "--episodes", "4", "--out", str(tmp_path / "c.png")]) == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1].startswith("success 4/4 = 100.0%")
+
+
+@pytest.mark.parametrize("labels", [["x"], ["x", "y", "z"]])
+def test_one_label_per_run(tmp_path: Path, capsys, labels: list[str]) -> None:
+    a, b = fake_run(tmp_path, "a", {1: (1.0, 1)}), fake_run(tmp_path, "b", {1: (1.0, 1)})
+    argv = ["--run", str(a), "--run", str(b), "--out", str(tmp_path / "c.png")]
+    for label in labels:
+        argv += ["--label", label]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"--label: given {len(labels)} time(s) for 2 --run" in err[0], err
