@@ -30,8 +30,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+from _serving import WARMUP, build_tiny_policy, observation, served
 from dit4dit_client import WebsocketClientPolicy
-from serve_load import WARMUP, build_tiny_policy, observation, served
 
 from dit4dit_npu.console import run
 

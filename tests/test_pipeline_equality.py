@@ -24,6 +24,9 @@ ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted(p for p in (ROOT / "configs").rglob("*.yaml") if "deepspeed" not in p.parts)
 
 
+DEMO_CAMERAS = ("observation.images.cam_high", "observation.images.cam_left_wrist", "observation.images.cam_right_wrist")
+
+
 @pytest.fixture(scope="module")
 def demo_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("equality")
@@ -39,11 +42,16 @@ def test_every_shipped_config_is_covered() -> None:
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.stem)
 def test_training_sample_equals_the_live_observation_bit_for_bit(config: Path, demo_root: Path) -> None:
-    cfg = load_config(config, [
+    overrides = [
         f"datasets.vla_data.data_root_dir={demo_root}", "datasets.vla_data.data_mix=[{path: demo}]",
         "datasets.vla_data.val_fraction=0.0", "datasets.vla_data.generate_demo_if_missing=false",
         "datasets.vla_data.latent_cache=null",
-    ])
+    ]
+    if not set(load_config(config).datasets.vla_data.camera_keys) <= set(DEMO_CAMERAS):
+        # a config for another robot's cameras (Meta-World's one `observation.image`): its own steps
+        # (size, layout, state encoding) on the demo's first camera; the key's name is not what is tested
+        overrides.append(f"datasets.vla_data.camera_keys=[{DEMO_CAMERAS[0]}]")
+    cfg = load_config(config, overrides)
     with warnings.catch_warnings():  # demo data has constant dims: not what is tested here
         warnings.simplefilter("ignore", UserWarning)
         data = build_training_data(cfg)

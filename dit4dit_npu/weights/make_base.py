@@ -52,7 +52,7 @@ CHUNK = 1 << 24  # values drawn and written at a time: 32 MB of bf16, the writer
 DTYPE = torch.bfloat16  # the released folder's dtype
 
 
-class MakeBaseError(DiT4DiTError):
+class MakeBaseError(DiT4DiTError, ValueError):
     """Bad options for the base-folder writer."""
 
 
