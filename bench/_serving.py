@@ -105,3 +105,14 @@ def observation(meta: dict[str, Any], rng: np.random.Generator) -> dict[str, Any
     obs["state"] = rng.uniform(stats["min"], stats["max"]).astype(np.float32)
     obs["instruction"] = meta["instructions"][int(rng.integers(len(meta["instructions"])))]
     return obs
+
+
+def policy_or_tiny(stack: contextlib.ExitStack, policy: Path | None, name: str) -> Path:
+    """``policy``, or the tiny policy built in a temp folder that ``stack`` removes (its tiny-model
+    cache there too, unless ``DIT4DIT_TINY_CACHE`` names one)."""
+    if policy is not None:
+        return policy
+    root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix=f"{name}_")))
+    os.environ.setdefault("DIT4DIT_TINY_CACHE", str(root / "tiny_cache"))
+    print("building the tiny policy ...", flush=True)
+    return build_tiny_policy(root)

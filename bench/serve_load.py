@@ -27,7 +27,6 @@ import contextlib
 import os
 import signal
 import sys
-import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -36,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _serving import WARMUP, build_tiny_policy, observation, server_process
+from _serving import WARMUP, observation, policy_or_tiny, server_process
 from dit4dit_client import WebsocketClientPolicy
 
 from dit4dit_npu.console import run
@@ -130,12 +129,7 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
     with contextlib.ExitStack() as stack:
-        checkpoint = args.policy
-        if checkpoint is None:
-            root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="serve_load_")))
-            os.environ.setdefault("DIT4DIT_TINY_CACHE", str(root / "tiny_cache"))
-            print("building the tiny policy ...", flush=True)
-            checkpoint = build_tiny_policy(root)
+        checkpoint = policy_or_tiny(stack, args.policy, "serve_load")
         servers = {
             "batching": stack.enter_context(server_process(
                 checkpoint, "batching",

@@ -24,13 +24,12 @@ import contextlib
 import os
 import signal
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
 
 import numpy as np
-from _serving import WARMUP, build_tiny_policy, observation, served
+from _serving import WARMUP, observation, policy_or_tiny, served
 from dit4dit_client import WebsocketClientPolicy
 
 from dit4dit_npu.console import run
@@ -128,12 +127,7 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
     with contextlib.ExitStack() as stack:
-        policy = args.policy
-        if policy is None:
-            root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="serve_soak_")))
-            os.environ.setdefault("DIT4DIT_TINY_CACHE", str(root / "tiny_cache"))
-            print("building the tiny policy ...", flush=True)
-            policy = build_tiny_policy(root)
+        policy = policy_or_tiny(stack, args.policy, "serve_soak")
         server = stack.enter_context(served(policy, "soak", ["--host", "127.0.0.1"], args.server_threads))
         started = rss_mib(server.pid)
         print(f"server up (pid {server.pid}, rss {started:.1f} MiB); {args.clients} clients for {args.duration:g} s, "

@@ -136,7 +136,6 @@ def build_tokenizer(vocab_size: int = 384) -> Any:
     """Byte-level BPE (deterministic: fixed corpus, no randomness in BPE training) with the chat
     template and pad token the pipeline's ``padding="max_length"`` needs."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -148,13 +147,22 @@ def build_tokenizer(vocab_size: int = 384) -> Any:
         show_progress=False,
     )
     tok.train_from_iterator(_CORPUS * 4, trainer=trainer)
+    return qwen_fast_tokenizer(tok, model_max_length=32768)
+
+
+def qwen_fast_tokenizer(tok: Any, model_max_length: int) -> Any:
+    """A ``tokenizers.Tokenizer`` as transformers' fast tokenizer with Qwen2.5-VL's end and pad
+    tokens, right padding and the chat template: the tiny tokenizer and the real-size one
+    (``weights/qwen_tokenizer.py``) differ only in their vocabulary."""
+    from transformers import PreTrainedTokenizerFast
+
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
         unk_token=None,
         padding_side="right",
-        model_max_length=32768,
+        model_max_length=model_max_length,
     )
     fast.chat_template = CHAT_TEMPLATE
     return fast

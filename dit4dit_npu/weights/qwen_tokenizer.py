@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dit4dit_npu.models.tiny import CHAT_TEMPLATE
+from dit4dit_npu.models.tiny import qwen_fast_tokenizer
 from dit4dit_npu.weights.real_size import QWEN_BASE_TOKENS, QWEN_SPECIAL_TOKENS, QWEN_SPLIT
 
 
@@ -53,7 +53,6 @@ def build_qwen_tokenizer(model_max_length: int = 131072) -> Any:
     tokens (ids 151643 ... 151664), ``<|endoftext|>`` as pad, ``<|im_end|>`` as end, the text part
     of its chat template."""
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
 
     vocab, merges = qwen_merges()
     tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token=None, fuse_unk=False, byte_fallback=False))
@@ -64,13 +63,4 @@ def build_qwen_tokenizer(model_max_length: int = 131072) -> Any:
     ])
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens(list(QWEN_SPECIAL_TOKENS))
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        unk_token=None,
-        padding_side="right",
-        model_max_length=model_max_length,
-    )
-    fast.chat_template = CHAT_TEMPLATE
-    return fast
+    return qwen_fast_tokenizer(tok, model_max_length)
