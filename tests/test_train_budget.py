@@ -207,8 +207,8 @@ def test_a_budget_that_ends_first_anneals_the_schedule_only_on_the_time_clock(tm
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     run_dir = load_config(TINY, overrides).run_dir
     assert [s for s, _ in ckpt_io.list_checkpoints(run_dir)] == [1]
-    lrs = _lrs_at(run_dir, 1)  # every group: 1e-3 at its peak, the floor 5e-5 (the tiny config's min_lr)
-    assert len(lrs) == 3
+    lrs = _lrs_at(run_dir, 1)  # each group with parameters: 1e-3 at its peak, the floor 5e-5 (min_lr)
+    assert lrs
     if clock == "train_time":  # 1 step of 50, the whole budget: the schedule's end
         assert lrs == {k: pytest.approx(5e-5) for k in lrs}
     else:  # the 50-step cosine has barely started
@@ -217,24 +217,26 @@ def test_a_budget_that_ends_first_anneals_the_schedule_only_on_the_time_clock(tm
 
 @pytest.mark.slow
 def test_a_time_clocked_resume_continues_without_a_warning_unless_the_budget_changed(tmp_path, demo_root, capfd):
-    clocked = {"trainer.lr_schedule_clock": "train_time", "trainer.max_train_time_s": 600}
+    # A 1000-step schedule and a budget of 3 s, a checkpoint at every step: the run stops at its
+    # budget, and its step-1 checkpoint stands at a position set by its seconds (1000 * s / 3), not
+    # by its step, so the seconds' drift between the step boundary (where the LR was set) and the
+    # save (where the seconds were recorded) would move the LR a little and warn, falsely.
+    clocked = {"trainer.lr_schedule_clock": "train_time", "trainer.max_train_time_s": 3, "trainer.max_train_steps": 1000,
+               "trainer.save_interval": 1, "trainer.eval_interval": 1000, "trainer.keep_last_checkpoints": 1000}
     full = run_training(tiny_overrides(tmp_path / "full", demo_root, **clocked))
-    cut = cut_at(full, tmp_path / "cut", 2)
+    assert 1 < _seconds(full)[1] * 1000 / 3 < 1000  # the step-1 checkpoint is where the time clock decides
+    cut_at(full, tmp_path / "cut", 1)
     r = train_here(tiny_overrides(tmp_path / "cut", demo_root, **{**clocked, "trainer.resume": "auto"}), capfd)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    # its LR was set at the step boundary, its seconds recorded at the save, a little later: the
-    # same schedule all the same, nothing to warn of
     assert "resumed from" in r.stdout + r.stderr and "moves from" not in r.stdout + r.stderr
-    assert [s for s, _ in ckpt_io.list_checkpoints(cut)] == [2, 4]
 
-    # a budget just past the checkpoint's seconds: the schedule jumps to 80 % of its length
-    again = cut_at(full, tmp_path / "again", 2)
-    seconds = _seconds(again)[2]
+    # another budget: the schedule stands elsewhere at the same seconds, and the resume says so
+    again = cut_at(full, tmp_path / "again", 1)
     r = train_here(tiny_overrides(tmp_path / "again", demo_root, **{
-        **clocked, "trainer.max_train_time_s": seconds * 1.25, "trainer.resume": "auto"}), capfd)
+        **clocked, "trainer.max_train_time_s": 6, "trainer.resume": "auto"}), capfd)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert re.search(
-        rf"warning: {re.escape(str(again))}/checkpoints/step_000002 was trained on a schedule by "
-        r"trainer\.lr_schedule_clock=train_time \(max_train_time_s=600\.0\), this run's is by train_time "
-        r"\(max_train_time_s=[\d.e+-]+\) \(cosine_with_min_lr\): the learning rate \([\w.]+\) at step 2 "
-        r"\(schedule position 3\.2, by its training seconds\) moves from", r.stdout + r.stderr), r.stdout[-2000:]
+        rf"warning: {re.escape(str(again))}/checkpoints/step_000001 was trained on a schedule by "
+        r"trainer\.lr_schedule_clock=train_time \(max_train_time_s=3\.0\), this run's is by train_time "
+        r"\(max_train_time_s=6\.0\) \(cosine_with_min_lr\): the learning rate \([\w.]+\) at step 1 "
+        r"\(schedule position [\d.]+, by its training seconds\) moves from", r.stdout + r.stderr), r.stdout[-2000:]
