@@ -44,8 +44,9 @@
 #   VIDEO_EVERY=k      (OBJECTIVE=joint) the video loss on every k-th step only, the others no-video
 #                      steps (trainer.video_loss_interval). Default 1: every step
 #   TRAIN_MINUTES=N    a budget of N training minutes (a decimal number; trainer.max_train_time_s: the
-#                      run stops at the first step past it, or at STEPS, which still sets the LR
-#                      schedule's length), checkpoints every N/3 training minutes instead of every
+#                      run stops at the first step past it, or at STEPS, which now only bounds it: the
+#                      LR schedule runs on training time, trainer.lr_schedule_clock=train_time, and
+#                      ends where the run ends), checkpoints every N/3 training minutes instead of every
 #                      STEPS/3 steps (trainer.save_every_s); training minutes leave out start-up, the
 #                      data/cache building, evaluations and saves. For equal-time comparisons:
 #                      scripts/equal_time.sh runs the arms side by side. Unset: STEPS steps
@@ -205,13 +206,16 @@ VARIANT+="$DEMOS_TAG"
 if [ "$STEPS" != 15000 ] && [ "$SMOKE" != 1 ]; then VARIANT+="_${STEPS}steps"; fi
 if [ "$PRETRAIN" != 0 ]; then VARIANT+="_pretrain${PRETRAIN}x${PRETRAIN_DEMOS}"; fi
 # The training command's schedule: STEPS steps with a checkpoint every EVERY, or a budget of training
-# time with a checkpoint every third of it (the steps then only bound the run and set the LR schedule).
+# time with a checkpoint every third of it (the steps then only bound the run; the LR schedule runs on
+# the training seconds and anneals by the budget's end, so equal-time arms whose steps cost differently
+# each finish their schedule).
 SCHEDULE=("trainer.max_train_steps=$STEPS" "trainer.save_interval=$EVERY" "trainer.eval_interval=$EVERY")
 if [ -n "${TRAIN_MINUTES+x}" ]; then
     VARIANT+="_${TRAIN_MINUTES}min"
     SCHEDULE=("trainer.max_train_steps=$STEPS" "trainer.save_interval=$STEPS" "trainer.eval_interval=$STEPS"
               "trainer.max_train_time_s=$(awk -v m="$TRAIN_MINUTES" 'BEGIN { printf "%.6g", m * 60 }')"
-              "trainer.save_every_s=$(awk -v m="$TRAIN_MINUTES" 'BEGIN { printf "%.6g", m * 20 }')")
+              "trainer.save_every_s=$(awk -v m="$TRAIN_MINUTES" 'BEGIN { printf "%.6g", m * 20 }')"
+              "trainer.lr_schedule_clock=train_time")
 fi
 RUN_ID="${RUN_ID:-$RUN$VARIANT}"
 # The recipe's choices (one-frame clips, the action loss into the backbone, the cam_high crop, state

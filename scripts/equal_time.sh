@@ -19,7 +19,10 @@
 #   DEMOS (50)          expert demos (the same for every arm), as the recipe's
 #   TRAIN_MINUTES (30)  each run's budget of training minutes (a decimal number): start-up, the
 #                       data and cache building, evaluations and saves are not counted (the recipe's
-#                       TRAIN_MINUTES, the trainer's trainer.max_train_time_s); a checkpoint every third
+#                       TRAIN_MINUTES, the trainer's trainer.max_train_time_s); a checkpoint every third.
+#                       Each run's LR schedule runs on training time (the recipe sets
+#                       trainer.lr_schedule_clock=train_time): every arm anneals by its budget's end,
+#                       whatever its steps cost; STEPS only bounds the runs
 #   EPISODES (100)      closed-loop episodes per checkpoint, on unseen seeds 0..EPISODES-1
 #   TRAIN_SEEDS ("42 43") the training seeds, each a run of every arm (the headline pools them)
 #   VIDEO_EVERY (4)     k of the every_k arms (>= 2; only with such an arm)

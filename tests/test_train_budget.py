@@ -1,20 +1,25 @@
 """The wall-time budget (trainer.max_train_time_s) and time checkpoints (trainer.save_every_s):
 the clock's arithmetic on a clock the test moves (no timed test), the config's refusals, and the
 real trainer (in this process, DeepSpeed ZeRO-2) stopping at its first step past a budget, saving
-and exporting there, recording its training seconds per checkpoint, and a resume continuing them."""
+and exporting there, recording its training seconds per checkpoint, and a resume continuing them.
+And the LR schedule on the training-time clock (trainer.lr_schedule_clock=train_time): its
+position's arithmetic, its refusal without a budget, a run whose budget ends first annealing to
+the floor, a resume that continues it without a false warning."""
 
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
-from train_runs import TINY, one_line_error, run_training, tiny_overrides, train_here
+from train_runs import TINY, cut_at, one_line_error, run_training, tiny_overrides, train_here
 
-from dit4dit_npu.config import ConfigError, load_config
+from dit4dit_npu.config import ConfigError, SchedulerKwargs, TrainerConfig, load_config
 from dit4dit_npu.train import checkpoint as ckpt_io
 from dit4dit_npu.train.budget import TrainClock
 from dit4dit_npu.train.metrics import read_metrics
+from dit4dit_npu.train.optim import build_scheduler, place_schedule, schedule_position
 
 CONFIG = "configs/aloha/dit4dit_aloha_transfer_cube_tiny.yaml"
 
@@ -139,3 +144,99 @@ def test_a_budget_refuses_a_checkpoint_without_its_training_time(tmp_path, demo_
     assert f"{ckpt} does not record its training time" in line and "trainer.max_train_time_s" in line, line
     assert [s for s, _ in ckpt_io.list_checkpoints(run_dir)] == [2]  # nothing written
     assert json.loads((ckpt / ckpt_io.MANIFEST).read_text()) == before
+
+
+# -- the LR schedule on the training-time clock (trainer.lr_schedule_clock=train_time) ---------------
+
+
+def test_the_schedule_position_is_the_further_bound_capped_at_max_steps() -> None:
+    # steps ahead of the budget's share: the step count (600 of 1000 steps, 30 % of the time)
+    assert schedule_position(600, 30.0, 1000, 100.0) == 600.0
+    # the budget's share ahead: a virtual step (100 steps, half the time: step 500 of 1000)
+    assert schedule_position(100, 50.0, 1000, 100.0) == 500.0
+    # past the budget, or every step done: never past the schedule's end
+    assert schedule_position(100, 150.0, 1000, 100.0) == 1000.0
+    assert schedule_position(1000, 10.0, 1000, 100.0) == 1000.0
+    assert schedule_position(0, 0.0, 1000, 100.0) == 0.0
+
+
+def _schedule(warmup: int) -> torch.optim.lr_scheduler.LambdaLR:
+    cfg = TrainerConfig(max_train_steps=1000, num_warmup_steps=warmup, learning_rate={"base": 1e-3},
+                        scheduler_specific_kwargs=SchedulerKwargs(min_lr=5e-5))
+    return build_scheduler(torch.optim.AdamW(torch.nn.Linear(2, 2).parameters(), lr=1e-3), cfg)
+
+
+def test_placing_the_schedule_runs_its_warmup_and_decay_on_the_budget() -> None:
+    sched = _schedule(warmup=100)
+    sched.optimizer.step()
+    sched.step()
+    # 1 step but 5 % of the budget: half-way through the 100-step warmup, not 1 % of it
+    place_schedule(sched, schedule_position(1, 5.0, 1000, 100.0))
+    lr = sched.optimizer.param_groups[0]["lr"]
+    assert lr == pytest.approx(0.5e-3) and sched.get_last_lr() == [lr]
+    assert sched.last_epoch == 1  # it still counts optimizer steps (what a resume continues from)
+    # half the budget: the middle of the cosine after the warmup
+    place_schedule(sched, schedule_position(1, 55.0, 1000, 100.0))
+    assert sched.optimizer.param_groups[0]["lr"] == pytest.approx(5e-5 + (1e-3 - 5e-5) / 2)
+    # the budget spent: the floor, whatever the step count
+    place_schedule(sched, schedule_position(1, 100.0, 1000, 100.0))
+    assert sched.optimizer.param_groups[0]["lr"] == pytest.approx(5e-5)
+
+
+def test_a_time_clocked_schedule_without_a_budget_is_one_line_naming_both_keys() -> None:
+    with pytest.raises(ConfigError, match=r"^trainer\.lr_schedule_clock: train_time needs trainer\.max_train_time_s"):
+        load_config(CONFIG, ["trainer.lr_schedule_clock=train_time"])
+    cfg = load_config(CONFIG, ["trainer.lr_schedule_clock=train_time", "trainer.max_train_time_s=60"])
+    assert cfg.trainer.lr_schedule_clock == "train_time"
+    assert load_config(CONFIG, []).trainer.lr_schedule_clock == "steps"  # today's schedule, by default
+
+
+def _lrs_at(run_dir, step: int) -> dict[str, float]:
+    row = next(r for r in read_metrics(run_dir / "metrics.jsonl") if r["step"] == step and "total_loss" in r)
+    return {k: v for k, v in row.items() if k.startswith("lr/")}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("clock", ["steps", "train_time"])
+def test_a_budget_that_ends_first_anneals_the_schedule_only_on_the_time_clock(tmp_path, demo_root, capfd, clock):
+    # Any step of the tiny model takes far more than a millisecond: the budget ends at step 1, of 50.
+    overrides = tiny_overrides(tmp_path, demo_root, **{
+        "trainer.max_train_steps": 50, "trainer.save_interval": 100, "trainer.eval_interval": 100,
+        "trainer.max_train_time_s": 0.001, "trainer.lr_schedule_clock": clock})
+    r = train_here(overrides, capfd)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    run_dir = load_config(TINY, overrides).run_dir
+    assert [s for s, _ in ckpt_io.list_checkpoints(run_dir)] == [1]
+    lrs = _lrs_at(run_dir, 1)  # each group with parameters: 1e-3 at its peak, the floor 5e-5 (min_lr)
+    assert lrs
+    if clock == "train_time":  # 1 step of 50, the whole budget: the schedule's end
+        assert lrs == {k: pytest.approx(5e-5) for k in lrs}
+    else:  # the 50-step cosine has barely started
+        assert lrs == {k: pytest.approx(1e-3, rel=0.01) for k in lrs}
+
+
+@pytest.mark.slow
+def test_a_time_clocked_resume_continues_without_a_warning_unless_the_budget_changed(tmp_path, demo_root, capfd):
+    # A 1000-step schedule and a budget of 3 s, a checkpoint at every step: the run stops at its
+    # budget, and its step-1 checkpoint stands at a position set by its seconds (1000 * s / 3), not
+    # by its step, so the seconds' drift between the step boundary (where the LR was set) and the
+    # save (where the seconds were recorded) would move the LR a little and warn, falsely.
+    clocked = {"trainer.lr_schedule_clock": "train_time", "trainer.max_train_time_s": 3, "trainer.max_train_steps": 1000,
+               "trainer.save_interval": 1, "trainer.eval_interval": 1000, "trainer.keep_last_checkpoints": 1000}
+    full = run_training(tiny_overrides(tmp_path / "full", demo_root, **clocked))
+    assert 1 < _seconds(full)[1] * 1000 / 3 < 1000  # the step-1 checkpoint is where the time clock decides
+    cut_at(full, tmp_path / "cut", 1)
+    r = train_here(tiny_overrides(tmp_path / "cut", demo_root, **{**clocked, "trainer.resume": "auto"}), capfd)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "resumed from" in r.stdout + r.stderr and "moves from" not in r.stdout + r.stderr
+
+    # another budget: the schedule stands elsewhere at the same seconds, and the resume says so
+    again = cut_at(full, tmp_path / "again", 1)
+    r = train_here(tiny_overrides(tmp_path / "again", demo_root, **{
+        **clocked, "trainer.max_train_time_s": 6, "trainer.resume": "auto"}), capfd)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert re.search(
+        rf"warning: {re.escape(str(again))}/checkpoints/step_000001 was trained on a schedule by "
+        r"trainer\.lr_schedule_clock=train_time \(max_train_time_s=3\.0\), this run's is by train_time "
+        r"\(max_train_time_s=6\.0\) \(cosine_with_min_lr\): the learning rate \([\w.]+\) at step 1 "
+        r"\(schedule position [\d.]+, by its training seconds\) moves from", r.stdout + r.stderr), r.stdout[-2000:]

@@ -344,8 +344,9 @@ class TrainerConfig:
     # metrics.jsonl's video_loss averages the no-video steps' 0 in.
     video_loss_interval: int = 1
     # A budget of training seconds (equal-time comparisons of objectives whose steps cost
-    # differently): the run stops at the first step boundary past it (or at max_train_steps, which
-    # still sets the LR schedule's length), saves a whole checkpoint and exports its policy there.
+    # differently): the run stops at the first step boundary past it (or at max_train_steps, whichever
+    # comes first), saves a whole checkpoint and exports its policy there. The LR schedule spans
+    # max_train_steps unless lr_schedule_clock is train_time.
     # Training seconds are the loop's wall time (steps with their data loading, logging) without
     # start-up, data/cache/model building, evaluations and saves (train/budget.py); each checkpoint
     # records them, and a resumed run continues the count. null = no budget.
@@ -354,6 +355,13 @@ class TrainerConfig:
     # multiple of this many training seconds, besides save_interval's: one run gives a curve
     # against training time. null = off.
     save_every_s: float | None = None
+    # What moves the LR schedule (its warmup and decay): "steps", the optimizer steps over
+    # max_train_steps (the original's schedule); "train_time" (needs max_train_time_s), the further
+    # of the step count and the share of the budget spent times max_train_steps
+    # (train/optim.py schedule_position), so the schedule ends where the run ends, at the budget or
+    # at max_train_steps: in an equal-time comparison an arm of costlier steps anneals too, instead
+    # of stopping with its LR still high.
+    lr_schedule_clock: Literal["steps", "train_time"] = "steps"
     # null = fresh run; "auto" = latest checkpoint of this run; or a checkpoint folder.
     resume: str | None = None
     # A policy folder (or a checkpoint or run folder holding one) whose weights a fresh run starts
@@ -408,6 +416,9 @@ class TrainerConfig:
         for name in ("max_train_time_s", "save_every_s"):
             v = getattr(self, name)
             require(v is None or (math.isfinite(v) and v > 0), f"{key}.{name}", v, "a number of seconds > 0, or null (= off)")
+        if self.lr_schedule_clock == "train_time" and self.max_train_time_s is None:
+            raise ConfigError(f"{key}.lr_schedule_clock: train_time needs {key}.max_train_time_s (a budget of training "
+                              "seconds for the schedule to end at); set it, or lr_schedule_clock=steps")
         require(self.num_warmup_steps >= 0, f"{key}.num_warmup_steps", self.num_warmup_steps, ">= 0")
         require(math.isfinite(self.collective_timeout_s) and self.collective_timeout_s > 0,
                 f"{key}.collective_timeout_s", self.collective_timeout_s, "a number of seconds > 0")

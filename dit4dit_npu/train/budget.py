@@ -12,7 +12,8 @@ row, an evaluation, a save).
 
 Every rank must stop, and save, at the same step (a save is collective): with several ranks the
 decision is taken on rank 0's clock, handed to every rank (one scalar broadcast per step, only when
-a budget or a time checkpoint is set).
+a budget or a time checkpoint is set). With ``trainer.lr_schedule_clock=train_time`` the LR schedule
+runs on that same count (``optim.schedule_position``), so every rank sets the same LR.
 """
 
 from __future__ import annotations

@@ -126,6 +126,8 @@ def write_trainer_state(
         "step": step, "scheduler": scheduler.state_dict(), "sampler": sampler_state, "world_size": world_size,
         # the schedule's length: a resume with another one follows another curve (CheckpointManager.load)
         "max_train_steps": cfg.trainer.max_train_steps,
+        # and what moves it (trainer.lr_schedule_clock; train_time: the budget's share spent)
+        "lr_schedule_clock": cfg.trainer.lr_schedule_clock, "max_train_time_s": cfg.trainer.max_train_time_s,
         # training seconds up to this step (train/budget.py: what counts); a resume continues the
         # count, and success curves against training time read it. None: unknown (see TrainClock)
         "train_time_s": train_time_s,

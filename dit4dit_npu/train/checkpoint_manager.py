@@ -21,6 +21,7 @@ from dit4dit_npu.train import distributed
 from dit4dit_npu.train.divergence import DivergenceWatch, blame
 from dit4dit_npu.train.ema import EMA, EMA_FILE, averaged
 from dit4dit_npu.train.errors import TrainingError
+from dit4dit_npu.train.optim import schedule_position
 
 
 class UnusableCheckpoint(Exception):
@@ -89,23 +90,44 @@ class CheckpointManager:
         where the checkpoint left it to where the new curve is at that step (from the second
         update on: the first uses the rate the optimizer state restored). Allowed (extending a
         run is what a larger max_train_steps asks for), but said. Nothing to say when the run is
-        already at its end (nothing trains)."""
+        already at its end (nothing trains).
+
+        Under trainer.lr_schedule_clock=train_time the schedule continues from the position of the
+        restored training seconds. Its saved LR was set a little earlier than the seconds were
+        recorded (the save comes after the step boundary's log), so the two never agree to the
+        digit: what is compared there is the schedule's shape the checkpoint recorded (the clock,
+        max_train_steps, max_train_time_s), and a changed shape is said with the LR it moves to."""
         saved = state["scheduler"].get("_last_lr")
         lambdas = getattr(self.scheduler, "lr_lambdas", None)  # transformers' schedules are LambdaLR
+        t = self.cfg.trainer
         step = self.scheduler.last_epoch  # the step the schedule continues from
-        if not saved or lambdas is None or step >= self.cfg.trainer.max_train_steps:
+        was_clock, was_budget = state.get("lr_schedule_clock", "steps"), state.get("max_train_time_s")
+        by_time = "train_time" in (was_clock, t.lr_schedule_clock)
+        if by_time and (was_clock, state.get("max_train_steps"), was_budget) == (
+                t.lr_schedule_clock, t.max_train_steps, t.max_train_time_s):
             return
-        now = [base * f(step) for base, f in zip(self.scheduler.base_lrs, lambdas)]
+        position, seconds = float(step), state.get("train_time_s")
+        if t.lr_schedule_clock == "train_time" and seconds is not None:
+            position = schedule_position(step, seconds, t.max_train_steps, t.max_train_time_s)
+        if not saved or lambdas is None or position >= t.max_train_steps:
+            return
+        now = [base * f(position) for base, f in zip(self.scheduler.base_lrs, lambdas)]
         if all(abs(a - b) <= 1e-6 * max(abs(a), abs(b), 1e-12) for a, b in zip(saved, now)):
             return
         was = state.get("max_train_steps")  # (not recorded by older versions)
-        what = (f"a {was}-step schedule, this run's has {self.cfg.trainer.max_train_steps} steps" if was is not None
-                and was != self.cfg.trainer.max_train_steps else "another learning-rate schedule than this run's")
+        if was is not None and was != t.max_train_steps:
+            what = f"a {was}-step schedule, this run's has {t.max_train_steps} steps"
+        elif by_time:
+            what = (f"a schedule by trainer.lr_schedule_clock={was_clock} (max_train_time_s={was_budget}), this "
+                    f"run's is by {t.lr_schedule_clock} (max_train_time_s={t.max_train_time_s})")
+        else:
+            what = "another learning-rate schedule than this run's"
         group = self.scheduler.optimizer.param_groups[0].get("name", "0")
+        where = f" (schedule position {position:.1f}, by its training seconds)" if position != step else ""
         self.accelerator.print(
-            f"warning: {ckpt} was trained on {what} ({self.cfg.trainer.lr_scheduler_type}): the learning rate "
-            f"({group}) at step {step} moves from {saved[0]:.2e} to {now[0]:.2e}; a new run_id starts a schedule "
-            "of its own"
+            f"warning: {ckpt} was trained on {what} ({t.lr_scheduler_type}): the learning rate "
+            f"({group}) at step {step}{where} moves from {saved[0]:.2e} to {now[0]:.2e}; a new run_id starts a "
+            "schedule of its own"
         )
 
     def _load_files(self, ckpt: Path) -> str | None:

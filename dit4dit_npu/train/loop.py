@@ -7,7 +7,8 @@ weights when set), hand them to a ``Trainer`` (optimizer,
 schedule, accelerate + DeepSpeed), resume if asked (falling back past a checkpoint whose weights
 turn out non-finite once loaded), then step until ``max_train_steps``, logging, evaluating and
 saving on their intervals (in steps, and in training seconds with trainer.save_every_s), until
-``trainer.max_train_time_s`` training seconds if set (``budget.py``). The verbs are in ``trainer.py``.
+``trainer.max_train_time_s`` training seconds if set (``budget.py``; with
+``trainer.lr_schedule_clock=train_time`` the LR schedule ends there too). The verbs are in ``trainer.py``.
 """
 
 from __future__ import annotations

@@ -93,5 +93,27 @@ def build_scheduler(optimizer: torch.optim.Optimizer, cfg: TrainerConfig):
     )
 
 
+def schedule_position(step: int, seconds: float, max_steps: int, limit_s: float) -> float:
+    """Where the LR schedule stands under ``trainer.lr_schedule_clock=train_time``, after ``step``
+    optimizer updates and ``seconds`` of training: the step count, or the share of the time budget
+    spent as a share of ``max_steps`` (a "virtual step") when that is further, never past
+    ``max_steps``. Why: with a budget (``trainer.max_train_time_s``), a run whose steps cost more
+    stops part-way along a schedule that spans ``max_steps``, its LR still high, while a run of
+    cheaper steps anneals: an unfair equal-time comparison. On this position the warmup and the
+    decay end at whichever bound comes first, the budget or ``max_steps``."""
+    return min(float(max_steps), max(float(step), max_steps * seconds / limit_s))
+
+
+def place_schedule(scheduler, position: float) -> None:
+    """Set every group's LR to the schedule's value at ``position`` (fractional steps allowed:
+    transformers' warmup and decay are functions of a real step). The scheduler keeps counting
+    optimizer steps (its ``last_epoch``, what a resume continues from); its ``_last_lr`` is what it
+    saves as the LR in use, so a checkpoint records the LR that was set here."""
+    lrs = [base * f(position) for base, f in zip(scheduler.base_lrs, scheduler.lr_lambdas)]
+    for group, lr in zip(scheduler.optimizer.param_groups, lrs):
+        group["lr"] = lr
+    scheduler._last_lr = lrs
+
+
 def group_lrs(optimizer: torch.optim.Optimizer) -> dict[str, float]:
     return {f"lr/{g.get('name', i)}": float(g["lr"]) for i, g in enumerate(optimizer.param_groups)}

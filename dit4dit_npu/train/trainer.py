@@ -31,7 +31,13 @@ from dit4dit_npu.train.ema import EMA, averaged
 from dit4dit_npu.train.errors import TrainingError
 from dit4dit_npu.train.evaluate import held_out_action_mse
 from dit4dit_npu.train.metrics import MetricsLogger, Window, plot_losses, truncate_metrics
-from dit4dit_npu.train.optim import build_optimizer, build_scheduler, group_lrs
+from dit4dit_npu.train.optim import (
+    build_optimizer,
+    build_scheduler,
+    group_lrs,
+    place_schedule,
+    schedule_position,
+)
 from dit4dit_npu.train.stream import BatchStream
 
 LOSS_KEYS = ("action_loss", "video_loss", "total_loss")
@@ -137,7 +143,7 @@ class Trainer:
             for k in LOSS_KEYS:
                 self._running[k] += out[k].detach().float() / accum
             self._nonfinite += (~torch.isfinite(out["total_loss"].detach())).float()
-        self.scheduler.step()
+        self.scheduler.step()  # under trainer.lr_schedule_clock=train_time, check_clock then places it
         self.global_step += 1
         if self.ema is not None:
             self.ema.update(self.global_step)
@@ -152,7 +158,9 @@ class Trainer:
 
     def check_clock(self) -> None:
         """At a step boundary: is the budget spent, is a time checkpoint due (``budget.py``)? Every
-        rank decides on rank 0's count (a stop and a save are collective)."""
+        rank decides on rank 0's count (a stop and a save are collective). Under
+        ``trainer.lr_schedule_clock=train_time`` the LR of the next update follows that same count
+        (``optim.schedule_position``): every rank sets the same LR."""
         if not self.clock.enabled:
             return
         seconds = self.clock.seconds
@@ -163,6 +171,10 @@ class Trainer:
             # gets the same rounded value, so all decide alike
             seconds = float(broadcast(torch.tensor([seconds], dtype=torch.float32, device=self.accelerator.device))[0])
         self.out_of_time, self._time_mark = self.clock.crossed(seconds)
+        t = self.cfg.trainer
+        if t.lr_schedule_clock == "train_time":
+            place_schedule(self.scheduler, schedule_position(self.global_step, seconds, t.max_train_steps,
+                                                             t.max_train_time_s))
 
     def log(self) -> None:
         """One metrics row: losses and data/step time averaged over ranks and over the steps since
