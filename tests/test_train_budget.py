@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 
 import pytest
 import torch
@@ -240,3 +241,21 @@ def test_a_time_clocked_resume_continues_without_a_warning_unless_the_budget_cha
         r"trainer\.lr_schedule_clock=train_time \(max_train_time_s=3\.0\), this run's is by train_time "
         r"\(max_train_time_s=6\.0\) \(cosine_with_min_lr\): the learning rate \([\w.]+\) at step 1 "
         r"\(schedule position [\d.]+, by its training seconds\) moves from", r.stdout + r.stderr), r.stdout[-2000:]
+
+
+def test_the_process_cpu_clock_counts_compute_not_waiting() -> None:
+    # trainer.train_time_clock=process_cpu: runs that share cores with other work get the same compute
+    from dit4dit_npu.train.trainer import CLOCKS
+
+    cfg = load_config(CONFIG, ["trainer.max_train_time_s=60", "trainer.train_time_clock=process_cpu"])
+    clock = TrainClock(cfg.trainer.max_train_time_s, None, CLOCKS[cfg.trainer.train_time_clock])
+    clock.start()
+    time.sleep(0.3)  # waiting: no CPU time
+    waited = clock.seconds
+    end = time.process_time() + 0.3
+    while time.process_time() < end:  # computing
+        pass
+    assert waited < 0.1 <= 0.3 <= clock.seconds
+    assert load_config(CONFIG).trainer.train_time_clock == "wall"
+    with pytest.raises(ConfigError, match="train_time_clock"):
+        load_config(CONFIG, ["trainer.train_time_clock=cpu"])

@@ -362,6 +362,12 @@ class TrainerConfig:
     # at max_train_steps: in an equal-time comparison an arm of costlier steps anneals too, instead
     # of stopping with its LR still high.
     lr_schedule_clock: Literal["steps", "train_time"] = "steps"
+    # What a training second is (max_train_time_s, save_every_s, the train_time LR clock):
+    # "wall", the loop's wall time; "process_cpu", the training process's CPU time (all its
+    # threads; a data-loader worker process is not counted). With one thread per run and a core
+    # each, the two agree; when runs share cores with other work, CPU time still gives every run
+    # the same compute, where wall time gives each whatever share it got.
+    train_time_clock: Literal["wall", "process_cpu"] = "wall"
     # null = fresh run; "auto" = latest checkpoint of this run; or a checkpoint folder.
     resume: str | None = None
     # A policy folder (or a checkpoint or run folder holding one) whose weights a fresh run starts

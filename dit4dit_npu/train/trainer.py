@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import shutil
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -41,6 +42,7 @@ from dit4dit_npu.train.optim import (
 from dit4dit_npu.train.stream import BatchStream
 
 LOSS_KEYS = ("action_loss", "video_loss", "total_loss")
+CLOCKS = {"wall": time.perf_counter, "process_cpu": time.process_time}  # trainer.train_time_clock
 
 
 def check_ema_supported(cfg: Config, accelerator) -> None:
@@ -80,7 +82,8 @@ class Trainer:
         self._clip_norm = None  # accelerate's grad norm of the last update (unused under DeepSpeed)
         self._window = Window()
         # training seconds (trainer.max_train_time_s, trainer.save_every_s: budget.py)
-        self.clock = TrainClock(cfg.trainer.max_train_time_s, cfg.trainer.save_every_s)
+        self.clock = TrainClock(cfg.trainer.max_train_time_s, cfg.trainer.save_every_s,
+                                CLOCKS[cfg.trainer.train_time_clock])
         self.out_of_time = False  # the budget is spent: the loop stops at this step
         self._time_mark = False  # this step boundary is a time checkpoint (or the budget's stop)
         self.watch = DivergenceWatch(accelerator, self.model, self.ema)
