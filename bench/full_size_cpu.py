@@ -266,7 +266,8 @@ class Bench:
         print("\n| stage | what | wall s | peak RSS GiB | memory plan / note |\n|---|---|---|---|---|")
         for stage, what, wall, rss, note in self.rows:
             if note.startswith("plan ") and rss > 0:
-                note += f" ({float(note.split()[1]) / rss:.2f} x measured)"
+                plan, _, rest = note.partition(";")
+                note = f"{plan} ({float(note.split()[1]) / rss:.2f} x measured){';' + rest if rest else ''}"
             print(f"| {stage} | {what} | {wall:.1f} | {rss:.2f} | {note} |")
         failed = [r[0] for r in self.rows if r[4].startswith("FAILED")]
         ratios = [float(r[4].split()[1]) / r[3] for r in self.rows if r[4].startswith("plan ") and r[3] > 0]
