@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 import torch
+from torch.profiler import record_function
 from torch.utils.flop_counter import FlopCounterMode
 
 from dit4dit_npu import device as dev
@@ -25,6 +27,45 @@ from dit4dit_npu.train.activations import FULL_SIZE, QWEN_VOCAB, full_size_text_
 from dit4dit_npu.train.memory_plan import ROBOTWIN_DIMS  # noqa: F401
 from dit4dit_npu.train.memory_plan import plan_spec as bench_spec  # noqa: F401
 from dit4dit_npu.transforms import FeatureStats, PolicyIO
+
+INFER_STAGES = ("PolicyIO parse", "prompt embeddings", "VAE encode", "feature pass", "action sampling", "unnormalize")
+
+
+class Timer:
+    """Stage -> wall seconds of this round (device drained around each stage)."""
+
+    def __init__(self) -> None:
+        self.t: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        dev.synchronize()
+        t0 = time.perf_counter()
+        with record_function(name):
+            yield
+        dev.synchronize()
+        self.t[name] = self.t.get(name, 0.0) + time.perf_counter() - t0
+
+
+@torch.no_grad()
+def staged_predict(model, io: PolicyIO, obs: dict, seed: int, stage: Callable) -> np.ndarray:
+    """``Policy``'s call with ``DiT4DiT.predict_action``'s calls one by one (same calls, same order)."""
+    bb = model.backbone
+    model.train(False)
+    with stage("PolicyIO parse"):
+        batch, _ = io.encode_observation(obs)
+        b = model._checked(batch, training=False)
+    with stage("prompt embeddings"):
+        prompts = model.prompt_embeddings(b.instruction)
+    with stage("VAE encode"):
+        cond = bb.encode_clip(model.video_input(b.frames[:, :1]), None, torch.Generator().manual_seed(seed + 1))[1]
+    with dev.autocast(enabled=model.autocast):
+        with stage("feature pass"):
+            feats = bb.features(cond, prompts, model.feature_latent_frames, call_seed=seed)
+    with stage("action sampling"):
+        normalized = model.action_model.sample(feats, b.state, torch.Generator().manual_seed(seed))
+    with stage("unnormalize"):
+        return io.decode_actions(normalized)
 
 
 def first_row(batch: Batch) -> Batch:

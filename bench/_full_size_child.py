@@ -69,6 +69,12 @@ def predict(policy_dir: str, dtype: str, instruction: str) -> None:
         actions = policy.predict_action(obs, seed=i)
         print(f"predict_action #{i + 1}: {time.perf_counter() - t0:.2f} s, actions {np.asarray(actions).shape}; {rss()}")
     assert np.isfinite(np.asarray(actions)).all()
+    from _common import INFER_STAGES, Timer, staged_predict  # (the script's folder: bench/)
+
+    timer = Timer()  # a third call, the same calls one by one, each timed
+    with torch.inference_mode(), policy.held_model([instruction]) as model:
+        staged_predict(model, policy.io, obs, 2, timer)
+    print("per stage: " + ", ".join(f"{s} {timer.t[s]:.2f} s" for s in INFER_STAGES) + f"; {rss()}")
 
 
 def check(policy_dir: str) -> None:

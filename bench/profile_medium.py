@@ -41,11 +41,18 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import numpy as np
 import torch
-from _common import bench_spec, observation, placeholder, plain_predict, with_cached_latents
+from _common import (
+    INFER_STAGES,
+    Timer,
+    bench_spec,
+    observation,
+    placeholder,
+    plain_predict,
+    staged_predict,
+    with_cached_latents,
+)
 from _original import Original, add_original_args, original_spec
-from torch.profiler import record_function
 from torch.utils.flop_counter import FlopCounterMode
 
 from dit4dit_npu import device as dev
@@ -61,23 +68,6 @@ os.environ.setdefault("KINETO_LOG_LEVEL", "5")
 HERE = Path(__file__).resolve().parent
 TRAIN_STAGES = ("prompt embeddings", "VAE encode", "feature pass", "action head fwd", "video flow-matching fwd",
                 "action head bwd", "video flow-matching bwd", "optimizer step")
-INFER_STAGES = ("PolicyIO parse", "prompt embeddings", "VAE encode", "feature pass", "action sampling", "unnormalize")
-
-
-class Timer:
-    """Stage -> wall seconds of this round (device drained around each stage)."""
-
-    def __init__(self) -> None:
-        self.t: dict[str, float] = {}
-
-    @contextmanager
-    def __call__(self, name: str) -> Iterator[None]:
-        dev.synchronize()
-        t0 = time.perf_counter()
-        with record_function(name):
-            yield
-        dev.synchronize()
-        self.t[name] = self.t.get(name, 0.0) + time.perf_counter() - t0
 
 
 class Flops:
@@ -122,27 +112,6 @@ def plain_train_step(model, batch, opt, lam: float) -> None:
     opt.zero_grad(set_to_none=True)
     (out["action_loss"] + lam * out["video_loss"]).backward()
     opt.step()
-
-
-@torch.no_grad()
-def staged_predict(model, io: PolicyIO, obs: dict, seed: int, stage: Callable) -> np.ndarray:
-    """``Policy``'s call with ``DiT4DiT.predict_action``'s calls one by one (same calls, same order)."""
-    bb = model.backbone
-    model.train(False)
-    with stage("PolicyIO parse"):
-        batch, _ = io.encode_observation(obs)
-        b = model._checked(batch, training=False)
-    with stage("prompt embeddings"):
-        prompts = model.prompt_embeddings(b.instruction)
-    with stage("VAE encode"):
-        cond = bb.encode_clip(model.video_input(b.frames[:, :1]), None, torch.Generator().manual_seed(seed + 1))[1]
-    with dev.autocast(enabled=model.autocast):
-        with stage("feature pass"):
-            feats = bb.features(cond, prompts, model.feature_latent_frames, call_seed=seed)
-    with stage("action sampling"):
-        normalized = model.action_model.sample(feats, b.state, torch.Generator().manual_seed(seed))
-    with stage("unnormalize"):
-        return io.decode_actions(normalized)
 
 
 def table(title: str, stages: tuple[str, ...], times: dict[str, list[float]], flops: dict[str, float],

@@ -128,3 +128,75 @@ def test_a_json_path_under_a_file_or_a_folder_is_one_line_before_measuring(tmp_p
         [line] = capsys.readouterr().err.strip().splitlines()
         assert line.startswith(f"error: --json {path}: {what}"), line
     assert a_file.read_text() == "kept"
+
+
+def test_the_plan_is_of_the_base_folders_depth(memory, tmp_path):
+    # bench/full_size_cpu.py trains a base folder of 2 real-width blocks: the plan was of 28 blocks whatever the folder
+    from dit4dit_npu.config import load_config
+
+    folder = tmp_path / "base"
+    (folder / "transformer").mkdir(parents=True)
+    (folder / "transformer/config.json").write_text(json.dumps({"num_layers": 2}))
+    shallow = load_config(REAL, [f"framework.cosmos25.base_model={folder}"])
+    assert memory.plan_widths(shallow).num_layers == 2
+    assert memory.plan_widths(load_config(REAL)).num_layers == 28  # the real config names no folder: the real depth
+    counts = memory.parameter_counts(memory.meta_parts(shallow, memory.plan_widths(shallow)))
+    assert counts["transformer"] == 259_805_184  # 2 of the 2,059,174,912's blocks and all the rest
+
+
+def test_lora_adapters_are_what_the_optimizer_holds(memory):
+    # a LoRA run was planned as full training: 2B fp32 weights with AdamW moments (33 GB more than it holds)
+    from dit4dit_npu.config import load_config
+    from dit4dit_npu.models.lora import is_adapter_key
+
+    cfg = load_config(REAL, ["framework.cosmos25.lora.rank=16"])
+    transformer = memory.meta_parts(cfg)["transformer"]
+    adapters = sum(p.numel() for n, p in transformer.named_parameters() if is_adapter_key(n))
+    assert 0 < adapters < 0.02 * 2_059_174_912
+    assert sum(p.numel() for p in transformer.parameters()) == 2_059_174_912 + adapters
+
+
+def test_training_action_has_no_video_pass_in_its_step(memory):
+    from dit4dit_npu.train.activations import BackwardFit, DepthFit, Fit
+
+    one = Fit(1.0, 0.0, 0.0, 0.0)
+    depth = DepthFit(one, one)
+    fits = {"features": depth, "fwd_end": depth, "fwd_end_gc": depth,
+            "bwd_peak": BackwardFit(depth, one, one), "bwd_peak_gc": BackwardFit(depth, one, one)}
+    shape = memory.StepShape(1, 100, 28, 18, 512, 224 * 672, 9)
+    joint = memory.step_phases(fits, {"saved": one, "peak": one}, one, shape, True, True)
+    action = memory.step_phases(fits, {"saved": one, "peak": one}, one, shape, True, True, training="action")
+    assert "video backward peak" in joint and "forward end (both graphs)" in joint
+    assert set(action) == {"feature pass (no grad)", "action head backward peak"}
+
+
+def test_a_host_process_holds_the_runtime_and_only_the_bucket_pages_written(memory):
+    rows = [("trained weights (fp32)", 4e6, ""), ("fp32 master partition", 4e6, ""),
+            ("gradient buckets (fp32)", 4e9, "2 x reduce_bucket_size"), ("prompt cache (bf16)", 1e6, "")]
+    out, load = memory.host_terms(rows, {"transformer": 10**6}, [10**6], lora=False, runtime=8e8)
+    got = {name: n for name, n, _ in out}
+    assert got["runtime (measured)"] == 8e8
+    assert got["gradient buckets (fp32)"] == 4e6  # torch.empty: resident only where gradients were written
+    assert load == 8e8 + 4e6 + 2e6  # the weights beside their bf16 shards, mapped while cast
+    assert memory.host_terms(rows, {"transformer": 10**6}, [10**6], lora=True, runtime=8e8)[1] == 8e8 + 4e6
+
+
+def test_activation_fits_round_trip_through_json(memory):
+    from dit4dit_npu.train.activations import BackwardFit, DepthFit, Fit, fits_from_json, fits_to_json
+
+    a, b = Fit(1.0, 2.0, 3.0, 0.01), Fit(4.0, 5.0, 6.0, 0.02)
+    transformer = {"features": DepthFit(a, b), "bwd_peak_gc": BackwardFit(DepthFit(b, a), a, b)}
+    saved = json.loads(json.dumps(fits_to_json(transformer, {"peak": a}, b)))
+    assert fits_from_json(saved) == (transformer, {"peak": a}, b)
+
+
+@pytest.mark.slow
+def test_fits_are_measured_once_and_reused(tmp_path, capsys):
+    from dit4dit_npu.train.ops_cli import memory_plan_main as main
+
+    fits = tmp_path / "fits.json"
+    assert main(["--smoke", "--host", "--fits", str(fits)]) == 0
+    assert "measuring activations" in capsys.readouterr().out and fits.is_file()
+    assert main(["--smoke", "--host", "--fits", str(fits), "--batch", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "measuring activations" not in out and f"activation fits: {fits}" in out

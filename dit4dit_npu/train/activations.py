@@ -233,6 +233,22 @@ def _pixels_fit(rows: list[tuple[int, int, float]]) -> Fit:
     return Fit(float(c), 0.0, float(b), float(res))
 
 
+def fits_to_json(transformer: dict, head: dict[str, Fit], vae: Fit) -> dict:
+    """The measured fits as plain numbers (``memory_plan.py --fits``: measure once, plan many)."""
+    return {"transformer": {k: dataclasses.asdict(v) for k, v in transformer.items()},
+            "head": {k: dataclasses.asdict(v) for k, v in head.items()}, "vae": dataclasses.asdict(vae)}
+
+
+def fits_from_json(d: dict) -> tuple[dict, dict[str, Fit], Fit]:
+    """The inverse of ``fits_to_json``."""
+    def depth(x: dict) -> DepthFit:
+        return DepthFit(Fit(**x["base"]), Fit(**x["per_block"]))
+
+    transformer = {k: BackwardFit(depth(v["start"]), Fit(**v["block"]), Fit(**v["tail"])) if k.startswith("bwd_peak")
+                   else depth(v) for k, v in d["transformer"].items()}
+    return transformer, {k: Fit(**v) for k, v in d["head"].items()}, Fit(**d["vae"])
+
+
 def step_peak_mib(fn: Callable[[], object]) -> tuple[float, str]:
     """Peak memory that ``fn`` adds on top of what was live before it (activations, gradients,
     temporaries), in MiB, and how it was measured.

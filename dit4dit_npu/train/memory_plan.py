@@ -42,6 +42,7 @@ from dit4dit_npu.batch import BatchSpec
 from dit4dit_npu.config import Config, TinyCosmosConfig, load_config
 from dit4dit_npu.data.mixture import mixture_entries
 from dit4dit_npu.errors import DiT4DiTError
+from dit4dit_npu.models.lora import is_adapter_key
 from dit4dit_npu.train.activations import FULL_SIZE, QWEN_VOCAB, full_size_text_config
 from dit4dit_npu.train.distributed import resolve_path
 from dit4dit_npu.transforms.policy_io import config_spec
@@ -62,16 +63,41 @@ def plan_spec(cfg: Config) -> BatchSpec:
     return config_spec(cfg, ROBOTWIN_DIMS, ROBOTWIN_DIMS)
 
 
-def meta_parts(cfg: Config) -> dict[str, torch.nn.Module]:
-    """The real modules of the run on the meta device (shapes only, no memory)."""
+def plan_widths(cfg: Config) -> TinyCosmosConfig:
+    """The real model's widths at the depth of the config's base folder (a folder of fewer blocks,
+    as bench/full_size_cpu.py trains, is planned at its own depth). The real 28 blocks where the
+    config names no folder, or one that is not on this host (planning before the download), said."""
+    from pathlib import Path
+
+    c = cfg.framework.cosmos25
+    if c.is_tiny:
+        return FULL_SIZE
+    if not Path(c.base_model).expanduser().exists():
+        print(f"framework.cosmos25.base_model {c.base_model} is not on this host: planned at Cosmos-Predict2.5-2B's "
+              f"{FULL_SIZE.num_layers} blocks")
+        return FULL_SIZE
+    from dit4dit_npu.weights import base_model_folder
+
+    folder = base_model_folder(cfg, ("transformer",))
+    blocks = json.loads((folder / "transformer/config.json").read_text())["num_layers"]
+    return dataclasses.replace(FULL_SIZE, num_layers=blocks)
+
+
+def meta_parts(cfg: Config, widths: TinyCosmosConfig = FULL_SIZE) -> dict[str, torch.nn.Module]:
+    """The real modules of the run on the meta device (shapes only, no memory); under LoRA the
+    transformer carries its adapters."""
     from diffusers import AutoencoderKLWan, CosmosTransformer3DModel
     from transformers import Qwen2_5_VLTextConfig, Qwen2_5_VLTextModel
 
     from dit4dit_npu.models import tiny as tiny_parts
+    from dit4dit_npu.models.lora import add_lora
     from dit4dit_npu.weights import build_action_head
+    from dit4dit_npu.weights.model_config import lora_adapter_config
 
     with torch.device("meta"):
-        transformer = CosmosTransformer3DModel(**tiny_parts.transformer_kwargs(tiny_sizes(FULL_SIZE)))
+        transformer = CosmosTransformer3DModel(**tiny_parts.transformer_kwargs(tiny_sizes(widths)))
+        if cfg.framework.cosmos25.lora.enabled:
+            add_lora(transformer, lora_adapter_config(cfg.framework.cosmos25.lora))
         parts = {
             "transformer": transformer,
             "vae": AutoencoderKLWan(),  # the class defaults are Wan2.1's
@@ -154,11 +180,11 @@ class StepShape:
     frames: int  # clip frames after padding to 1 + 4k
 
     @classmethod
-    def of(cls, cfg: Config, batch: int) -> StepShape:
+    def of(cls, cfg: Config, batch: int, layers: int = FULL_SIZE.num_layers) -> StepShape:
         spec = plan_spec(cfg)
         h, w = spec.frame_size
         t_lat = (spec.num_frames - 1 + 3) // 4 + 1
-        return cls(batch, t_lat * (h // 16) * (w // 16), FULL_SIZE.num_layers, cfg.framework.cosmos25.extract_layer + 1,
+        return cls(batch, t_lat * (h // 16) * (w // 16), layers, cfg.framework.cosmos25.extract_layer + 1,
                    cfg.framework.cosmos25.max_sequence_length, h * w, (t_lat - 1) * 4 + 1)
 
 
@@ -172,20 +198,20 @@ def hidden_width(widths: TinyCosmosConfig) -> int:
 
 
 def step_phases(fits: dict, head: dict, vae, s: StepShape, gc: bool, latent_cache: bool,
-                widths: TinyCosmosConfig = FULL_SIZE) -> dict[str, float]:
+                widths: TinyCosmosConfig = FULL_SIZE, training: str = "joint") -> dict[str, float]:
     """Working memory of each phase of one training step, in bytes. Autograd runs the video graph's
     backward first (it was built last) while the head's graph waits, then the head's. The batch's
-    prompt embeddings are alive all step (the transformer measurements include them)."""
+    prompt embeddings are alive all step (the transformer measurements include them). ``training:
+    action`` has no video pass: the feature pass, then the head."""
     suffix = "_gc" if gc else ""
     b, n = s.batch, s.tokens
     prompts = b * s.text_tokens * text_width(widths) * 2  # the batch's bf16 prompt embeddings, alive all step
     features = b * n * hidden_width(widths) * 2  # bf16 output of block extract_layer, kept for the head
-    phases = {
-        "feature pass (no grad)": fits["features"](s.feature_layers, b, n),
-        "forward end (both graphs)": fits["fwd_end" + suffix](s.layers, b, n) + head["saved"](b, n) + features,
-        "video backward peak": fits["bwd_peak" + suffix](s.layers, b, n) + head["saved"](b, n) + features,
-        "action head backward peak": head["peak"](b, n) + features + prompts,
-    }
+    phases = {"feature pass (no grad)": fits["features"](s.feature_layers, b, n)}
+    if training != "action":
+        phases["forward end (both graphs)"] = fits["fwd_end" + suffix](s.layers, b, n) + head["saved"](b, n) + features
+        phases["video backward peak"] = fits["bwd_peak" + suffix](s.layers, b, n) + head["saved"](b, n) + features
+    phases["action head backward peak"] = head["peak"](b, n) + features + prompts
     if not latent_cache:  # the uint8 clip, its bf16 VAE input and the encoder's activations
         phases["VAE encode (no grad)"] = vae(b, s.pixels) + b * s.frames * 3 * s.pixels * (1 + 2) + prompts
     return phases
@@ -237,6 +263,81 @@ def check(cfg: Config, fits: dict, head_fits: dict, batch: int, gc: bool,
     return measured, max(step_phases(fits, head_fits, None, shape, gc, True, widths).values()), shape
 
 
+def resident_bytes() -> float:
+    """This process's resident memory now, after importing the training stack: a CPU training
+    process's floor (the interpreter, torch, diffusers, transformers, DeepSpeed, accelerate)."""
+    import deepspeed  # noqa: F401
+    import diffusers  # noqa: F401
+
+    import dit4dit_npu.train.loop  # noqa: F401
+
+    with open("/proc/self/status") as f:
+        return next(float(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+
+
+def host_terms(rows: list[tuple[str, float, str]], counts: dict[str, int], trained: list[int], lora: bool,
+               runtime: float) -> tuple[list[tuple[str, float, str]], float]:
+    """A CPU host's training process, planned as its peak resident memory (what ``wait4`` reports
+    and bench/full_size_cpu.py measures) instead of a card's allocations -> (rows, the model-load
+    peak). Where a host differs from a card:
+    - the process's floor: the interpreter and libraries (measured in this process);
+    - DeepSpeed's gradient buckets are ``torch.empty``: only the pages gradients are written to
+      become resident, at most the trained parameters' count;
+    - the prompt cache lives in host memory whatever its size;
+    - loading: each fp32 weight is cast from its bf16 shard, memory-mapped while the model is built,
+      so the mapped file pages sit beside the fp32 copies until the load ends (a LoRA base loads in
+      its files' bf16: nothing is cast)."""
+    out = [("runtime (measured)", runtime, "interpreter, torch, diffusers, transformers, DeepSpeed")]
+    for name, n, note in rows:
+        if name.startswith("gradient bucket"):
+            n, note = min(n, 4 * sum(trained)), note + "; resident: the pages written, <= the trained parameters"
+        out.append((name, n, note))
+    weights = runtime + sum(n for name, n, _ in out if "weights" in name or "frozen" in name)
+    mapped = 0 if lora else 2 * counts["transformer"]
+    return out, weights + mapped
+
+
+def measurements(cfg: Config, widths: TinyCosmosConfig, args: argparse.Namespace) -> tuple[dict, dict, object]:
+    """The activation fits of the transformer, the action head and the VAE (minutes on CPU).
+    They depend on the widths, the text length and the head, not on depth, batch, ZeRO or ranks:
+    with ``--fits FILE`` they are read from FILE when it holds this config's, else measured and
+    written there, so one measurement plans many runs (bench/full_size_cpu.py plans six)."""
+    from dit4dit_npu.train.activations import (
+        fits_from_json,
+        fits_to_json,
+        measure_head,
+        measure_transformer,
+        measure_vae,
+    )
+    from dit4dit_npu.weights import build_action_head
+
+    c = cfg.framework.cosmos25
+    identity = {"widths": dataclasses.asdict(widths), "max_sequence_length": c.max_sequence_length,
+                "action_model": dataclasses.asdict(cfg.framework.action_model), "smoke": bool(args.smoke)}
+    if args.fits is not None and args.fits.is_file():
+        saved = json.loads(args.fits.read_text())
+        if saved.get("identity") == identity:
+            print(f"activation fits: {args.fits} (measured for these widths, text length and head)")
+            return fits_from_json(saved)
+        print(f"activation fits: {args.fits} holds another config's: measuring again")
+    hidden = hidden_width(widths)
+    print("measuring activations on CPU (real classes, reduced size):")
+    fits = measure_transformer(c.max_sequence_length, text_width(widths), print, widths)
+    head_fits = measure_head(build_action_head(cfg, plan_spec(cfg), hidden), plan_spec(cfg), hidden, print)
+    from diffusers import AutoencoderKLWan
+
+    from dit4dit_npu.models import tiny as tiny_parts
+
+    vae_module = tiny_parts.build_vae(tiny_sizes(widths)) if args.smoke else AutoencoderKLWan()  # the class defaults are Wan2.1's
+    vae = measure_vae(vae_module.to(torch.bfloat16).eval(), 9, print)
+    residual = max([f.residual for f in fits.values()] + [f.residual for f in head_fits.values()] + [vae.residual])
+    print(f"largest relative fit residual {100 * residual:.1f}%")
+    if args.fits is not None:
+        args.fits.parent.mkdir(parents=True, exist_ok=True)
+        args.fits.write_text(json.dumps({"identity": identity, **fits_to_json(fits, head_fits, vae)}))
+    return fits, head_fits, vae
+
+
 def plan(args: argparse.Namespace) -> int:
     """The plan of ``args`` (the command's flags, checked by ``train/ops_cli.py``), printed; its last
     line is ``speedup: X.XX``."""
@@ -244,18 +345,21 @@ def plan(args: argparse.Namespace) -> int:
     widths = FULL_SIZE
     if args.smoke:
         args.config, args.threads, widths = str(resolve_path(TINY_CONFIG)), 1, TinyCosmosConfig()
-    hidden = hidden_width(widths)
     torch.set_num_threads(args.threads)
     cfg = load_config(args.config)
     batch = args.batch or cfg.datasets.vla_data.per_device_batch_size
     n_instr = args.instructions or len(mixture_entries(cfg.datasets.vla_data))
 
+    runtime = resident_bytes()  # --host: this process, the training stack imported (zero_config, meta_parts)
     t0 = time.perf_counter()
-    parts = meta_parts(cfg)
+    depth = plan_widths(cfg)  # the transformer's blocks: the base folder's (activations keep ``widths``)
+    parts = meta_parts(cfg, depth)
     counts = parameter_counts(parts)
-    trained = [counts["transformer"]] + ([counts["action_model"]] if "action_model" in counts else [])
-    if cfg.framework.cosmos25.training == "action":
-        trained = trained[1:]
+    c = cfg.framework.cosmos25
+    adapters = sum(q.numel() for n, q in parts["transformer"].named_parameters() if is_adapter_key(n))
+    head = [counts["action_model"]] if "action_model" in counts else []
+    # what the optimizer holds: the whole transformer, its LoRA adapters, or nothing of it (action)
+    trained = head if c.training == "action" else [adapters if c.lora.enabled else counts["transformer"]] + head
     leaf = max(sum(q.numel() for q in m.parameters(recurse=False)) for m in parts["transformer"].modules())
     ds = zero_config(cfg, args.zero) if args.zero else {"file": "none"}
     thr = ds.get("param_persistence_threshold", 1e5)
@@ -264,41 +368,34 @@ def plan(args: argparse.Namespace) -> int:
              sum(q.numel() for q in parts["vae"].parameters() if q.numel() < thr))
     print("parameters (meta device): " + ", ".join(f"{k} {v:,}" for k, v in counts.items()))
 
-    from dit4dit_npu.train.activations import measure_head, measure_transformer, measure_vae
-
-    print("measuring activations on CPU (real classes, reduced size):")
-    fits = measure_transformer(cfg.framework.cosmos25.max_sequence_length,
-                               text_width(widths), print, widths)
-    from dit4dit_npu.weights import build_action_head
-
-    head = measure_head(build_action_head(cfg, plan_spec(cfg), hidden), plan_spec(cfg), hidden, print)
-    from diffusers import AutoencoderKLWan
-
-    from dit4dit_npu.models import tiny as tiny_parts
-
-    vae_module = tiny_parts.build_vae(tiny_sizes(widths)) if args.smoke else AutoencoderKLWan()  # the class defaults are Wan2.1's
-    vae = measure_vae(vae_module.to(torch.bfloat16).eval(), 9, print)
-    residual = max([f.residual for f in fits.values()] + [f.residual for f in head.values()] + [vae.residual])
-    print(f"measured in {time.perf_counter() - t0:.0f} s; largest relative fit residual {100 * residual:.1f}%")
+    fits, head_fits, vae = measurements(cfg, widths, args)
+    print(f"parameters and measurements in {time.perf_counter() - t0:.0f} s")
 
     rows = zero_rows(args.zero, args.world_size, trained, counts["vae"], 2, leaf, small, ds)
-    if cfg.framework.cosmos25.training == "action":  # frozen, fp32, outside the optimizer (whole under ZeRO-2)
-        share = 1 if args.zero != 3 else args.world_size
+    share = 1 if args.zero != 3 else args.world_size  # frozen weights: outside the optimizer, whole under ZeRO-2
+    if c.training == "action":  # weights/build.py: the frozen transformer stays fp32 (its master dtype)
         rows.insert(1, ("frozen transformer (fp32)", 4 * counts["transformer"] / share, "training: action"))
+    elif c.lora.enabled:  # weights/build.py: a LoRA base is frozen in the frozen parts' dtype
+        n = counts["transformer"] - adapters
+        rows.insert(1, ("frozen transformer (bf16)", 2 * n / share, f"{n / 1e9:.3f} B under {adapters / 1e6:.1f} M LoRA"))
     if (args.ema or cfg.trainer.ema.decay is not None) and args.zero == 3:
         raise DiT4DiTError("trainer.ema is refused under ZeRO-3 (no rank holds whole weights); plan it with --zero 2 or 0")
     if args.ema or cfg.trainer.ema.decay is not None:  # train/ema.py: fp32, each rank owns 1/world (ZeRO-2)
         share = args.world_size if args.zero else 1
         rows.append(("EMA of the trained weights (fp32)", 4 * sum(trained) / share, f"1/{share} per rank, trainer.ema"))
     cache = n_instr * cfg.framework.cosmos25.max_sequence_length * text_width(FULL_SIZE) * 2
-    on_card = cache <= PROMPT_CACHE_ON_DEVICE_BYTES
+    on_card = cache <= PROMPT_CACHE_ON_DEVICE_BYTES or args.host
     rows.append(("prompt cache (bf16)", cache if on_card else 0.0,
                  f"{n_instr} instructions x {cache / n_instr / 1e6:.0f} MB, " + ("on the card" if on_card else "in host memory")))
-    shape = StepShape.of(cfg, batch)
-    phases = {k: step_phases(fits, head, vae, shape, k == "gc", args.latent_cache, widths) for k in ("no_gc", "gc")}
+    shape = StepShape.of(cfg, batch, depth.num_layers)
+    phases = {k: step_phases(fits, head_fits, vae, shape, k == "gc", args.latent_cache, widths, c.training)
+              for k in ("no_gc", "gc")}
+    load = 0.0
+    if args.host:
+        rows, load = host_terms(rows, counts, trained, c.lora.enabled, runtime)
     resident = sum(r[1] for r in rows)
     peak = {k: max(v.values()) for k, v in phases.items()}
-    total = {k: resident + v for k, v in peak.items()}
+    total = {k: max(resident + v, load) for k, v in peak.items()}
 
     spec = plan_spec(cfg)
     print(f"\n== per-card memory: ZeRO-{args.zero} ({ds['file']}), world size {args.world_size}, batch {batch}, "
@@ -311,6 +408,9 @@ def plan(args: argparse.Namespace) -> int:
         a, b = phases["no_gc"][name], phases["gc"][name]
         print(f"  step: {name:<27} {a / GIB:>8.2f} {b / GIB:>9.2f}  incl. the batch's prompt embeddings")
     print(f"{'step working memory (peak phase)':<34} {peak['no_gc'] / GIB:>8.2f} {peak['gc'] / GIB:>9.2f}")
+    if args.host:  # the larger of the two is the process's peak
+        print(f"{'model load (host; peak if larger)':<34} {load / GIB:>8.2f} {load / GIB:>9.2f}  runtime, weights, "
+              "the bf16 shards mapped while cast to fp32")
     print(f"{'total per card':<34} {total['no_gc'] / GIB:>8.2f} {total['gc'] / GIB:>9.2f}  "
           f"= {total['no_gc'] / 1e9:.1f} / {total['gc'] / 1e9:.1f} GB")
     for card in args.cards:
@@ -329,7 +429,7 @@ def plan(args: argparse.Namespace) -> int:
         }))
     if args.check:
         for gc in (False, True):
-            measured, planned, s = check(cfg, fits, head, shape.batch, gc, widths)
+            measured, planned, s = check(cfg, fits, head_fits, shape.batch, gc, widths)
             print(f"check ({'with' if gc else 'without'} gradient checkpointing, {s.layers} blocks, batch {s.batch}, "
                   f"{s.tokens} tokens): step working memory measured {measured / GIB:.2f} GiB, planned "
                   f"{planned / GIB:.2f} GiB ({100 * (planned / measured - 1):+.1f}%)")

@@ -38,6 +38,11 @@ def memory_plan_main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=2, help="CPU threads of the measurements (default: %(default)s)")
     p.add_argument("--json", type=Path, metavar="OUT.json",
                    help="also write the per-card totals (bytes) there (what `python -m dit4dit_npu.doctor` reads)")
+    p.add_argument("--host", action="store_true",
+                   help="plan a CPU host's training process (its peak resident memory) instead of a card")
+    p.add_argument("--fits", type=Path, metavar="FITS.json",
+                   help="the activation measurements: read there when they are this config's, else measured and written "
+                        "there (one measurement, many plans: they do not depend on depth, batch, ZeRO or ranks)")
     p.add_argument("--smoke", action="store_true", help="a seconds-long run at tiny sizes (overrides the size options): checks that the planner works; its numbers mean nothing")
     args = p.parse_args(argv)
     for name in ("world_size", "threads"):
@@ -45,10 +50,10 @@ def memory_plan_main(argv: list[str] | None = None) -> int:
             raise DiT4DiTError(f"--{name.replace('_', '-')}: expected a positive integer, got {getattr(args, name)}")
     if args.batch is not None and args.batch < 1:
         raise DiT4DiTError(f"--batch: expected a positive integer, got {args.batch}")
-    if args.json is not None:  # written last, after the measuring: a file in the way is said now
-        folder = next((f for f in (args.json, *args.json.parents) if f.exists()), None)
-        if folder is not None and (folder == args.json) == folder.is_dir():
-            raise DiT4DiTError(f"--json {args.json}: {folder} is a {'folder' if folder.is_dir() else 'file'}, "
+    for flag, path in (("--json", args.json), ("--fits", args.fits)):  # written after the measuring: said now
+        folder = next((f for f in (path, *path.parents) if f.exists()), None) if path is not None else None
+        if folder is not None and (folder == path) == folder.is_dir():
+            raise DiT4DiTError(f"{flag} {path}: {folder} is a {'folder' if folder.is_dir() else 'file'}, "
                                "expected a file path in a folder")
     return memory_plan.plan(args)
 
