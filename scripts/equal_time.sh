@@ -136,7 +136,7 @@ arm_env() {  # $1: the arm -> the recipe's settings for it, one per line
 recipe_cmd() {  # $1: arm, $2: seed, then the recipe's extra settings (NAME=value) -> CMD, its command
     local arm="$1" seed="$2"
     shift 2
-    CMD=(env -u VIDEO_EVERY)  # the arm's own, from arm_env; VIDEO_WEIGHT only to the joint arms
+    CMD=(env -u VIDEO_EVERY -u EPISODES)  # the arm's own, from arm_env (EPISODES: the runs' only, never a preparation's); VIDEO_WEIGHT only to the joint arms
     if [ "$arm" = no_video ]; then CMD+=(-u VIDEO_WEIGHT); fi
     CMD+=($(arm_env "$arm") "RUN_ID=$(run_id "$arm" "$seed")" "$@"
           bash scripts/aloha_recipe.sh "seed=$seed" "${EXTRA_OVERRIDES[@]}")
