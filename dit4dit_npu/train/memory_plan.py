@@ -365,7 +365,8 @@ def plan(args: argparse.Namespace) -> int:
     batch = args.batch or cfg.datasets.vla_data.per_device_batch_size
     n_instr = args.instructions or len(mixture_entries(cfg.datasets.vla_data))
 
-    runtime = resident_bytes()  # --host: this process, the training stack imported (zero_config, meta_parts)
+    # --host: this process, the training stack imported, before the planning's own allocations
+    runtime = resident_bytes() if args.host else 0.0
     t0 = time.perf_counter()
     depth = plan_widths(cfg)  # the transformer's blocks: the base folder's (activations keep ``widths``)
     parts = meta_parts(cfg, depth)
@@ -401,7 +402,7 @@ def plan(args: argparse.Namespace) -> int:
     cache = n_instr * cfg.framework.cosmos25.max_sequence_length * text_width(FULL_SIZE) * 2
     on_card = cache <= PROMPT_CACHE_ON_DEVICE_BYTES or args.host
     rows.append(("prompt cache (bf16)", cache if on_card else 0.0,
-                 f"{n_instr} instructions x {cache / n_instr / 1e6:.0f} MB, " + ("on the card" if on_card else "in host memory")))
+                 f"{n_instr} instructions x {cache / n_instr / 1e6:.0f} MB, " + ("on the card" if on_card and not args.host else "in host memory")))
     shape = StepShape.of(cfg, batch, depth.num_layers)
     phases = {k: step_phases(fits, head_fits, vae, shape, k == "gc", args.latent_cache, widths, c.training)
               for k in ("no_gc", "gc")}
