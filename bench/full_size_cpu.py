@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -265,16 +266,23 @@ class Bench:
     def table(self) -> int:
         print("\n| stage | what | wall s | peak RSS GiB | memory plan / note |\n|---|---|---|---|---|")
         for stage, what, wall, rss, note in self.rows:
-            if note.startswith("plan ") and rss > 0:
+            if planned_gib(note) is not None and rss > 0:
                 plan, _, rest = note.partition(";")
-                note = f"{plan} ({float(note.split()[1]) / rss:.2f} x measured){';' + rest if rest else ''}"
+                note = f"{plan} ({planned_gib(note) / rss:.2f} x measured){';' + rest if rest else ''}"
             print(f"| {stage} | {what} | {wall:.1f} | {rss:.2f} | {note} |")
         failed = [r[0] for r in self.rows if r[4].startswith("FAILED")]
-        ratios = [float(r[4].split()[1]) / r[3] for r in self.rows if r[4].startswith("plan ") and r[3] > 0]
+        ratios = [planned_gib(r[4]) / r[3] for r in self.rows if planned_gib(r[4]) is not None and r[3] > 0]
         print(f"failed stages: {failed or 'none'}")
         print("speedup = the training stage whose planned / measured peak RSS is furthest from 1 (1.00 = exact)")
         print(f"speedup: {max(ratios, key=lambda x: abs(x - 1), default=1.0):.2f}")
         return 1 if failed else 0
+
+
+def planned_gib(note: str) -> float | None:
+    """The plan's GiB in a stage's note ("plan 12.34 GiB; ..."), None where there is none: a
+    "plan failed: ..." note (the stage itself ran) or "plan: --plan" has no number."""
+    m = re.match(r"plan (\d+(?:\.\d+)?) GiB", note)
+    return float(m.group(1)) if m else None
 
 
 def free_port() -> int:

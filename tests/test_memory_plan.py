@@ -200,3 +200,36 @@ def test_fits_are_measured_once_and_reused(tmp_path, capsys):
     assert main(["--smoke", "--host", "--fits", str(fits), "--batch", "2"]) == 0
     out = capsys.readouterr().out
     assert "measuring activations" not in out and f"activation fits: {fits}" in out
+
+
+@pytest.mark.parametrize("text", ["{garbage", "[1, 2]", '{"identity": null, "transformer": 3}', "\udcff"])
+def test_a_fits_file_that_is_not_fits_is_one_line_and_kept(memory, tmp_path, text):
+    # was a JSONDecodeError / AttributeError traceback, after the parameter counts
+    import argparse
+
+    from dit4dit_npu.config import load_config
+    from dit4dit_npu.errors import DiT4DiTError
+
+    bad = tmp_path / "fits.json"
+    bad.write_bytes(text.encode("utf-8", "surrogateescape"))
+    cfg = load_config(REAL)
+    args = argparse.Namespace(fits=bad, smoke=True)
+    if text.startswith('{"identity"'):  # this config's identity over a body that is no fits
+        bad.write_text(json.dumps({"identity": memory.fits_identity(cfg, memory.FULL_SIZE, True), "transformer": 3}))
+    before = bad.read_bytes()
+    with pytest.raises(DiT4DiTError, match=f"^--fits {bad}: not activation fits written by this planner") as e:
+        memory.measurements(cfg, memory.FULL_SIZE, args)
+    assert "\n" not in str(e.value)
+    assert bad.read_bytes() == before  # kept as it was, not overwritten by a new measurement
+
+
+def test_fits_of_another_state_width_are_not_reused(memory):
+    # the head is measured at the batch's state/action/chunk widths, which the transforms set: a
+    # --fits file measured for a sincos state (twice the width) was reused for a min_max one
+    from dit4dit_npu.config import load_config
+
+    a = memory.fits_identity(load_config(REAL), memory.FULL_SIZE, False)
+    b = memory.fits_identity(load_config(REAL, ["datasets.vla_data.state_norm=sincos"]), memory.FULL_SIZE, False)
+    assert memory.plan_spec(load_config(REAL)).state_width != memory.plan_spec(
+        load_config(REAL, ["datasets.vla_data.state_norm=sincos"])).state_width
+    assert a != b

@@ -297,6 +297,16 @@ def host_terms(rows: list[tuple[str, float, str]], counts: dict[str, int], train
     return out, weights + mapped
 
 
+def fits_identity(cfg: Config, widths: TinyCosmosConfig, smoke: bool) -> dict:
+    """What the activation fits depend on (a ``--fits`` file is reused only for the same): the
+    widths, the text length, the head, and the batch's state, action and chunk widths the head is
+    measured with (the config's transforms set them, not framework.action_model)."""
+    spec = plan_spec(cfg)
+    return {"widths": dataclasses.asdict(widths), "max_sequence_length": cfg.framework.cosmos25.max_sequence_length,
+            "action_model": dataclasses.asdict(cfg.framework.action_model), "smoke": bool(smoke),
+            "head_io": [spec.state_width, spec.action_width, spec.chunk_length]}
+
+
 def measurements(cfg: Config, widths: TinyCosmosConfig, args: argparse.Namespace) -> tuple[dict, dict, object]:
     """The activation fits of the transformer, the action head and the VAE (minutes on CPU).
     They depend on the widths, the text length and the head, not on depth, batch, ZeRO or ranks:
@@ -311,19 +321,24 @@ def measurements(cfg: Config, widths: TinyCosmosConfig, args: argparse.Namespace
     )
     from dit4dit_npu.weights import build_action_head
 
-    c = cfg.framework.cosmos25
-    identity = {"widths": dataclasses.asdict(widths), "max_sequence_length": c.max_sequence_length,
-                "action_model": dataclasses.asdict(cfg.framework.action_model), "smoke": bool(args.smoke)}
+    c, spec = cfg.framework.cosmos25, plan_spec(cfg)
+    identity = fits_identity(cfg, widths, args.smoke)
     if args.fits is not None and args.fits.is_file():
-        saved = json.loads(args.fits.read_text())
-        if saved.get("identity") == identity:
+        try:
+            saved = json.loads(args.fits.read_text())
+            mine = saved.get("identity") == identity
+            read = fits_from_json(saved) if mine else None
+        except (ValueError, KeyError, TypeError, AttributeError) as e:  # garbage, or not a fits file: kept, never overwritten
+            raise DiT4DiTError(f"--fits {args.fits}: not activation fits written by this planner ({type(e).__name__}: "
+                               f"{' '.join(str(e).split())[:80]}); expected such a file, or a path that does not exist yet") from None
+        if read is not None:
             print(f"activation fits: {args.fits} (measured for these widths, text length and head)")
-            return fits_from_json(saved)
+            return read
         print(f"activation fits: {args.fits} holds another config's: measuring again")
     hidden = hidden_width(widths)
     print("measuring activations on CPU (real classes, reduced size):")
     fits = measure_transformer(c.max_sequence_length, text_width(widths), print, widths)
-    head_fits = measure_head(build_action_head(cfg, plan_spec(cfg), hidden), plan_spec(cfg), hidden, print)
+    head_fits = measure_head(build_action_head(cfg, spec, hidden), spec, hidden, print)
     from diffusers import AutoencoderKLWan
 
     from dit4dit_npu.models import tiny as tiny_parts
@@ -350,7 +365,8 @@ def plan(args: argparse.Namespace) -> int:
     batch = args.batch or cfg.datasets.vla_data.per_device_batch_size
     n_instr = args.instructions or len(mixture_entries(cfg.datasets.vla_data))
 
-    runtime = resident_bytes()  # --host: this process, the training stack imported (zero_config, meta_parts)
+    # --host: this process, the training stack imported, before the planning's own allocations
+    runtime = resident_bytes() if args.host else 0.0
     t0 = time.perf_counter()
     depth = plan_widths(cfg)  # the transformer's blocks: the base folder's (activations keep ``widths``)
     parts = meta_parts(cfg, depth)
@@ -386,7 +402,7 @@ def plan(args: argparse.Namespace) -> int:
     cache = n_instr * cfg.framework.cosmos25.max_sequence_length * text_width(FULL_SIZE) * 2
     on_card = cache <= PROMPT_CACHE_ON_DEVICE_BYTES or args.host
     rows.append(("prompt cache (bf16)", cache if on_card else 0.0,
-                 f"{n_instr} instructions x {cache / n_instr / 1e6:.0f} MB, " + ("on the card" if on_card else "in host memory")))
+                 f"{n_instr} instructions x {cache / n_instr / 1e6:.0f} MB, " + ("on the card" if on_card and not args.host else "in host memory")))
     shape = StepShape.of(cfg, batch, depth.num_layers)
     phases = {k: step_phases(fits, head_fits, vae, shape, k == "gc", args.latent_cache, widths, c.training)
               for k in ("no_gc", "gc")}
