@@ -46,7 +46,8 @@ def args_of(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=2, help="torch threads per process")
     p.add_argument("--plan", action="store_true", help="run the memory planner beside each training stage (minutes each)")
     p.add_argument("--plan-only", action="store_true",
-                   help="print each training stage's memory plan without running it (implies --plan)")
+                   help="print each training stage's memory plan without running it (implies --plan; the base and data "
+                        "stages still run when their folders are missing: the plans read them)")
     p.add_argument("--smoke", action="store_true", help="tiny sizes and a tiny frame: checks that every stage runs")
     a = p.parse_args(argv)
     a.plan = a.plan or a.plan_only

@@ -233,3 +233,15 @@ def test_fits_of_another_state_width_are_not_reused(memory):
     assert memory.plan_spec(load_config(REAL)).state_width != memory.plan_spec(
         load_config(REAL, ["datasets.vla_data.state_norm=sincos"])).state_width
     assert a != b
+
+
+def test_a_base_folder_without_a_readable_depth_is_one_line(memory, tmp_path):
+    from dit4dit_npu.config import load_config
+    from dit4dit_npu.errors import DiT4DiTError
+
+    folder = tmp_path / "base"
+    (folder / "transformer").mkdir(parents=True)
+    for text in ("{not json", json.dumps({"num_layers": None}), json.dumps({"width": 3})):
+        (folder / "transformer/config.json").write_text(text)
+        with pytest.raises(DiT4DiTError, match="transformer/config.json: expected a transformer config with num_layers"):
+            memory.plan_widths(load_config(REAL, [f"framework.cosmos25.base_model={folder}"]))

@@ -79,7 +79,12 @@ def plan_widths(cfg: Config) -> TinyCosmosConfig:
     from dit4dit_npu.weights import base_model_folder
 
     folder = base_model_folder(cfg, ("transformer",))
-    blocks = json.loads((folder / "transformer/config.json").read_text())["num_layers"]
+    config = folder / "transformer/config.json"
+    try:
+        blocks = int(json.loads(config.read_text())["num_layers"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise DiT4DiTError(f"framework.cosmos25.base_model: {config}: expected a transformer config with num_layers "
+                           f"({type(e).__name__}: {e})") from None
     return dataclasses.replace(FULL_SIZE, num_layers=blocks)
 
 
