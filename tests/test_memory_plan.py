@@ -170,15 +170,17 @@ def test_training_action_has_no_video_pass_in_its_step(memory):
     assert set(action) == {"feature pass (no grad)", "action head backward peak"}
 
 
-def test_a_host_process_holds_the_runtime_and_only_the_bucket_pages_written(memory):
+def test_a_host_process_holds_the_runtime_and_only_the_bucket_pages_written():
+    from dit4dit_npu.train.host_memory import host_terms
+
     rows = [("trained weights (fp32)", 4e6, ""), ("fp32 master partition", 4e6, ""),
             ("gradient buckets (fp32)", 4e9, "2 x reduce_bucket_size"), ("prompt cache (bf16)", 1e6, "")]
-    out, load = memory.host_terms(rows, {"transformer": 10**6}, [10**6], lora=False, runtime=8e8)
+    out, load = host_terms(rows, {"transformer": 10**6}, [10**6], lora=False, runtime=8e8)
     got = {name: n for name, n, _ in out}
     assert got["runtime (measured)"] == 8e8
     assert got["gradient buckets (fp32)"] == 4e6  # torch.empty: resident only where gradients were written
     assert load == 8e8 + 4e6 + 2e6  # the weights beside their bf16 shards, mapped while cast
-    assert memory.host_terms(rows, {"transformer": 10**6}, [10**6], lora=True, runtime=8e8)[1] == 8e8 + 4e6
+    assert host_terms(rows, {"transformer": 10**6}, [10**6], lora=True, runtime=8e8)[1] == 8e8 + 4e6
 
 
 def test_activation_fits_round_trip_through_json(memory):

@@ -344,29 +344,20 @@ class TrainerConfig:
     # metrics.jsonl's video_loss averages the no-video steps' 0 in.
     video_loss_interval: int = 1
     # A budget of training seconds (equal-time comparisons of objectives whose steps cost
-    # differently): the run stops at the first step boundary past it (or at max_train_steps, whichever
-    # comes first), saves a whole checkpoint and exports its policy there. The LR schedule spans
-    # max_train_steps unless lr_schedule_clock is train_time.
-    # Training seconds are the loop's wall time (steps with their data loading, logging) without
-    # start-up, data/cache/model building, evaluations and saves (train/budget.py); each checkpoint
-    # records them, and a resumed run continues the count. null = no budget.
+    # differently): the run stops at the first step boundary past it (or at max_train_steps),
+    # saves a whole checkpoint and exports its policy there. Training seconds leave out start-up,
+    # data/cache/model building, evaluations and saves (train/budget.py); each checkpoint records
+    # them, and a resumed run continues the count. null = no budget.
     max_train_time_s: float | None = None
-    # A checkpoint (with the evaluations of a last step) at the first step boundary past every
-    # multiple of this many training seconds, besides save_interval's: one run gives a curve
-    # against training time. null = off.
+    # A checkpoint at the first step boundary past every multiple of this many training seconds,
+    # besides save_interval's: one run gives a curve against training time. null = off.
     save_every_s: float | None = None
-    # What moves the LR schedule (its warmup and decay): "steps", the optimizer steps over
-    # max_train_steps (the original's schedule); "train_time" (needs max_train_time_s), the further
-    # of the step count and the share of the budget spent times max_train_steps
-    # (train/optim.py schedule_position), so the schedule ends where the run ends, at the budget or
-    # at max_train_steps: in an equal-time comparison an arm of costlier steps anneals too, instead
-    # of stopping with its LR still high.
+    # What moves the LR schedule: "steps" over max_train_steps (the original's); "train_time"
+    # (needs max_train_time_s) the further of the step count and the budget's share spent
+    # (train/optim.py schedule_position), so a costlier arm of an equal-time comparison anneals too.
     lr_schedule_clock: Literal["steps", "train_time"] = "steps"
-    # What a training second is (max_train_time_s, save_every_s, the train_time LR clock):
-    # "wall", the loop's wall time; "process_cpu", the training process's CPU time (all its
-    # threads; a data-loader worker process is not counted). With one thread per run and a core
-    # each, the two agree; when runs share cores with other work, CPU time still gives every run
-    # the same compute, where wall time gives each whatever share it got.
+    # What a training second is: "wall", the loop's wall time; "process_cpu", the process's CPU
+    # time (a data-loader worker's not counted), which gives runs sharing cores equal compute.
     train_time_clock: Literal["wall", "process_cpu"] = "wall"
     # null = fresh run; "auto" = latest checkpoint of this run; or a checkpoint folder.
     resume: str | None = None

@@ -25,7 +25,7 @@ latent statistics in data/cli.py.
 
     memory planner  will a config's run fit the card? Per-card memory of the real model under ZeRO
                     0/2/3, with and without gradient checkpointing (memory_plan.py; its activation
-                    measurements activations.py); `python -m dit4dit_npu.doctor` reads its --json.
+                    measurements activations.py, a CPU host process host_memory.py); `python -m dit4dit_npu.doctor` reads its --json.
                         python -m dit4dit_npu.train.memory_plan --config CFG [--zero 2] [--world-size 8]
                         (dit4dit-memory-plan; --smoke: seconds, tiny sizes)
     fit_tiny_vae    fit the tiny random VAE to a config's training frames, a stand-in for the real

@@ -45,6 +45,7 @@ from dit4dit_npu.errors import DiT4DiTError
 from dit4dit_npu.models.lora import is_adapter_key
 from dit4dit_npu.train.activations import FULL_SIZE, QWEN_VOCAB, full_size_text_config
 from dit4dit_npu.train.distributed import resolve_path
+from dit4dit_npu.train.host_memory import host_terms, resident_bytes
 from dit4dit_npu.transforms.policy_io import config_spec
 from dit4dit_npu.weights.model_config import tiny_sizes
 from dit4dit_npu.weights.prompt_cache import PROMPT_CACHE_ON_DEVICE_BYTES
@@ -266,40 +267,6 @@ def check(cfg: Config, fits: dict, head_fits: dict, batch: int, gc: bool,
     measured = step_peak_mib(step)[0] * 2**20
     shape = StepShape(batch, t_lat * h * w // 4, layers, extract + 1, text, 8 * h * 8 * w, 0)
     return measured, max(step_phases(fits, head_fits, None, shape, gc, True, widths).values()), shape
-
-
-def resident_bytes() -> float:
-    """This process's resident memory now, after importing the training stack: a CPU training
-    process's floor (the interpreter, torch, diffusers, transformers, DeepSpeed, accelerate)."""
-    import deepspeed  # noqa: F401
-    import diffusers  # noqa: F401
-
-    import dit4dit_npu.train.loop  # noqa: F401
-
-    with open("/proc/self/status") as f:
-        return next(float(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
-
-
-def host_terms(rows: list[tuple[str, float, str]], counts: dict[str, int], trained: list[int], lora: bool,
-               runtime: float) -> tuple[list[tuple[str, float, str]], float]:
-    """A CPU host's training process, planned as its peak resident memory (what ``wait4`` reports
-    and bench/full_size_cpu.py measures) instead of a card's allocations -> (rows, the model-load
-    peak). Where a host differs from a card:
-    - the process's floor: the interpreter and libraries (measured in this process);
-    - DeepSpeed's gradient buckets are ``torch.empty``: only the pages gradients are written to
-      become resident, at most the trained parameters' count;
-    - the prompt cache lives in host memory whatever its size;
-    - loading: each fp32 weight is cast from its bf16 shard, memory-mapped while the model is built,
-      so the mapped file pages sit beside the fp32 copies until the load ends (a LoRA base loads in
-      its files' bf16: nothing is cast)."""
-    out = [("runtime (measured)", runtime, "interpreter, torch, diffusers, transformers, DeepSpeed")]
-    for name, n, note in rows:
-        if name.startswith("gradient bucket"):
-            n, note = min(n, 4 * sum(trained)), note + "; resident: the pages written, <= the trained parameters"
-        out.append((name, n, note))
-    weights = runtime + sum(n for name, n, _ in out if "weights" in name or "frozen" in name)
-    mapped = 0 if lora else 2 * counts["transformer"]
-    return out, weights + mapped
 
 
 def fits_identity(cfg: Config, widths: TinyCosmosConfig, smoke: bool) -> dict:
