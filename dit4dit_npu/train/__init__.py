@@ -40,6 +40,9 @@ latent statistics in data/cli.py.
                     beside its held-out error at the same steps (success_curve.py); several runs on one
                     figure, against training wall time with --x time.
                         python -m dit4dit_npu.train.success_curve --run RUN (dit4dit-sim-success-curve)
+    grad split      a joint run's action and video gradients apart, per part of the model, at its
+                    checkpoints: their norms and cosine where both train the backbone (grad_split.py).
+                        python -m dit4dit_npu.train.grad_split --run RUN
 
 The run's prompt-embedding cache (encoded once before the first step) is dit4dit_npu/weights/prompt_cache.py.
 """

@@ -4,6 +4,7 @@ then calls its library module.
     python -m dit4dit_npu.train.memory_plan ...    memory_plan_main   (dit4dit-memory-plan)
     python -m dit4dit_npu.train.fit_tiny_vae ...   fit_tiny_vae_main  (dit4dit-fit-tiny-vae)
     python -m dit4dit_npu.train.success_curve ...  success_curve_main (dit4dit-sim-success-curve)
+    python -m dit4dit_npu.train.grad_split ...     grad_split_main
 
 Each module keeps a two-line ``__main__`` block that calls its command here, so the ``python -m``
 spellings keep working. A command imports its module (and torch) only when it runs.
@@ -138,3 +139,32 @@ def success_curve_main(argv: list[str] | None = None) -> int:
         a.episodes, a.max_steps, a.out = 1, 16, a.run[0] / "sim_curve" / "smoke.png"
     check_seed_range(a.seed, a.episodes)  # every checkpoint's episodes, before the first one runs
     return success_curve.curve(a)
+
+
+@entry_point
+def grad_split_main(argv: list[str] | None = None) -> int:
+    import json
+
+    from dit4dit_npu.files import atomic_write_text
+    from dit4dit_npu.train import grad_split
+
+    p = argparse.ArgumentParser(prog="python -m dit4dit_npu.train.grad_split", description=grad_split.__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--run", type=Path, required=True, help="a joint training run folder (config.yaml, checkpoints/)")
+    p.add_argument("--checkpoint", action="append", default=None, metavar="step_N",
+                   help="a checkpoint of the run (repeat it; default: every one with an exported policy)")
+    p.add_argument("--batches", type=int, default=8, help="training batches per checkpoint (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="draws the batches and their noise (default: %(default)s)")
+    p.add_argument("--json", type=Path, default=None, metavar="OUT.json", help="also write every row there")
+    a = p.parse_args(argv)
+    if a.batches < 1:
+        raise DiT4DiTError(f"--batches: expected a positive integer, got {a.batches}")
+    if a.seed < 0:
+        raise DiT4DiTError(f"--seed: expected an int >= 0, got {a.seed}")
+    if a.json is not None and a.json.is_dir():
+        raise DiT4DiTError(f"--json {a.json} is a folder, expected a file path")
+    records = grad_split.run_split(a.run, a.checkpoint, a.batches, a.seed)
+    if a.json is not None:
+        atomic_write_text(a.json, json.dumps(records, indent=1) + "\n")
+        print(f"wrote {a.json}")
+    return 0
