@@ -147,6 +147,26 @@ def test_a_budget_refuses_a_checkpoint_without_its_training_time(tmp_path, demo_
     assert json.loads((ckpt / ckpt_io.MANIFEST).read_text()) == before
 
 
+@pytest.mark.slow
+def test_a_budget_refuses_a_checkpoint_counted_by_another_clock(tmp_path, demo_root, capfd):
+    # seconds of CPU time continued as wall seconds (or back) would end the budget where neither
+    # count says: refused before anything loads; the same clock resumes
+    overrides = tiny_overrides(tmp_path, demo_root, **{"trainer.max_train_steps": 2, "trainer.max_train_time_s": 600,
+                                                       "trainer.train_time_clock": "process_cpu"})
+    run_dir = run_training(overrides)
+    ckpt = ckpt_io.final_dir_for(run_dir, 2)
+    assert ckpt_io.read_trainer_state(ckpt)["train_time_clock"] == "process_cpu"
+    more = tiny_overrides(tmp_path, demo_root, **{"trainer.max_train_steps": 3, "trainer.max_train_time_s": 600,
+                                                  "trainer.resume": "auto"})
+    line = one_line_error(train_here(more, capfd))
+    assert line.endswith(f"{ckpt} counted its training seconds by trainer.train_time_clock=process_cpu, this run by "
+                         "wall: resume it with trainer.train_time_clock=process_cpu, or start a new run (another run_id)"), line
+    assert [s for s, _ in ckpt_io.list_checkpoints(run_dir)] == [2]  # nothing written
+    r = train_here([*more, "trainer.train_time_clock=process_cpu"], capfd)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert [s for s, _ in ckpt_io.list_checkpoints(run_dir)] == [2, 3]
+
+
 # -- the LR schedule on the training-time clock (trainer.lr_schedule_clock=train_time) ---------------
 
 

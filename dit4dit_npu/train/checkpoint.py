@@ -131,6 +131,8 @@ def write_trainer_state(
         # training seconds up to this step (train/budget.py: what counts); a resume continues the
         # count, and success curves against training time read it. None: unknown (see TrainClock)
         "train_time_s": train_time_s,
+        # the unit of those seconds (trainer.train_time_clock): a resume must count in the same one
+        "train_time_clock": cfg.trainer.train_time_clock,
     }
     torch.save(state, tmp / TRAINER_STATE)
 
