@@ -139,12 +139,14 @@ def test_a_budget_refuses_a_checkpoint_without_its_training_time(tmp_path, demo_
     torch.save(state, ckpt / ckpt_io.TRAINER_STATE)
     ckpt_io.write_manifest(ckpt)
     before = json.loads((ckpt / ckpt_io.MANIFEST).read_text())
+    config = (run_dir / "config.yaml").read_text()
     r = train_here([*tiny_overrides(tmp_path, demo_root, **{"trainer.max_train_steps": 4}), "trainer.resume=auto",
                     "trainer.max_train_time_s=600"], capfd)
     line = one_line_error(r)
     assert f"{ckpt} does not record its training time" in line and "trainer.max_train_time_s" in line, line
     assert [s for s, _ in ckpt_io.list_checkpoints(run_dir)] == [2]  # nothing written
     assert json.loads((ckpt / ckpt_io.MANIFEST).read_text()) == before
+    assert (run_dir / "config.yaml").read_text() == config  # the refused config is not recorded as the run's
 
 
 @pytest.mark.slow
@@ -158,13 +160,25 @@ def test_a_budget_refuses_a_checkpoint_counted_by_another_clock(tmp_path, demo_r
     assert ckpt_io.read_trainer_state(ckpt)["train_time_clock"] == "process_cpu"
     more = tiny_overrides(tmp_path, demo_root, **{"trainer.max_train_steps": 3, "trainer.max_train_time_s": 600,
                                                   "trainer.resume": "auto"})
+    config = (run_dir / "config.yaml").read_text()
     line = one_line_error(train_here(more, capfd))
     assert line.endswith(f"{ckpt} counted its training seconds by trainer.train_time_clock=process_cpu, this run by "
                          "wall: resume it with trainer.train_time_clock=process_cpu, or start a new run (another run_id)"), line
     assert [s for s, _ in ckpt_io.list_checkpoints(run_dir)] == [2]  # nothing written
+    assert (run_dir / "config.yaml").read_text() == config  # the refused config is not recorded as the run's
     r = train_here([*more, "trainer.train_time_clock=process_cpu"], capfd)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert [s for s, _ in ckpt_io.list_checkpoints(run_dir)] == [2, 3]
+    # a checkpoint of a version that had both clocks but recorded neither may have counted on either:
+    # its run continues on the clock it names (the process_cpu runs of those versions included)
+    ckpt = ckpt_io.final_dir_for(run_dir, 3)
+    state = ckpt_io.read_trainer_state(ckpt)
+    del state["train_time_clock"]
+    torch.save(state, ckpt / ckpt_io.TRAINER_STATE)
+    ckpt_io.write_manifest(ckpt)
+    r = train_here([*more, "trainer.max_train_steps=4", "trainer.train_time_clock=process_cpu"], capfd)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert [s for s, _ in ckpt_io.list_checkpoints(run_dir)] == [2, 3, 4]
 
 
 # -- the LR schedule on the training-time clock (trainer.lr_schedule_clock=train_time) ---------------

@@ -66,7 +66,6 @@ class CheckpointManager:
                 "trainer.ema.decay=null, or start a new run (another run_id)"
             )
         state = ckpt_io.read_trainer_state(ckpt)
-        self._check_clock(ckpt, state)
         failed = self._load_files(ckpt)
         if failed is not None:
             raise UnusableCheckpoint(f"{ckpt} {failed}")
@@ -83,19 +82,6 @@ class CheckpointManager:
                 f"{self.accelerator.num_processes}: the data order does not continue exactly"
             )
         return state["step"], state.get("train_time_s")
-
-    def _check_clock(self, ckpt: Path, state: dict) -> None:
-        """A budget continued in another unit (wall seconds <-> CPU seconds) would end where neither
-        count says: refused, before anything is loaded. Checkpoints of versions that did not record
-        the clock counted wall time; without a budget or time checkpoints the count drives nothing."""
-        t = self.cfg.trainer
-        was = state.get("train_time_clock", "wall")
-        budget = t.max_train_time_s is not None or t.save_every_s is not None
-        if budget and state.get("train_time_s") is not None and was != t.train_time_clock:
-            raise TrainingError(
-                f"{ckpt} counted its training seconds by trainer.train_time_clock={was}, this run by "
-                f"{t.train_time_clock}: resume it with trainer.train_time_clock={was}, or start a new run (another run_id)"
-            )
 
     def _warn_if_schedule_moved(self, ckpt: Path, state: dict) -> None:
         """The scheduler's saved state is its step, not its shape: the learning rate of every later

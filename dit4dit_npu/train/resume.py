@@ -12,7 +12,7 @@ files') is resumed with one notice saying so (``ResumePoint.notice``), its other
 never set aside for the manifest's sake. Hashing reads the whole checkpoint, so only the candidate is hashed
 (newest first, stopping at the first whole one), on rank 0 (``run_folder``). Once loaded, the
 weights and the EMA must be finite too (``CheckpointManager.load``); a checkpoint that fails there is set
-aside the same way (``run_folder.fall_back``). Then ``check_config`` and ``check_data`` refuse a
+aside the same way (``run_folder.fall_back``). Then ``check_config`` (with ``check_train_time``) and ``check_data`` refuse a
 resume whose config or training data differ from the checkpoint's, before anything is built or
 written.
 """
@@ -205,6 +205,32 @@ def check_config(ckpt: Path, cfg: Config) -> None:
     diffs = ckpt_io.config_diffs(ckpt_io.read_fingerprint(ckpt), ckpt_io.fingerprint(cfg))
     if diffs:
         raise ConfigError(f"checkpoint {ckpt} was made with another config: " + "; ".join(diffs[:5]))
+    check_train_time(ckpt, cfg)
+
+
+def check_train_time(ckpt: Path, cfg: Config) -> None:
+    """A run with a budget or time checkpoints (trainer.max_train_time_s, trainer.save_every_s)
+    continues the checkpoint's count of training seconds: refused when the checkpoint does not
+    record it, or counted it on the other trainer.train_time_clock (wall seconds continued as CPU
+    seconds, or back, end the budget where neither count says). Here, with the config, because
+    this is before the run folder's config.yaml is rewritten and anything is built. A checkpoint
+    that records its seconds but not its clock (versions that had both clocks and did not record
+    which) may have counted on either: not refused. Without a budget the count drives nothing."""
+    t = cfg.trainer
+    if t.max_train_time_s is None and t.save_every_s is None:
+        return
+    state = ckpt_io.read_trainer_state(ckpt)
+    if state.get("train_time_s") is None:
+        raise TrainingError(
+            f"{ckpt} does not record its training time (saved by an older version): resume it without "
+            "trainer.max_train_time_s and trainer.save_every_s, or start a new run (another run_id)"
+        )
+    was = state.get("train_time_clock", t.train_time_clock)
+    if was != t.train_time_clock:
+        raise TrainingError(
+            f"{ckpt} counted its training seconds by trainer.train_time_clock={was}, this run by "
+            f"{t.train_time_clock}: resume it with trainer.train_time_clock={was}, or start a new run (another run_id)"
+        )
 
 
 def check_data(ckpt: Path, data_fp: dict[str, Any]) -> str | None:

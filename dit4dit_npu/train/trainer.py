@@ -29,7 +29,6 @@ from dit4dit_npu.train.budget import TrainClock
 from dit4dit_npu.train.checkpoint_manager import CheckpointManager, UnusableCheckpoint
 from dit4dit_npu.train.divergence import DivergenceWatch
 from dit4dit_npu.train.ema import EMA, averaged
-from dit4dit_npu.train.errors import TrainingError
 from dit4dit_npu.train.evaluate import held_out_action_mse
 from dit4dit_npu.train.metrics import MetricsLogger, Window, plot_losses, truncate_metrics
 from dit4dit_npu.train.optim import (
@@ -104,11 +103,7 @@ class Trainer:
             self.global_step, seconds = self.checkpoints.load(ckpt)
         except UnusableCheckpoint as e:
             return str(e)
-        if seconds is None and self.clock.enabled:
-            raise TrainingError(
-                f"{ckpt} does not record its training time (saved by an older version): resume it without "
-                "trainer.max_train_time_s and trainer.save_every_s, or start a new run (another run_id)"
-            )
+        # a budget's seconds (recorded, on this run's clock) were checked with the config: resume.check_train_time
         self.clock.restore(seconds)
         self.out_of_time = self.clock.spent()
         self._truncate_metrics(self.global_step)
