@@ -3,12 +3,14 @@ real tiny joint run (DeepSpeed ZeRO-2 in this process, 2 steps, its checkpoint's
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
 import torch
-from train_runs import VIDEO_CLIPS, run_training, tiny_overrides
+from train_runs import TINY, VIDEO_CLIPS, run_training, tiny_overrides
 
+from dit4dit_npu.config import load_config, save_config
 from dit4dit_npu.train import grad_split
 from dit4dit_npu.train.ops_cli import grad_split_main
 
@@ -31,6 +33,59 @@ def test_bad_arguments_are_one_line(tmp_path, capsys):
     (tmp_path / "config.yaml").write_text("run_id: x\n")
     assert grad_split_main(["--run", str(tmp_path)]) == 2
     assert "no checkpoints/step_*/policy there" in capsys.readouterr().err
+    # torch.manual_seed overflows past 2**63: said before the work, not as its traceback
+    assert grad_split_main(["--run", str(tmp_path), "--seed", str(2**32)]) == 2
+    assert "--seed: expected an int in [0, 2**32), got 4294967296" in capsys.readouterr().err
+    # a folder that does not exist: said before every checkpoint's work, not as a traceback after it
+    assert grad_split_main(["--run", str(tmp_path), "--json", str(tmp_path / "no" / "x.json")]) == 2
+    assert f"its folder {tmp_path / 'no'} does not exist" in capsys.readouterr().err
+
+
+def _fake_run(tmp_path, overrides: list[str]):
+    """A run folder as the tool reads it before any weights: its config.yaml and an empty step folder."""
+    run = tmp_path / "run"
+    (run / "checkpoints/step_000001/policy").mkdir(parents=True)
+    save_config(load_config(TINY, overrides), run / "config.yaml")
+    return run
+
+
+def test_a_run_without_future_frames_is_refused(tmp_path, demo_root, capsys):
+    # the tiny config's one-frame clips: a joint run whose video loss is always 0
+    run = _fake_run(tmp_path, tiny_overrides(tmp_path, demo_root))
+    assert grad_split_main(["--run", str(run)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "clips of one frame" in err and "have no future frame" in err, err
+
+
+def test_data_found_from_another_folder_is_refused_and_none_is_written(tmp_path, demo_root, capsys, monkeypatch):
+    # a run whose config names its data relatively (with demo generation on), read from another folder
+    overrides = [*tiny_overrides(tmp_path, demo_root, **VIDEO_CLIPS), "datasets.vla_data.data_root_dir=demo_data",
+                 "datasets.vla_data.generate_demo_if_missing=true"]
+    run = _fake_run(tmp_path, overrides)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert grad_split_main(["--run", str(run)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "dataset folder not found: demo_data/robotwin_demo" in err, err
+    assert list(elsewhere.iterdir()) == []  # no demo dataset generated there
+    # data found, but not what the checkpoint was trained on (its split recorded in fingerprint.json)
+    monkeypatch.chdir(tmp_path)
+    run = _fake_run(tmp_path / "b", tiny_overrides(tmp_path, demo_root, **VIDEO_CLIPS))
+    ckpt = run / "checkpoints/step_000001"
+    (ckpt / "fingerprint.json").write_text(json.dumps({"data": {"split": [{"train": [0], "val": [1]}], "policy_io": {}}}))
+    assert grad_split_main(["--run", str(run)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "is not what step_000001 was trained on: data_mix[0] train episodes" in err, err
+
+
+def test_the_header_says_where_the_action_loss_goes_and_whose_weights():
+    # one pass without backprop_action_to_backbone detaches the head's features as two passes do
+    cfg = load_config(TINY, ["framework.cosmos25.one_pass.enabled=true", "trainer.ema.decay=0.5", *[
+        f"{k}={v}" for k, v in VIDEO_CLIPS.items()]])
+    line = grad_split.header(TINY, cfg, 2, 0)
+    assert "one pass True, action loss into the backbone False" in line
+    assert "the EMA's weights (trainer.ema.decay=0.5)" in line
 
 
 def _joint_run(tmp_path, demo_root, backprop: bool):
@@ -83,10 +138,28 @@ def test_split_with_detached_features_and_the_command(tmp_path, demo_root, capsy
     assert grad_split_main(["--run", str(run), "--batches", "2", "--json", str(out_json)]) == 0
     printed = capsys.readouterr().out
     assert "action loss into the backbone False" in printed and "| shared |" in printed
-    import json
-
     [rec] = json.loads(out_json.read_text())
     shared = _rows(rec)["shared"]
     # the features are computed without grad: only the video loss trains the backbone
     assert shared["action_norm"] == 0 and shared["video_norm"] > 0 and shared["cosine"] is None
     assert shared["ratio"] is None  # inf: no action gradient there
+
+
+@pytest.mark.slow
+def test_one_pass_detached_and_float32_whatever_the_runs_precision(tmp_path, demo_root, capsys):
+    run = run_training(tiny_overrides(tmp_path, demo_root, **{
+        **VIDEO_CLIPS, "framework.cosmos25.one_pass.enabled": "true", "trainer.max_train_steps": "2",
+    }))
+    [rec] = grad_split.run_split(run, None, count=1, seed=1)
+    assert "one pass True, action loss into the backbone False" in capsys.readouterr().out
+    shared = _rows(rec)["shared"]
+    assert shared["action_norm"] == 0 and shared["video_norm"] > 0  # one pass detaches the features too
+    # the same run read as a bf16 one: its gradients are still float32's (no autocast)
+    config = run / "config.yaml"
+    config.write_text(config.read_text().replace('mixed_precision: "no"', "mixed_precision: bf16")
+                      .replace("mixed_precision: 'no'", "mixed_precision: bf16"))
+    assert load_config(config).trainer.mixed_precision == "bf16"
+    [bf16] = grad_split.run_split(run, None, count=1, seed=1)
+    for a, b in zip(rec["rows"], bf16["rows"]):
+        assert b["action_norm"] == pytest.approx(a["action_norm"], rel=1e-6), a["part"]
+        assert b["video_norm"] == pytest.approx(a["video_norm"], rel=1e-6), a["part"]

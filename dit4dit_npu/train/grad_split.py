@@ -5,32 +5,41 @@ apart, per part of the model, at a run's checkpoints.
         [--json OUT.json]
 
 Run it from the folder the run was trained in (a run's config names its data by the paths it was
-given). For each checkpoint the model is rebuilt from the run's ``config.yaml`` (its training
-mode, one pass or two, the action loss into the backbone or not), its weights are loaded from the
-checkpoint's exported policy, and on ``--batches`` training batches (drawn with ``--seed``: the
-same samples and noise at every checkpoint) the two losses' gradients are taken apart with
-``torch.autograd.grad``; nothing is updated. Per part of the model it prints the norm of the action
-loss's gradient, the norm of the video loss's gradient times ``trainer.loss_scale.future_video``
-(as the trainer weights it), their ratio and their cosine, each the mean over the batches:
+given; data there that is not what a checkpoint was trained on is refused, and a missing demo
+dataset is not generated). For each checkpoint the model is rebuilt from the run's ``config.yaml``
+(its training mode, one pass or two, the action loss into the backbone or not), its weights are
+loaded from the checkpoint's exported policy (with ``trainer.ema`` on: the EMA's weights, which
+the policy holds, not the ones the optimizer stepped), and on ``--batches`` training batches
+(drawn with ``--seed``: the same samples and noise at every checkpoint) the two losses' gradients
+are taken apart with ``torch.autograd.grad``; nothing is updated. Per part of the model it prints
+the norm of the action loss's gradient, the norm of the video loss's gradient times
+``trainer.loss_scale.future_video`` (as the trainer weights it), their ratio and their cosine,
+each the mean over the batches. A batch is one micro-batch of ``per_device_batch_size``: an
+update's gradient (``gradient_accumulation_steps`` of them on every rank) is their mean: its norms
+are no larger than these means of norms, and its cosine is not the mean of these cosines.
 
 - ``action head``: only the action loss reaches it;
 - ``embeddings`` (patch, time and text projections) and ``blocks 0..L`` (L = ``extract_layer``):
   the part both losses train when the action loss reaches the backbone
-  (``backprop_action_to_backbone``, or one pass): where the two can pull against each other;
-  ``shared`` is the two together;
+  (``backprop_action_to_backbone``, with one pass or two; one pass without it detaches the
+  features as two passes do): where the two can pull against each other; ``shared`` is the two
+  together;
 - ``blocks L+1..`` and ``output layers``: the video loss only.
 
 Why: at equal training time the joint objective has trailed the no-video one. If, in the shared
 part, the video gradient is many times the action gradient and the two are near orthogonal (cosine
 ~0) or opposed (< 0), the video loss decides where the shared blocks go, and the action head's
 features move under it at every step. ``trainer.video_loss_interval`` k > 1 applies the video
-gradient on every k-th step only: its row is what such a step adds.
+gradient on every k-th step only: its row is what such a step adds (the action gradient shown
+is a video step's; with one pass the other steps' differs: their head reads the feature pass).
 
-The gradients are taken in float32 whatever ``trainer.mixed_precision`` the run trained with.
+The gradients are taken in float32, without autocast, whatever ``trainer.mixed_precision`` the run
+trained with. The run needs future frames in its clip (else it has no video loss).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from dataclasses import dataclass
@@ -105,7 +114,9 @@ def load_run(run: Path):
     from dit4dit_npu.data import build_training_data
     from dit4dit_npu.weights import vae_identity
 
-    cfg = load_config(run / "config.yaml", [])
+    # a demo dataset missing where the run's relative path points (another working folder) is
+    # refused, never generated there: it need not be the data the run was trained on
+    cfg = load_config(run / "config.yaml", ["datasets.vla_data.generate_demo_if_missing=false"])
     c = cfg.framework.cosmos25
     if c.training != "joint":
         raise GradSplitError(f"{run / 'config.yaml'}: framework.cosmos25.training is {c.training!r}, which trains "
@@ -115,7 +126,25 @@ def load_run(run: Path):
                              "grad_split loads full transformer weights only")
     d = cfg.datasets.vla_data
     data = build_training_data(cfg, vae_identity=vae_identity(cfg) if d.latent_cache else None)
+    if data.io.spec.num_frames < 2:  # one frame is one latent frame: nothing for the video loss to predict
+        raise GradSplitError(f"{run / 'config.yaml'}: clips of one frame (datasets.vla_data.video_delta_indices "
+                             f"{d.video_delta_indices}) have no future frame, so the run has no video loss "
+                             "(expected a clip with future frames)")
     return cfg, data
+
+
+def check_trained_on(run: Path, ckpts: list[Path], data) -> None:
+    """The data at the config's paths is what each checkpoint was trained on (its split and
+    statistics): relative paths read from another working folder may find other data."""
+    from dit4dit_npu.train.checkpoint_manager import data_fingerprint
+    from dit4dit_npu.train.resume import data_change
+
+    now = data_fingerprint(data)
+    for ckpt in ckpts:
+        what = data_change(ckpt, now)
+        if what:
+            raise GradSplitError(f"--run {run}: the data its config.yaml names (from {Path.cwd()}) is not what "
+                                 f"{ckpt.name} was trained on: {what} (run it from the folder the run was trained in)")
 
 
 def model_at(cfg, data, ckpt: Path):
@@ -125,7 +154,9 @@ def model_at(cfg, data, ckpt: Path):
     from dit4dit_npu.weights import build_dit4dit
 
     loaded = load_policy_folder(ckpt / "policy")
-    model = build_dit4dit(cfg, data.io.spec)
+    # float32 without autocast (the model's own autocast follows trainer.mixed_precision)
+    fp32 = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, mixed_precision="no"))
+    model = build_dit4dit(fp32, data.io.spec)
     model.load_trainable_state_dict(loaded.model.trainable_state_dict())
     model.set_prompt_cache(loaded.prompt_cache)
     freeze_modules(model, cfg.trainer.freeze_modules)
@@ -196,17 +227,27 @@ def _finite_or_none(row: dict) -> dict:
     return {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in row.items()}
 
 
+def header(run: Path, cfg, count: int, seed: int) -> str:
+    """What the rows below are of: the run's settings that decide where each gradient goes."""
+    c, t = cfg.framework.cosmos25, cfg.trainer
+    k = t.video_loss_interval
+    # one pass without backprop_action_to_backbone detaches the head's features too (DiT4DiT.forward)
+    return (f"{run}: extract_layer L={c.extract_layer}, one pass {c.one_pass.enabled}, action loss into the backbone "
+            f"{c.backprop_action_to_backbone}, video weight {t.loss_scale.future_video}"
+            + (f", the video loss on every {k}-th step" if k > 1 else "")
+            + (f"; the EMA's weights (trainer.ema.decay={t.ema.decay}), as the policy holds them" if t.ema.decay
+               is not None else "")
+            + f"; {count} batches of {cfg.datasets.vla_data.per_device_batch_size}, seed {seed}")
+
+
 def run_split(run: Path, names: list[str] | None, count: int, seed: int) -> list[dict]:
     """Every asked checkpoint's rows (printed as they come) -> the JSON records."""
     ckpts = checkpoint_dirs(run, names)
     cfg, data = load_run(run)
-    w, k = cfg.trainer.loss_scale.future_video, cfg.trainer.video_loss_interval
+    check_trained_on(run, ckpts, data)
     batch_list = batches(data, count, cfg.datasets.vla_data.per_device_batch_size, seed)
-    c = cfg.framework.cosmos25
-    print(f"{run}: extract_layer L={c.extract_layer}, one pass {c.one_pass.enabled}, action loss into the backbone "
-          f"{c.backprop_action_to_backbone or c.one_pass.enabled}, video weight {w}"
-          + (f", the video loss on every {k}-th step" if k > 1 else "")
-          + f"; {count} batches of {cfg.datasets.vla_data.per_device_batch_size}, seed {seed}", flush=True)
+    print(header(run, cfg, count, seed), flush=True)
+    w = cfg.trainer.loss_scale.future_video
     records = []
     for ckpt in ckpts:
         rows, losses = split(model_at(cfg, data, ckpt), batch_list, w, seed)

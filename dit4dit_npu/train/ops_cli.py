@@ -159,10 +159,12 @@ def grad_split_main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if a.batches < 1:
         raise DiT4DiTError(f"--batches: expected a positive integer, got {a.batches}")
-    if a.seed < 0:
-        raise DiT4DiTError(f"--seed: expected an int >= 0, got {a.seed}")
+    if not 0 <= a.seed < 2**32:  # it seeds numpy and torch (seed * 1_000_003 + batch): in range for both
+        raise DiT4DiTError(f"--seed: expected an int in [0, 2**32), got {a.seed}")
     if a.json is not None and a.json.is_dir():
         raise DiT4DiTError(f"--json {a.json} is a folder, expected a file path")
+    if a.json is not None and not a.json.parent.is_dir():  # said before the checkpoints' work, not after it
+        raise DiT4DiTError(f"--json {a.json}: its folder {a.json.parent} does not exist (expected an existing folder)")
     records = grad_split.run_split(a.run, a.checkpoint, a.batches, a.seed)
     if a.json is not None:
         atomic_write_text(a.json, json.dumps(records, indent=1) + "\n")

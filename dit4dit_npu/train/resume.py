@@ -237,17 +237,22 @@ def check_data(ckpt: Path, data_fp: dict[str, Any]) -> str | None:
     """Refuse a resume whose training data changed since ``ckpt``: new or edited episodes move
     the normalization statistics or the split under a model trained on the old ones. Returns a
     note when the checkpoint predates data fingerprints (nothing could be compared)."""
-    saved = ckpt_io.read_fingerprint(ckpt).get("data")
-    if saved is None:
+    if ckpt_io.read_fingerprint(ckpt).get("data") is None:
         return f"note: {ckpt} records no data fingerprint (older version): data changes cannot be detected"
-    now = json.loads(json.dumps(data_fp))
-    what = _data_change(saved, now)
+    what = data_change(ckpt, data_fp)
     if what:
         raise TrainingError(
             f"the training data changed since checkpoint {ckpt}: {what}; resume with the data it was "
             "trained on, or start a new run (another run_id)"
         )
     return None
+
+
+def data_change(ckpt: Path, data_fp: dict[str, Any]) -> str | None:
+    """What differs between the data ``ckpt`` was trained on and ``data_fp`` (``data_fingerprint``);
+    None when nothing does, or when ``ckpt`` predates data fingerprints."""
+    saved = ckpt_io.read_fingerprint(ckpt).get("data")
+    return None if saved is None else _data_change(saved, json.loads(json.dumps(data_fp)))
 
 
 def _data_change(saved: dict[str, Any], now: dict[str, Any]) -> str | None:
