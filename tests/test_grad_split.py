@@ -38,7 +38,7 @@ def test_bad_arguments_are_one_line(tmp_path, capsys):
     assert "--seed: expected an int in [0, 2**32), got 4294967296" in capsys.readouterr().err
     # a folder that does not exist: said before every checkpoint's work, not as a traceback after it
     assert grad_split_main(["--run", str(tmp_path), "--json", str(tmp_path / "no" / "x.json")]) == 2
-    assert f"its folder {tmp_path / 'no'} does not exist" in capsys.readouterr().err
+    assert f"x.json: {tmp_path / 'no'} is not a folder" in capsys.readouterr().err
 
 
 def _fake_run(tmp_path, overrides: list[str]):

@@ -164,7 +164,7 @@ def grad_split_main(argv: list[str] | None = None) -> int:
     if a.json is not None and a.json.is_dir():
         raise DiT4DiTError(f"--json {a.json} is a folder, expected a file path")
     if a.json is not None and not a.json.parent.is_dir():  # said before the checkpoints' work, not after it
-        raise DiT4DiTError(f"--json {a.json}: its folder {a.json.parent} does not exist (expected an existing folder)")
+        raise DiT4DiTError(f"--json {a.json}: {a.json.parent} is not a folder (expected a file in an existing folder)")
     records = grad_split.run_split(a.run, a.checkpoint, a.batches, a.seed)
     if a.json is not None:
         atomic_write_text(a.json, json.dumps(records, indent=1) + "\n")
