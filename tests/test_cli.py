@@ -37,7 +37,7 @@ def test_every_entry_point_has_a_console_script() -> None:
         "dit4dit-train", "dit4dit-eval", "dit4dit-serve", "dit4dit-data-inspect", "dit4dit-data-demo",
         "dit4dit-data-encode-latents", "dit4dit-convert", "dit4dit-device", "dit4dit-doctor", "dit4dit-sim-demos",
         "dit4dit-sim-eval", "dit4dit-memory-plan", "dit4dit-data-latent-stats", "dit4dit-sim-success-curve",
-        "dit4dit-fit-tiny-vae", "dit4dit-make-base",
+        "dit4dit-fit-tiny-vae", "dit4dit-make-base", "dit4dit-grad-split",
     }
 
 
@@ -220,6 +220,10 @@ BAD_INPUT = {
         (["--config", str(TINY), "--out", "{tmp}/vae.pt"], "error: --out: expected a .safetensors file, got {tmp}/vae.pt"),
         (["--config", str(TINY), "--out", "{tmp}/vae.safetensors", "--steps", "0"],
          "error: --steps: expected an int >= 1, got 0"),
+    ],
+    "dit4dit-grad-split": [
+        (["--run", "{tmp}"], "error: --run {tmp}: no config.yaml there (expected a training run folder)"),
+        (["--run", "{tmp}", "--batches", "0"], "error: --batches: expected a positive integer, got 0"),
     ],
     "dit4dit-make-base": [
         (["--size", "tiny", "--out", str(ROOT)], f"error: --out {ROOT}: exists and is not an empty folder (delete it or name another)"),

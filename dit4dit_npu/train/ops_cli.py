@@ -4,7 +4,7 @@ then calls its library module.
     python -m dit4dit_npu.train.memory_plan ...    memory_plan_main   (dit4dit-memory-plan)
     python -m dit4dit_npu.train.fit_tiny_vae ...   fit_tiny_vae_main  (dit4dit-fit-tiny-vae)
     python -m dit4dit_npu.train.success_curve ...  success_curve_main (dit4dit-sim-success-curve)
-    python -m dit4dit_npu.train.grad_split ...     grad_split_main
+    python -m dit4dit_npu.train.grad_split ...     grad_split_main    (dit4dit-grad-split)
 
 Each module keeps a two-line ``__main__`` block that calls its command here, so the ``python -m``
 spellings keep working. A command imports its module (and torch) only when it runs.
