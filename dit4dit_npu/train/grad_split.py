@@ -175,6 +175,14 @@ def batches(data, count: int, batch_size: int, seed: int) -> list:
     return [Batch.collate([ds[int(i)] for i in idx[k * batch_size:(k + 1) * batch_size]]) for k in range(count)]
 
 
+def _dots(a: torch.Tensor | None, v: torch.Tensor | None) -> tuple[float, float, float]:
+    """|a|^2, |v|^2 and a.v of one parameter's two gradients (a missing gradient is zero)."""
+    a = None if a is None else a.float()
+    v = None if v is None else v.float()
+    return (0.0 if a is None else float((a * a).sum()), 0.0 if v is None else float((v * v).sum()),
+            0.0 if a is None or v is None else float((a * v).sum()))
+
+
 def split(model, batch_list: list, video_weight: float, seed: int) -> tuple[list[Row], dict[str, float]]:
     """Per part: mean over batches of |g_action|, |w g_video| and their cosine; the mean losses."""
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]  # what the optimizer trains
@@ -189,14 +197,9 @@ def split(model, batch_list: list, video_weight: float, seed: int) -> tuple[list
         losses += (float(out["action_loss"].detach()), float(out["video_loss"].detach()))
         ga = torch.autograd.grad(action, params, retain_graph=True, allow_unused=True)
         gv = torch.autograd.grad(video, params, allow_unused=True) if video.requires_grad else [None] * len(params)
+        dots = [_dots(a, v) for a, v in zip(ga, gv)]  # once per parameter, then summed per part
         for part in PARTS:
-            aa = vv = av = 0.0
-            for p, a, v, where in zip(params, ga, gv, parts):
-                if not _in_part(part, where):
-                    continue
-                a = torch.zeros_like(p) if a is None else a.float()
-                v = torch.zeros_like(p) if v is None else v.float()
-                aa, vv, av = aa + float((a * a).sum()), vv + float((v * v).sum()), av + float((a * v).sum())
+            aa, vv, av = (sum(d[i] for d, where in zip(dots, parts) if _in_part(part, where)) for i in range(3))
             acc[part][:2] += (math.sqrt(aa), math.sqrt(vv))
             if aa > 0 and vv > 0:
                 acc[part][2:] += (av / math.sqrt(aa * vv), 1)
