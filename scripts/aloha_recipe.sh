@@ -50,8 +50,12 @@
 #                      STEPS/3 steps (trainer.save_every_s); training minutes leave out start-up, the
 #                      data/cache building, evaluations and saves. For equal-time comparisons:
 #                      scripts/equal_time.sh runs the arms side by side. Unset: STEPS steps
+#   INTERMEDIATE_EPISODES=M  every checkpoint but the last evaluated on seeds 0..M-1 only (M <=
+#                      EPISODES; default EPISODES): the curve at a fraction of its cost, the last
+#                      checkpoint (the last line) on all EPISODES
 #   PREPARE_ONLY=1     the checks, demos, statistics and latent cache of the run these settings
-#                      name, then stop (no training, no eval: WORKERS and EPISODES are refused); the
+#                      name, then stop (no training, no eval: WORKERS, EPISODES and
+#                      INTERMEDIATE_EPISODES are refused); the
 #                      last line is `prepared in seconds: demos D, cache C` (scripts/equal_time.sh
 #                      prepares every arm's data so, one after the other, before the arms run side by side)
 #   TASK=transfer_cube (default) | insertion: the task's config (configs/aloha/dit4dit_aloha_TASK_tiny.yaml,
@@ -87,7 +91,7 @@ if ! command -v "$PY" >/dev/null; then refuse "PY=$PY: expected a Python executa
 PREPARE_ONLY="${PREPARE_ONLY:-0}"
 case "$PREPARE_ONLY" in 0|1) ;; *) refuse "PREPARE_ONLY=$PREPARE_ONLY: expected 0 or 1" ;; esac
 if [ "$PREPARE_ONLY" = 1 ]; then
-    for v in WORKERS EPISODES; do unread "$v" "PREPARE_ONLY=1 stops before the eval"; done
+    for v in WORKERS EPISODES INTERMEDIATE_EPISODES; do unread "$v" "PREPARE_ONLY=1 stops before the eval"; done
 fi
 WORKERS="${WORKERS:-1}"
 positive WORKERS " (eval processes)"
@@ -155,7 +159,7 @@ PRETRAIN="${PRETRAIN:-0}"
 case "$PRETRAIN" in 0) ;; ''|0*|*[!0-9]*) refuse "PRETRAIN=$PRETRAIN: expected a number of steps (0 = none)" ;; esac
 if [ "$PRETRAIN" = 0 ]; then unread PRETRAIN_DEMOS "applies only with PRETRAIN > 0 (the video pretraining's demos)"; fi
 if [ "$SMOKE" = 1 ]; then
-    for v in DEMOS STEPS EPISODES PRETRAIN_DEMOS; do
+    for v in DEMOS STEPS EPISODES INTERMEDIATE_EPISODES PRETRAIN_DEMOS; do
         unread "$v" "SMOKE=1 sets its own (1 demo, 2 steps (1000 under TRAIN_MINUTES), one 16-step episode per checkpoint)"
     done
     PRETRAIN_DEMOS=1  # the smoke's one demo
@@ -174,6 +178,12 @@ else
     # the eval's seeds 0..EPISODES-1 within the simulator's range (sim.eval says the same, hours later)
     if [ "${#EPISODES}" -gt 10 ] || [ "$EPISODES" -gt 4294967296 ]; then
         refuse "EPISODES=$EPISODES: expected at most 2**32 (eval seeds 0..EPISODES-1 < 2**32, the simulator's range)"
+    fi
+    if [ -n "${INTERMEDIATE_EPISODES+x}" ]; then
+        positive INTERMEDIATE_EPISODES
+        if [ "${#INTERMEDIATE_EPISODES}" -gt 10 ] || [ "$INTERMEDIATE_EPISODES" -gt "$EPISODES" ]; then
+            refuse "INTERMEDIATE_EPISODES=$INTERMEDIATE_EPISODES: expected at most EPISODES=$EPISODES (the earlier checkpoints' episodes)"
+        fi
     fi
     EVERY=$(((STEPS + 2) / 3)) EXTRA=()  # rounded up: STEPS=8000 checkpoints 2667, 5334, 8000 (not 7998 and 8000)
 fi
@@ -337,6 +347,7 @@ RUN_DIR="$(run_dir "${OVERRIDES[@]}")"
 stage "closed-loop eval of every checkpoint of $RUN_DIR on seeds 0-$((EPISODES - 1))"
 CURVE=(--run "$RUN_DIR" --task "$TASK" --episodes "$EPISODES" --seed 0 --max-steps "$EPISODE_STEPS" --workers "$WORKERS")
 if [ -n "${TRAIN_MINUTES+x}" ]; then CURVE+=(--x time); fi  # its checkpoints are spaced in training time
+if [ -n "${INTERMEDIATE_EPISODES+x}" ]; then CURVE+=(--intermediate-episodes "$INTERMEDIATE_EPISODES"); fi
 # Only the task's own recipe (no setting changed, no RUN_ID of its own) redraws the docs' plot; every
 # other run keeps its curve in its run folder (a joint or 100-demo run must not overwrite it).
 if [ "$SMOKE" = 1 ]; then CURVE+=(--out "$RUN_DIR/sim_curve/smoke.png")

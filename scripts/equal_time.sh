@@ -24,6 +24,9 @@
 #                       trainer.lr_schedule_clock=train_time): every arm anneals by its budget's end,
 #                       whatever its steps cost; STEPS only bounds the runs
 #   EPISODES (100)      closed-loop episodes per checkpoint, on unseen seeds 0..EPISODES-1
+#   INTERMEDIATE_EPISODES (EPISODES) episodes for each checkpoint before a run's last (seeds
+#                       0..M-1): the plot's earlier points at a fraction of the cost; the headline
+#                       (each run's last checkpoint) keeps EPISODES
 #   TRAIN_SEEDS ("42 43") the training seeds, each a run of every arm (the headline pools them)
 #   VIDEO_EVERY (4)     k of the every_k arms (>= 2; only with such an arm)
 #   CORES (every CPU this process may use) one run per core at a time (taskset, OMP_NUM_THREADS=1);
@@ -78,13 +81,18 @@ else
     unread VIDEO_EVERY "applies only with an every_k or one_pass_every_k arm in ARMS"
 fi
 if [ "$SMOKE" = 1 ]; then
-    for v in DEMOS EPISODES; do unread "$v" "SMOKE=1 sets its own (1 demo, one 16-step episode per checkpoint)"; done
+    for v in DEMOS EPISODES INTERMEDIATE_EPISODES; do unread "$v" "SMOKE=1 sets its own (1 demo, one 16-step episode per checkpoint)"; done
     TRAIN_MINUTES="${TRAIN_MINUTES:-0.1}" TRAIN_SEEDS="${TRAIN_SEEDS:-42}" EPISODES=1 EPISODE_STEPS=16 TAG=smoke
 else
     DEMOS="${DEMOS:-50}" EPISODES="${EPISODES:-100}" TRAIN_MINUTES="${TRAIN_MINUTES:-30}"
     TRAIN_SEEDS="${TRAIN_SEEDS:-42 43}" EPISODE_STEPS=400
     positive DEMOS
     positive EPISODES
+    INTERMEDIATE_EPISODES="${INTERMEDIATE_EPISODES:-$EPISODES}"
+    positive INTERMEDIATE_EPISODES
+    if [ "${#INTERMEDIATE_EPISODES}" -gt 10 ] || [ "$INTERMEDIATE_EPISODES" -gt "$EPISODES" ]; then
+        refuse "INTERMEDIATE_EPISODES=$INTERMEDIATE_EPISODES: expected at most EPISODES=$EPISODES (the earlier checkpoints' episodes)"
+    fi
     TAG="${DEMOS}demos_${TRAIN_MINUTES}min"
 fi
 if ! [[ "$TRAIN_MINUTES" =~ ^([0-9]+([.][0-9]*)?|[.][0-9]+)$ ]] \
@@ -136,7 +144,7 @@ arm_env() {  # $1: the arm -> the recipe's settings for it, one per line
 recipe_cmd() {  # $1: arm, $2: seed, then the recipe's extra settings (NAME=value) -> CMD, its command
     local arm="$1" seed="$2"
     shift 2
-    CMD=(env -u VIDEO_EVERY -u EPISODES)  # the arm's own, from arm_env (EPISODES: the runs' only, never a preparation's); VIDEO_WEIGHT only to the joint arms
+    CMD=(env -u VIDEO_EVERY -u EPISODES -u INTERMEDIATE_EPISODES)  # the arm's own, from arm_env (the EPISODES: the runs' only, never a preparation's); VIDEO_WEIGHT only to the joint arms
     if [ "$arm" = no_video ]; then CMD+=(-u VIDEO_WEIGHT); fi
     CMD+=($(arm_env "$arm") "RUN_ID=$(run_id "$arm" "$seed")" "$@"
           bash scripts/aloha_recipe.sh "seed=$seed" "${EXTRA_OVERRIDES[@]}")
@@ -183,7 +191,7 @@ for ((i = 0; i < ${#JOBS[@]}; i += WAVE)); do
         CORE_OF[${JOBS[$j]}]=$core
         log="$OUT/logs/${arm}_seed$seed.log"
         stage "run $arm (seed $seed) on CPU $core: $TRAIN_MINUTES training minutes, then its eval: $log"
-        recipe_cmd "$arm" "$seed" WORKERS=1 $([ "$SMOKE" = 1 ] || echo "EPISODES=$EPISODES")
+        recipe_cmd "$arm" "$seed" WORKERS=1 $([ "$SMOKE" = 1 ] || echo "EPISODES=$EPISODES INTERMEDIATE_EPISODES=$INTERMEDIATE_EPISODES")
         ( t=$SECONDS; status=0; taskset -c "$core" "${CMD[@]}" > "$log" 2>&1 || status=$?
           echo $((SECONDS - t)) > "$OUT/logs/${arm}_seed$seed.wall_s"; exit "$status" ) &
         pids+=($!)
@@ -203,6 +211,7 @@ done
 
 # (3) One plot and one table over every run (their evaluations are kept in each run: read, not redone).
 CURVE=(--task "$TASK" --episodes "$EPISODES" --seed 0 --max-steps "$EPISODE_STEPS" --x time
+       $([ "$SMOKE" = 1 ] || echo "--intermediate-episodes $INTERMEDIATE_EPISODES")
        --out "$OUT/success_vs_time.png" --table "$OUT/checkpoints.md")
 for job in "${JOBS[@]}"; do
     CURVE+=(--run "$RUN_ROOT/$(run_id "${job%/*}" "${job#*/}")" --label "${job%/*} seed${job#*/}")

@@ -56,6 +56,10 @@ def recipe(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProces
     ({"PY": "/nonexistent/python"}, "error: PY=/nonexistent/python: expected a Python executable"),
     ({"RUN_ID": "a/b"}, "error: RUN_ID=a/b: expected a run folder name"),
     ({"EPISODES": "4294967297"}, "error: EPISODES=4294967297: expected at most 2**32"),
+    ({"INTERMEDIATE_EPISODES": "0"}, "error: INTERMEDIATE_EPISODES=0: expected a positive integer"),
+    ({"EPISODES": "20", "INTERMEDIATE_EPISODES": "21"}, "error: INTERMEDIATE_EPISODES=21: expected at most EPISODES=20"),
+    ({"SMOKE": "1", "INTERMEDIATE_EPISODES": "5"}, "error: INTERMEDIATE_EPISODES=5: SMOKE=1 sets its own"),
+    ({"PREPARE_ONLY": "1", "INTERMEDIATE_EPISODES": "5"}, "error: INTERMEDIATE_EPISODES=5: PREPARE_ONLY=1 stops"),
     # an empty VAE_WEIGHTS took the default silently; a 23-digit STEPS wrapped in bash and went on to the demos
     ({"VAE": "fitted", "VAE_WEIGHTS": ""}, "error: VAE_WEIGHTS=: expected a tiny VAE's safetensors file"),
     ({"STEPS": "99999999999999999999999"}, "error: STEPS=99999999999999999999999: expected at most 18 digits"),

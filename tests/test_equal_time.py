@@ -41,6 +41,9 @@ def equal_time(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedPr
     ({"DEMOS": "0"}, [], "error: DEMOS=0: expected a positive integer"),
     ({"EPISODES": "-1"}, [], "error: EPISODES=-1: expected a positive integer"),
     ({"SMOKE": "1", "EPISODES": "5"}, [], "error: EPISODES=5: SMOKE=1 sets its own"),
+    ({"INTERMEDIATE_EPISODES": "x"}, [], "error: INTERMEDIATE_EPISODES=x: expected a positive integer"),
+    ({"INTERMEDIATE_EPISODES": "101"}, [], "error: INTERMEDIATE_EPISODES=101: expected at most EPISODES=100"),
+    ({"SMOKE": "1", "INTERMEDIATE_EPISODES": "5"}, [], "error: INTERMEDIATE_EPISODES=5: SMOKE=1 sets its own"),
     ({"TASK": "stack"}, [], "error: TASK=stack: expected transfer_cube or insertion"),
     ({"PY": "/nonexistent/python"}, [], "error: PY=/nonexistent/python: expected a Python executable"),
     # the script sets these per arm: refused, not silently overridden

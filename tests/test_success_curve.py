@@ -14,19 +14,23 @@ import torch
 from dit4dit_npu.train.ops_cli import success_curve_main as main
 
 
-def fake_run(root: Path, name: str, checkpoints: dict[int, tuple[float | None, int]], episodes: int = 4) -> Path:
-    """A run folder: step -> (training seconds, or None for an older version's; successes)."""
+def fake_run(root: Path, name: str, checkpoints: dict[int, tuple[float | None, int]], episodes: int = 4,
+             earlier: int | None = None) -> Path:
+    """A run folder: step -> (training seconds, or None for an older version's; successes), each
+    checkpoint's results kept for ``episodes`` episodes (all but the last: ``earlier``, if given)."""
     run = root / name
+    last = max(checkpoints)
     for step, (seconds, wins) in checkpoints.items():
+        n = episodes if earlier is None or step == last else earlier
         ckpt = run / "checkpoints" / f"step_{step:06d}"
         (ckpt / "policy").mkdir(parents=True)
         state = {"step": step}
         if seconds is not None:
             state["train_time_s"] = seconds
         torch.save(state, ckpt / "trainer_state.pt")
-        kept = run / "sim_curve" / f"step_{step:06d}_seed0x{episodes}"
+        kept = run / "sim_curve" / f"step_{step:06d}_seed0x{n}"
         kept.mkdir(parents=True)
-        (kept / "results.json").write_text(json.dumps({"summary": {"successes": wins, "episodes": episodes, "wall_s": 1.0}}))
+        (kept / "results.json").write_text(json.dumps({"summary": {"successes": wins, "episodes": n, "wall_s": 1.0}}))
     (run / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "val/action_mse": 0.1 / s}) + "\n" for s in checkpoints))
     return run
 
@@ -74,3 +78,27 @@ def test_one_label_per_run(tmp_path: Path, capsys, labels: list[str]) -> None:
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"--label: given {len(labels)} time(s) for 2 --run" in err[0], err
+
+
+def test_intermediate_episodes_fewer_before_the_last_checkpoint_all_on_the_last(tmp_path: Path, capsys) -> None:
+    """--intermediate-episodes 2 reads the earlier checkpoints' 2-episode results and the last one's
+    4-episode result (a folder each, named by its count), and the rows carry each one's own count."""
+    a = fake_run(tmp_path, "a", {100: (60.0, 1), 200: (120.0, 2), 300: (180.0, 3)}, episodes=4, earlier=2)
+    table = tmp_path / "curve.md"
+    code = main(["--run", str(a), "--x", "time", "--episodes", "4", "--intermediate-episodes", "2",
+                 "--out", str(tmp_path / "c.png"), "--table", str(table)])
+    assert code == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1].startswith("success 3/4 = 75.0%")
+    rows = table.read_text().splitlines()[2:]
+    assert [r.split("|")[4].strip().split(" ")[0] for r in rows] == ["1/2", "2/2", "3/4"]
+    curve = json.loads((a / "sim_curve" / "curve_seed0x4_earlier2.json").read_text())
+    assert [r["episodes"] for r in curve] == [2, 2, 4]
+
+
+@pytest.mark.parametrize("m", ["0", "5"])
+def test_intermediate_episodes_out_of_range_is_one_line(tmp_path: Path, capsys, m: str) -> None:
+    a = fake_run(tmp_path, "a", {1: (1.0, 1)})
+    assert main(["--run", str(a), "--episodes", "4", "--intermediate-episodes", m, "--out", str(tmp_path / "c.png")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"--intermediate-episodes: expected 1..4 (at most --episodes), got {m}" in err[0], err
+    assert not (tmp_path / "c.png").exists()

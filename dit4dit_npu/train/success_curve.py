@@ -18,6 +18,10 @@ that does not record them is refused, before any evaluation.
     python bench/sim_replay.py --smoke && \
         python -m dit4dit_npu.train.success_curve --smoke --run runs/sim_replay_smoke/replay1   # 96 s at load 11
 
+``--intermediate-episodes M`` evaluates every checkpoint but each run's last on M episodes only
+(seeds S..S+M-1, a subset of the last one's): the curve's shape at a fraction of its cost, the
+headline (the last checkpoint) on all N.
+
 ``--smoke`` evaluates one 16-step episode per checkpoint and writes the plot into the run folder
 (``RUN/sim_curve/``), never over the committed one in docs/.
 """
@@ -35,14 +39,15 @@ from dit4dit_npu.sim.success_rate import format_rate, wilson_interval
 from dit4dit_npu.train.metrics import read_metrics
 
 
-def evaluate(policy: Path, out: Path, a: argparse.Namespace) -> dict:
-    """``python -m dit4dit_npu.sim.eval`` of one checkpoint, run in this process (each start of a
-    new one would spend ~10 s importing torch and diffusers; the episodes are the same)."""
+def evaluate(policy: Path, out: Path, episodes: int, a: argparse.Namespace) -> dict:
+    """``python -m dit4dit_npu.sim.eval`` of one checkpoint on ``episodes`` episodes, run in this
+    process (each start of a new one would spend ~10 s importing torch and diffusers; the episodes are
+    the same)."""
     from dit4dit_npu.sim.cli import eval_main as sim_eval
 
     if not (out / "results.json").exists():
         argv = [
-            "--policy", str(policy), "--task", a.task, "--episodes", str(a.episodes), "--seed", str(a.seed), "--max-steps",
+            "--policy", str(policy), "--task", a.task, "--episodes", str(episodes), "--seed", str(a.seed), "--max-steps",
             str(a.max_steps), "--workers", str(a.workers), "--videos", "0", "--out", str(out),
         ]
         if a.replan is not None:
@@ -133,6 +138,13 @@ def write_table(curves: list[tuple[str, list[dict]]], out: Path) -> None:
     atomic_write_text(out, "\n".join(lines) + "\n")
 
 
+def intermediate_episodes(a: argparse.Namespace) -> int:
+    """Episodes for each checkpoint before a run's last (--intermediate-episodes; default --episodes):
+    fewer there make a curve of many checkpoints affordable while the last one, the headline, keeps
+    its full count."""
+    return a.episodes if a.intermediate_episodes is None else a.intermediate_episodes
+
+
 def run_curve(run: Path, label: str, a: argparse.Namespace) -> list[dict]:
     """Evaluate (or read the kept results of) every checkpoint of ``run``; one printed row each."""
     ckpts = sorted((run / "checkpoints").glob("step_*/policy"))
@@ -142,7 +154,8 @@ def run_curve(run: Path, label: str, a: argparse.Namespace) -> list[dict]:
     rows = []
     for policy in ckpts:
         step = int(policy.parent.name.split("_")[1])
-        s = evaluate(policy, run / "sim_curve" / f"{policy.parent.name}_seed{a.seed}x{a.episodes}{suffix}", a)
+        n = a.episodes if policy == ckpts[-1] else intermediate_episodes(a)
+        s = evaluate(policy, run / "sim_curve" / f"{policy.parent.name}_seed{a.seed}x{n}{suffix}", n, a)
         k, n = s["successes"], s["episodes"]
         rows.append({"step": step, "successes": k, "episodes": n, "wilson95": list(wilson_interval(k, n)),
                      "val_action_mse": mse.get(step), "eval_wall_s": s["wall_s"], "train_time_s": seconds.get(policy)})
@@ -150,7 +163,8 @@ def run_curve(run: Path, label: str, a: argparse.Namespace) -> list[dict]:
         when = f"step {step}" + (f" ({seconds[policy] / 60:.1f} training min)" if policy in seconds else "")
         print(f"{label + ': ' if len(a.run) > 1 else ''}{when}: held-out action MSE {val} | closed loop "
               f"{format_rate(k, n)} | eval {s['wall_s']:.0f} s", flush=True)
-    atomic_write_json(run / "sim_curve" / f"curve_seed{a.seed}x{a.episodes}{suffix}.json", rows)
+    mid = "" if intermediate_episodes(a) == a.episodes else f"_earlier{intermediate_episodes(a)}"
+    atomic_write_json(run / "sim_curve" / f"curve_seed{a.seed}x{a.episodes}{mid}{suffix}.json", rows)
     return rows
 
 
@@ -169,6 +183,8 @@ def curve(a: argparse.Namespace) -> int:
                 train_seconds(policy)
     curves = [(label, run_curve(run, label, a)) for run, label in zip(a.run, labels)]
     seeds = f"seeds {a.seed}-{a.seed + a.episodes - 1}"
+    if intermediate_episodes(a) != a.episodes:
+        seeds += f" (earlier checkpoints {a.seed}-{a.seed + intermediate_episodes(a) - 1})"
     title = (f"{labels[0]}: ALOHA {a.task.replace('_', ' ')}, {seeds}" if len(curves) == 1
              else f"ALOHA {a.task.replace('_', ' ')}, {seeds}, success against training "
                   f"{'step' if a.x == 'step' else 'wall time'}")
