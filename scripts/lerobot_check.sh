@@ -17,7 +17,11 @@
 #     lerobot's plugin discovery registers --policy.type=dit4dit; lerobot's batch gives
 #     predict_action's chunk; select_action pops it from a queue refilled when empty; reset empties
 #     it; a missing camera, an empty task, a too long n_action_steps are one line each;
-#   `lerobot-eval --policy.path=<that policy folder> --env.type=metaworld` for 1 episode.
+#   `lerobot-eval --policy.path=<that policy folder> --env.type=metaworld` for 1 episode, and the same
+#     in the lean env (lerobot_plugin/env: --env.type=metaworld_lean, lerobot's env rendering 128x128
+#     without shadows or multisampling), which is first checked against the stock env (metaworld_side.py
+#     lean: registered by lerobot's discovery, sized through lerobot's create_envs, the same states,
+#     rewards and end under the same actions, pictures that differ only in shading).
 # Usage: bash scripts/lerobot_check.sh [--build-only]
 #   LEROBOT06_DIR=...   the side venv's folder (default .lerobot06/)
 #   PYTHON312=...       the Python >= 3.12 to build it on (default: the first found)
@@ -101,10 +105,12 @@ PKG="$(cd / && "$PY" -c 'import os, dit4dit_npu; print(os.path.dirname(os.path.d
 build || { echo "FAIL setup: cannot build the lerobot 0.6.1 side venv in $SIDE/venv"; exit 1; }
 [ "${1:-}" = "--build-only" ] && exit 0
 LR="$SIDE/venv/bin"
-# the plugin: reinstalled every run (a wheel, not editable: lerobot finds plugins by their
-# distribution's name, and a non-editable copy checks what a user's pip install gives)
+# the plugins (the policy, and the lean Meta-World env): reinstalled every run (wheels, not editable:
+# lerobot finds plugins by their distribution's name, and a non-editable copy checks what a user's
+# pip install gives)
 "$LR/python" -m pip install --quiet --disable-pip-version-check --no-deps --force-reinstall "$ROOT/lerobot_plugin" \
-  >"$SIDE/plugin_install.log" 2>&1 || { echo "FAIL setup: pip install lerobot_plugin ($(tail -1 "$SIDE/plugin_install.log"))"; exit 1; }
+  "$ROOT/lerobot_plugin/env" >"$SIDE/plugin_install.log" 2>&1 \
+  || { echo "FAIL setup: pip install lerobot_plugin lerobot_plugin/env ($(tail -1 "$SIDE/plugin_install.log"))"; exit 1; }
 # The side venv must run this checkout's dit4dit_npu (an editable install of another checkout
 # would check that one's code and pass); asked from outside the checkout.
 PKG="$(cd / && "$LR/python" -c 'import os, dit4dit_npu; print(os.path.dirname(os.path.dirname(os.path.realpath(dit4dit_npu.__file__))))' 2>&1)"
@@ -117,6 +123,9 @@ TASK="${METAWORLD_TASK:-reach-v3}"
 run_check "Meta-World cost" "$WORK/logs/metaworld_cost.log" "$LR/python" "$HERE/metaworld_side.py" cost \
   --tasks "${METAWORLD_COST_TASKS:-reach-v3,push-v3,drawer-open-v3,button-press-topdown-v3,window-open-v3}" \
   --episodes "${METAWORLD_COST_EPISODES:-3}" --size 480x480,224x224,128x128
+
+# --- the lean env (--env.type=metaworld_lean): registered, sized, and the stock env's physics ---------
+run_check "the lean Meta-World env" "$WORK/logs/metaworld_lean.log" "$LR/python" "$HERE/metaworld_side.py" lean --tasks "$TASK"
 
 # --- the Meta-World smoke: 1 expert demo -> 2 training steps -> lerobot's plugin check + lerobot-eval
 if run_check "Meta-World demos" "$WORK/logs/demos.log" "$LR/python" "$HERE/metaworld_side.py" demos \
@@ -142,6 +151,18 @@ if run_check "Meta-World demos" "$WORK/logs/demos.log" "$LR/python" "$HERE/metaw
           say "PASS lerobot-eval --policy.path=<our policy folder> --env.type=metaworld --env.task=$TASK: 1 episode in $(( $(date +%s) - start )) s, $("$LR/python" -c "import json, sys; o = json.load(open(sys.argv[1]))['overall']; print(f\"success {o['pc_success']:.0f}%, sum reward {o['avg_sum_reward']:.1f}\")" "$info" 2>&1)"
         else
           say "FAIL lerobot-eval wrote no eval_info.json (log: $WORK/logs/lerobot_eval.log)"
+        fi
+      fi
+      # the same episode in the lean env (what the demos above were recorded in)
+      start=$(date +%s)
+      if run_check "lerobot-eval (lean)" "$WORK/logs/lerobot_eval_lean.log" "$LR/lerobot-eval" --policy.path="$POLICY" \
+        --env.type=metaworld_lean --env.task="$TASK" --env.image_size=128 --eval.n_episodes=1 --eval.batch_size=1 \
+        --policy.device=cpu --policy.allow_out_of_range=true --output_dir="$WORK/lerobot_eval_lean"; then
+        info="$WORK/lerobot_eval_lean/eval_info.json"
+        if [ -f "$info" ]; then
+          say "PASS lerobot-eval --policy.path=<our policy folder> --env.type=metaworld_lean --env.task=$TASK: 1 episode in $(( $(date +%s) - start )) s, $("$LR/python" -c "import json, sys; o = json.load(open(sys.argv[1]))['overall']; print(f\"success {o['pc_success']:.0f}%, sum reward {o['avg_sum_reward']:.1f}\")" "$info" 2>&1)"
+        else
+          say "FAIL lerobot-eval (lean) wrote no eval_info.json (log: $WORK/logs/lerobot_eval_lean.log)"
         fi
       fi
     fi

@@ -5,7 +5,8 @@ lerobot 0.6.1 needs Python >= 3.12, so the plugin runs only in the side virtuale
 the plugin); without it this test is skipped (CI does not build it: 5.9 GB, ~8 min). With it, a
 tiny policy exported here goes through ``dit4dit-lerobot-prepare`` and lerobot's own
 ``make_policy`` / ``make_pre_post_processors`` (scripts/lerobot06/plugin_side.py): lerobot's batch
-gives predict_action's chunk, select_action pops it from a queue, and each refusal is one line.
+gives predict_action's chunk, select_action pops it from a queue, and each refusal is one line;
+the lean Meta-World env (lerobot_plugin/env) against lerobot's stock one.
 This checkout's package and plugin are put first on the side interpreter's path, so a side venv
 built from another checkout still checks this one's code.
 """
@@ -30,8 +31,9 @@ pytestmark = [
 
 
 def side(*args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, (ROOT, ROOT / "client", ROOT / "lerobot_plugin"))),
-           "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    path = (ROOT, ROOT / "client", ROOT / "lerobot_plugin", ROOT / "lerobot_plugin" / "env")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, path)), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
+           "MUJOCO_GL": os.environ.get("MUJOCO_GL", "egl")}
     return subprocess.run([str(SIDE_PY), *args], capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
 
 
@@ -60,3 +62,12 @@ def test_another_policys_lerobot_config_is_not_replaced(tmp_path: Path) -> None:
         f"error: {config}: a lerobot config of type 'act' is already there; not replacing it"
     ], r.stderr
     assert config.read_text() == '{"type": "act"}' and [p.name for p in tmp_path.iterdir()] == ["config.json"]
+
+
+def test_the_lean_metaworld_env_is_lerobots_env_with_a_cheaper_picture() -> None:
+    """--env.type=metaworld_lean (lerobot_plugin/env): lerobot's discovery registers it, lerobot's
+    create_envs sizes it, an 8-pixel image is refused, and under the scripted expert's actions it
+    gives the stock env's states, rewards and end, with pictures that differ only in shading."""
+    r = side(str(ROOT / "scripts" / "lerobot06" / "metaworld_side.py"), "lean", "--tasks", "reach-v3")
+    lines = [line for line in r.stdout.splitlines() if line.startswith(("PASS", "FAIL"))]
+    assert r.returncode == 0 and len(lines) == 5 and all(line.startswith("PASS") for line in lines), r.stdout + r.stderr
