@@ -181,7 +181,7 @@ def demos(tasks: list[str], episodes: int, size: tuple[int, int], out: Path, sto
                     continue
                 if max(f.max() for f in frames) == 0:  # a lost GL context renders zeros, silently
                     print(f"FAIL Meta-World demos: {task} seed {seed}: every frame is black (the renderer's GL context)")
-                    return 1
+                    raise SystemExit(1)  # an exception: the writer leaves no finished (readable) dataset behind
                 writer.add_episode(Episode(states, actions, task_index), {"observation.image": np.stack(frames)})
                 written.append(n)
             env.close()
