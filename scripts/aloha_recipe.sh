@@ -344,7 +344,8 @@ $PY -m dit4dit_npu.train --config "$CONFIG" "${OVERRIDES[@]}" trainer.resume=aut
     trainer.keep_last_checkpoints=3  # every checkpoint of the curve
 t_train=$SECONDS
 RUN_DIR="$(run_dir "${OVERRIDES[@]}")"
-stage "closed-loop eval of every checkpoint of $RUN_DIR on seeds 0-$((EPISODES - 1))"
+stage "closed-loop eval of every checkpoint of $RUN_DIR on seeds 0-$((EPISODES - 1))$(
+    [ -z "${INTERMEDIATE_EPISODES+x}" ] || echo " (all but the last on seeds 0-$((INTERMEDIATE_EPISODES - 1)))")"
 CURVE=(--run "$RUN_DIR" --task "$TASK" --episodes "$EPISODES" --seed 0 --max-steps "$EPISODE_STEPS" --workers "$WORKERS")
 if [ -n "${TRAIN_MINUTES+x}" ]; then CURVE+=(--x time); fi  # its checkpoints are spaced in training time
 if [ -n "${INTERMEDIATE_EPISODES+x}" ]; then CURVE+=(--intermediate-episodes "$INTERMEDIATE_EPISODES"); fi

@@ -88,6 +88,11 @@ else
     TRAIN_SEEDS="${TRAIN_SEEDS:-42 43}" EPISODE_STEPS=400
     positive DEMOS
     positive EPISODES
+    # the recipe's own bound, said here before the data preparation (and not as a complaint about
+    # INTERMEDIATE_EPISODES, which defaults to EPISODES): eval seeds 0..EPISODES-1 < 2**32
+    if [ "${#EPISODES}" -gt 10 ] || [ "$EPISODES" -gt 4294967296 ]; then
+        refuse "EPISODES=$EPISODES: expected at most 2**32 (eval seeds 0..EPISODES-1 < 2**32, the simulator's range)"
+    fi
     INTERMEDIATE_EPISODES="${INTERMEDIATE_EPISODES:-$EPISODES}"
     positive INTERMEDIATE_EPISODES
     if [ "${#INTERMEDIATE_EPISODES}" -gt 10 ] || [ "$INTERMEDIATE_EPISODES" -gt "$EPISODES" ]; then

@@ -41,6 +41,9 @@ def equal_time(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedPr
     ({"DEMOS": "0"}, [], "error: DEMOS=0: expected a positive integer"),
     ({"EPISODES": "-1"}, [], "error: EPISODES=-1: expected a positive integer"),
     ({"SMOKE": "1", "EPISODES": "5"}, [], "error: EPISODES=5: SMOKE=1 sets its own"),
+    # an 11-digit EPISODES was refused as INTERMEDIATE_EPISODES (its default), one of 5e9 after the data preparation
+    ({"EPISODES": "99999999999"}, [], "error: EPISODES=99999999999: expected at most 2**32"),
+    ({"EPISODES": "5000000000"}, [], "error: EPISODES=5000000000: expected at most 2**32"),
     ({"INTERMEDIATE_EPISODES": "x"}, [], "error: INTERMEDIATE_EPISODES=x: expected a positive integer"),
     ({"INTERMEDIATE_EPISODES": "101"}, [], "error: INTERMEDIATE_EPISODES=101: expected at most EPISODES=100"),
     ({"SMOKE": "1", "INTERMEDIATE_EPISODES": "5"}, [], "error: INTERMEDIATE_EPISODES=5: SMOKE=1 sets its own"),

@@ -102,3 +102,13 @@ def test_intermediate_episodes_out_of_range_is_one_line(tmp_path: Path, capsys, 
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"--intermediate-episodes: expected 1..4 (at most --episodes), got {m}" in err[0], err
     assert not (tmp_path / "c.png").exists()
+
+
+def test_intermediate_episodes_with_smoke_is_refused_not_ignored(tmp_path: Path, capsys) -> None:
+    """--smoke sets its own one episode per checkpoint: an --intermediate-episodes beside it was
+    accepted and dropped (and the smoke went on to evaluate)."""
+    a = fake_run(tmp_path, "a", {1: (1.0, 1)})
+    assert main(["--run", str(a), "--smoke", "--intermediate-episodes", "2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--intermediate-episodes: --smoke evaluates one episode per checkpoint" in err[0], err
+    assert not (a / "sim_curve" / "smoke.png").exists()

@@ -117,7 +117,8 @@ def success_curve_main(argv: list[str] | None = None) -> int:
     p.add_argument("--task", default="transfer_cube", help="the scene the run was trained on (default: %(default)s)")
     p.add_argument("--episodes", type=int, default=50, help="episodes per checkpoint (default: %(default)s)")
     p.add_argument("--intermediate-episodes", type=int, default=None, metavar="M",
-                   help="episodes for each checkpoint before a run's last (at most --episodes; default: --episodes)")
+                   help="episodes for each checkpoint before a run's last (at most --episodes; default: --episodes; "
+                        "not with --smoke)")
     p.add_argument("--seed", type=int, default=0, help="first evaluation seed")
     p.add_argument("--replan", type=int, default=None, help="actions executed per query (default: whole chunk)")
     p.add_argument("--workers", type=int, default=1, help="parallel eval processes (default: %(default)s)")
@@ -137,11 +138,13 @@ def success_curve_main(argv: list[str] | None = None) -> int:
             raise DiT4DiTError(f"--{name.replace('_', '-')}: expected a positive integer, got {getattr(a, name)}")
     if a.label is not None and len(a.label) != len(a.run):
         raise DiT4DiTError(f"--label: given {len(a.label)} time(s) for {len(a.run)} --run; give one per run, or none")
+    if a.smoke and a.intermediate_episodes is not None:  # the smoke sets its own episodes: refused, not ignored
+        raise DiT4DiTError("--intermediate-episodes: --smoke evaluates one episode per checkpoint; give one or the other")
     if a.intermediate_episodes is not None and not 1 <= a.intermediate_episodes <= a.episodes:
         raise DiT4DiTError(f"--intermediate-episodes: expected 1..{a.episodes} (at most --episodes), "
                            f"got {a.intermediate_episodes}")
     if a.smoke:
-        a.episodes, a.intermediate_episodes, a.max_steps, a.out = 1, None, 16, a.run[0] / "sim_curve" / "smoke.png"
+        a.episodes, a.max_steps, a.out = 1, 16, a.run[0] / "sim_curve" / "smoke.png"
     check_seed_range(a.seed, a.episodes)  # every checkpoint's episodes, before the first one runs
     return success_curve.curve(a)
 
