@@ -20,7 +20,8 @@
 #   `lerobot-eval --policy.path=<that policy folder> --env.type=metaworld` for 1 episode, and the same
 #     in the lean env (lerobot_plugin/env: --env.type=metaworld_lean, lerobot's env rendering 128x128
 #     without shadows or multisampling), which is first checked against the stock env (metaworld_side.py
-#     lean: registered by lerobot's discovery, sized through lerobot's create_envs, the same states,
+#     lean: registered by lerobot's discovery, lerobot's own vector envs (async: its lazy wrapper),
+#     sized through lerobot's create_envs, the same states,
 #     rewards and end under the same actions, pictures that differ only in shading).
 # Usage: bash scripts/lerobot_check.sh [--build-only]
 #   LEROBOT06_DIR=...   the side venv's folder (default .lerobot06/)

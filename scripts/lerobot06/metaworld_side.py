@@ -31,7 +31,6 @@ from pathlib import Path
 
 import numpy as np
 from lerobot.envs.metaworld import DIFFICULTY_TO_TASKS, TASK_DESCRIPTIONS, MetaworldEnv
-from lerobot_env_metaworld_lean import LeanMetaworldEnv
 from PIL import Image
 
 MAX_STEPS = 500  # MetaworldEnv._max_episode_steps: the metaworld env's own max_path_length
@@ -46,7 +45,9 @@ def make(task: str, lean_size: int | None = None) -> MetaworldEnv:
     task of a ``demos`` run was all zeros)."""
     if lean_size is None:
         env = MetaworldEnv(task=task, obs_type="pixels_agent_pos")
-    else:
+    else:  # imported here, not at the top: `lean` checks that lerobot's plugin discovery imports it
+        from lerobot_env_metaworld_lean import LeanMetaworldEnv
+
         env = LeanMetaworldEnv(task, image_size=lean_size, obs_type="pixels_agent_pos")
     env.reset(seed=0)  # builds the metaworld env lerobot's way (camera position, seeded resets)
     return env
@@ -196,9 +197,33 @@ def demos(tasks: list[str], episodes: int, size: tuple[int, int], out: Path, sto
     return 0
 
 
+def same_vector_envs(cls: type, task: str) -> tuple[bool, str]:
+    """The lean config's ``create_envs`` against lerobot's Meta-World config's, for a difficulty group
+    and a task, sync and async, 1 and 2 envs: the same groups, task indices, vector classes (async:
+    lerobot's lazy wrapper, which starts one task's workers at a time and freezes a finished sub-env)
+    and sizes. Nothing is stepped: the lazy wrapper makes no worker until its first reset."""
+    from lerobot.envs.configs import MetaworldEnv as StockConfig
+
+    def layout(envs: dict) -> dict:
+        return {g: {i: (type(v).__name__, v.num_envs) for i, v in d.items()} for g, d in envs.items()}
+
+    spec = f"easy,{task}"
+    for n_envs, use_async in ((1, True), (2, False), (2, True)):
+        stock = layout(StockConfig(task=spec).create_envs(n_envs, use_async))
+        lean = layout(cls(task=spec).create_envs(n_envs, use_async))
+        if lean != stock:
+            return False, (f"--env.task={spec}, {n_envs} env(s), async={use_async}: the lean config built "
+                           f"{lean}, lerobot's Meta-World config {stock}")
+    kinds = sorted({k for d in lean.values() for k, _ in d.values()})  # the last layout's: 2 envs, async
+    return True, (f"--env.task={spec} through create_envs (1 and 2 envs, sync and async): the groups, task indices and "
+                  f"vector classes of lerobot's Meta-World config ({len(lean['easy'])} easy tasks; 2 async envs: "
+                  f"{', '.join(kinds)})")
+
+
 def lean(task: str, seed: int = 3) -> int:
-    """The lean env against lerobot's stock one: registered by lerobot's plugin discovery, built by
-    its config as lerobot-eval builds it, and different only in the picture: the same seed and the
+    """The lean env against lerobot's stock one: registered by lerobot's plugin discovery, its vector
+    envs built as lerobot's Meta-World config builds them, sized by its config as lerobot-eval builds
+    it, and different only in the picture: the same seed and the
     same (expert) actions give the same states, rewards and success in both."""
     from lerobot.envs.configs import EnvConfig
     from lerobot.utils.import_utils import register_third_party_plugins
@@ -210,11 +235,14 @@ def lean(task: str, seed: int = 3) -> int:
         print(("PASS " if ok else "FAIL ") + line)
         fails += not ok
 
+    before = "lerobot_env_metaworld_lean" in sys.modules  # imported already, the check below would prove nothing
     register_third_party_plugins()
     cls = EnvConfig.get_choice_class("metaworld_lean") if "metaworld_lean" in EnvConfig.get_known_choices() else None
-    say(cls is not None, "lerobot's plugin discovery registers --env.type=metaworld_lean")
+    say(cls is not None and not before, "lerobot's plugin discovery registers --env.type=metaworld_lean"
+                                        + (" (FAIL: imported before the discovery ran)" if before else ""))
     if cls is None:
         return fails
+    say(*same_vector_envs(cls, task))
     cfg = cls(task=task, image_size=96)
     vec = cfg.create_envs(n_envs=1)[task][0]
     obs, _ = vec.reset(seed=[1000])

@@ -15,10 +15,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from lerobot.envs.configs import EnvConfig
+import gymnasium as gym
+
+# lerobot's private helpers (_make_vec_env_cls, _LazyAsyncVectorEnv): the vector envs lerobot's own
+# Meta-World config builds, so this one builds the same (the dependency pins lerobot 0.6)
+from lerobot.envs.configs import EnvConfig, _make_vec_env_cls
 from lerobot.envs.configs import MetaworldEnv as StockConfig
 from lerobot.envs.metaworld import DIFFICULTY_TO_TASKS
 from lerobot.envs.metaworld import MetaworldEnv as StockEnv
+from lerobot.envs.utils import _LazyAsyncVectorEnv
 
 
 class LeanMetaworldEnv(StockEnv):
@@ -72,20 +77,31 @@ class MetaworldLeanConfig(StockConfig):
         return {**super().gym_kwargs, "image_size": self.image_size, "shadows": self.shadows, "antialias": self.antialias}
 
     def create_envs(self, n_envs: int, use_async_envs: bool = False) -> dict[str, dict[int, Any]]:
-        """{group: {task index: a vector env of ``n_envs`` copies}}, as lerobot's Meta-World config
-        returns, of this env."""
-        import gymnasium as gym
-
-        if not self.task:
-            raise ValueError("--env.task: expected a Meta-World task, difficulty group, or comma-separated list")
-        vector = gym.vector.AsyncVectorEnv if use_async_envs and n_envs > 1 else gym.vector.SyncVectorEnv
+        """{group: {task index: a vector env of ``n_envs`` copies}}, built as lerobot's own
+        ``create_metaworld_envs`` builds them, of this env. That function names lerobot's env class
+        inside it (no way to hand it another), so its loop is repeated here, vector classes included:
+        lerobot-eval's default is async (``--eval.use_async_envs=true``, ``batch_size`` > 1), and
+        there lerobot's lazy wrapper starts one task's worker processes at a time (forkserver, not
+        all the groups' tasks x n_envs at once) and freezes a sub-env whose episode ended, so it is
+        not stepped and rendered again while the rest of its batch finishes."""
+        groups = [t.strip() for t in (self.task or "").split(",") if t.strip()]
+        if not groups:
+            raise ValueError(f"--env.task: expected a Meta-World task, difficulty group, or comma-separated list, "
+                             f"got {self.task!r}")
+        env_cls = _make_vec_env_cls(use_async_envs, n_envs)
+        kwargs = self.gym_kwargs  # a dict, not the config, goes into each factory (pickled to async workers)
+        spaces = None  # (observation space, action space, metadata) of the first env, as lerobot caches them
         out: dict[str, dict[int, Any]] = {}
-        for group in [t.strip() for t in self.task.split(",") if t.strip()]:
-            tasks = DIFFICULTY_TO_TASKS.get(group, [group])
-            out[group] = {
-                i: vector([lambda name=name: LeanMetaworldEnv(name, **self.gym_kwargs) for _ in range(n_envs)])
-                for i, name in enumerate(tasks)
-            }
+        for group in groups:
+            out[group] = {}
+            for i, name in enumerate(DIFFICULTY_TO_TASKS.get(group, [group])):
+                fns = [lambda name=name: LeanMetaworldEnv(name, **kwargs) for _ in range(n_envs)]
+                if env_cls is gym.vector.AsyncVectorEnv:
+                    lazy = _LazyAsyncVectorEnv(fns, *(spaces or (None, None, None)))
+                    spaces = spaces or (lazy.observation_space, lazy.action_space, lazy.metadata)
+                    out[group][i] = lazy
+                else:
+                    out[group][i] = env_cls(fns)
         return out
 
 
