@@ -112,3 +112,17 @@ def test_intermediate_episodes_with_smoke_is_refused_not_ignored(tmp_path: Path,
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--intermediate-episodes: --smoke evaluates one episode per checkpoint" in err[0], err
     assert not (a / "sim_curve" / "smoke.png").exists()
+
+
+@pytest.mark.parametrize(("clocks", "axis"), [
+    ({"wall"}, "training wall time"),
+    ({"process_cpu"}, "training CPU time (one thread)"),
+    ({None}, "training time (each run's budget clock)"),  # checkpoints from before the clock was recorded
+    ({"wall", "process_cpu"}, "training time (each run's budget clock)"),
+])
+def test_the_time_axis_names_the_clock_the_checkpoints_record(clocks: set, axis: str) -> None:
+    """A budget counted in CPU time (trainer.train_time_clock=process_cpu, for a shared host) was
+    plotted as 'training wall time'."""
+    from dit4dit_npu.train.success_curve import time_axis
+
+    assert time_axis(clocks) == axis

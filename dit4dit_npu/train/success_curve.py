@@ -3,7 +3,7 @@
     python -m dit4dit_npu.train.success_curve --run runs/aloha_recipe [--task transfer_cube] [--episodes 50] [--seed 0] \
         [--replan K] [--workers W] [--out docs/aloha_success_vs_steps.png]   (console script dit4dit-sim-success-curve)
     python -m dit4dit_npu.train.success_curve --run RUN_A --run RUN_B [--label A --label B] --x time \
-        --out curve.png --table curve.md   # several runs on one figure, against training wall time
+        --out curve.png --table curve.md   # several runs on one figure, against training time
 
 Evaluates every saved checkpoint of the run (``checkpoints/step_*/policy``) with
 ``python -m dit4dit_npu.sim.eval`` (in this process) on seeds S..S+N-1 (results kept in ``RUN/sim_curve/step_N/``:
@@ -12,7 +12,9 @@ a rerun evaluates only what is missing), reads ``val/action_mse`` at the same st
 Prints one row per checkpoint; the last line is the last checkpoint's ``success k/N = p% (95%
 Wilson CI)`` (several runs: one such line per run, prefixed by its label, the last run's last).
 ``--x time`` puts each checkpoint at the training seconds it records (``trainer.max_train_time_s``'s
-count: start-up, data and cache building, evaluations and saves excluded), in minutes; a checkpoint
+count: start-up, data and cache building, evaluations and saves excluded), in minutes of the clock
+the checkpoints record (``trainer.train_time_clock``: wall, or the process's CPU time; the axis
+says which, or that they do not say); a checkpoint
 that does not record them is refused, before any evaluation.
 
     python bench/sim_replay.py --smoke && \
@@ -59,7 +61,17 @@ def evaluate(policy: Path, out: Path, episodes: int, a: argparse.Namespace) -> d
     return json.loads((out / "results.json").read_text())["summary"]
 
 
-def plot(curves: list[tuple[str, list[dict]]], out: Path, title: str, x: str) -> None:
+def time_axis(clocks: set) -> str:
+    """What --x time's minutes are, from the clocks the checkpoints record (trainer.train_time_clock:
+    wall, or process_cpu on a shared host); a checkpoint that predates the record says nothing."""
+    if clocks == {"wall"}:
+        return "training wall time"
+    if clocks == {"process_cpu"}:
+        return "training CPU time (one thread)"
+    return "training time (each run's budget clock)"
+
+
+def plot(curves: list[tuple[str, list[dict]]], out: Path, title: str, x: str, axis: str = "") -> None:
     """Success (with its 95% Wilson interval) of every run on one axis, the held-out error of each
     on a second one, in the run's colour; x: the training step, or training minutes."""
     import matplotlib
@@ -84,7 +96,7 @@ def plot(curves: list[tuple[str, list[dict]]], out: Path, title: str, x: str) ->
             ax2 = ax2 or ax.twinx()
             ax2.plot(*zip(*mse), "s--", color=color if several else "tab:red", alpha=0.6 if several else 1.0,
                      label=f"{label}: held-out MSE" if several else "held-out action MSE (open loop)")
-    ax.set_xlabel("training step" if x == "step" else "training wall time (min; start-up, caches, evals and saves excluded)")
+    ax.set_xlabel("training step" if x == "step" else f"{axis} (min; start-up, caches, evals and saves excluded)")
     ax.set_ylabel("success rate (%)" + (" (95% Wilson CI)" if several else ""), color="black" if several else "tab:blue")
     ax.set_ylim(0, 100)
     ax.grid(alpha=0.3)
@@ -109,10 +121,17 @@ def _x(row: dict, x: str) -> float:
 def train_seconds(policy: Path) -> float:
     """The training seconds the checkpoint of ``policy`` records (``trainer.max_train_time_s``'s
     count: train/budget.py)."""
+    return float(train_time(policy)[0])
+
+
+def train_time(policy: Path) -> tuple[float, str | None]:
+    """(seconds, clock) the checkpoint of ``policy`` records: the budget's count and its clock
+    (``trainer.train_time_clock``; None from a version that did not record it)."""
     from dit4dit_npu.train.checkpoint import read_trainer_state
 
     try:
-        seconds = read_trainer_state(policy.parent).get("train_time_s")
+        state = read_trainer_state(policy.parent)
+        seconds = state.get("train_time_s")
     except Exception as e:  # a missing or damaged trainer_state.pt: pickle and torch raise many types
         raise DiT4DiTError(f"--x time: cannot read {policy.parent / 'trainer_state.pt'} ({type(e).__name__})") from None
     if seconds is None:
@@ -120,7 +139,7 @@ def train_seconds(policy: Path) -> float:
             f"--x time: {policy.parent} does not record its training time (a checkpoint of an older version, or "
             "of a run resumed from one); plot it with --x step"
         )
-    return float(seconds)
+    return float(seconds), state.get("train_time_clock")
 
 
 def write_table(curves: list[tuple[str, list[dict]]], out: Path) -> None:
@@ -174,21 +193,21 @@ def curve(a: argparse.Namespace) -> int:
     (train/ops_cli.py's ``success_curve_main``)."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     labels = a.label or [r.name for r in a.run]
+    clocks = set()
     for run in a.run:  # every run's checkpoints, and with --x time their training seconds, before any eval
         ckpts = sorted((run / "checkpoints").glob("step_*/policy"))
         if not ckpts:
             raise DiT4DiTError(f"--run: no checkpoints/step_*/policy under {run}")
         if a.x == "time":
-            for policy in ckpts:
-                train_seconds(policy)
+            clocks |= {train_time(policy)[1] for policy in ckpts}
     curves = [(label, run_curve(run, label, a)) for run, label in zip(a.run, labels)]
     seeds = f"seeds {a.seed}-{a.seed + a.episodes - 1}"
     if intermediate_episodes(a) != a.episodes:
         seeds += f" (earlier checkpoints {a.seed}-{a.seed + intermediate_episodes(a) - 1})"
     title = (f"{labels[0]}: ALOHA {a.task.replace('_', ' ')}, {seeds}" if len(curves) == 1
              else f"ALOHA {a.task.replace('_', ' ')}, {seeds}, success against training "
-                  f"{'step' if a.x == 'step' else 'wall time'}")
-    plot(curves, a.out, title, a.x)
+                  f"{'step' if a.x == 'step' else time_axis(clocks).removeprefix('training ')}")
+    plot(curves, a.out, title, a.x, time_axis(clocks))
     print(f"plot -> {a.out}")
     if a.table is not None:
         write_table(curves, a.table)
