@@ -128,6 +128,26 @@ run_check "Meta-World cost" "$WORK/logs/metaworld_cost.log" "$LR/python" "$HERE/
 # --- the lean env (--env.type=metaworld_lean): registered, sized, and the stock env's physics ---------
 run_check "the lean Meta-World env" "$WORK/logs/metaworld_lean.log" "$LR/python" "$HERE/metaworld_side.py" lean --tasks "$TASK"
 
+# eval_check ENV_TYPE NAME [ARGS...]: lerobot-eval of $POLICY for one episode of $TASK in ENV_TYPE
+# (output and log named NAME), one PASS line with its time, success and reward, or one FAIL line.
+# A policy of 2 steps on one demo drives the hand beyond the demo's state range, which the policy
+# refuses by default (StateOutOfRangeError): the smoke acts on it, with a warning. lerobot-eval has
+# no episode-length flag: an episode is 500 steps unless it succeeds.
+eval_check() {
+  local env_type="$1" name="$2" start info
+  shift 2
+  start=$(date +%s)
+  run_check "lerobot-eval ($env_type)" "$WORK/logs/$name.log" "$LR/lerobot-eval" --policy.path="$POLICY" \
+    --env.type="$env_type" --env.task="$TASK" "$@" --eval.n_episodes=1 --eval.batch_size=1 --policy.device=cpu \
+    --policy.allow_out_of_range=true --output_dir="$WORK/$name" || return 0
+  info="$WORK/$name/eval_info.json"
+  if [ -f "$info" ]; then
+    say "PASS lerobot-eval --policy.path=<our policy folder> --env.type=$env_type --env.task=$TASK: 1 episode in $(( $(date +%s) - start )) s, $("$LR/python" -c "import json, sys; o = json.load(open(sys.argv[1]))['overall']; print(f\"success {o['pc_success']:.0f}%, sum reward {o['avg_sum_reward']:.1f}\")" "$info" 2>&1)"
+  else
+    say "FAIL lerobot-eval ($env_type) wrote no eval_info.json (log: $WORK/logs/$name.log)"
+  fi
+}
+
 # --- the Meta-World smoke: 1 expert demo -> 2 training steps -> lerobot's plugin check + lerobot-eval
 if run_check "Meta-World demos" "$WORK/logs/demos.log" "$LR/python" "$HERE/metaworld_side.py" demos \
   --tasks "$TASK" --episodes 1 --size 128x128 --out "$WORK/data/reach_128"; then
@@ -140,32 +160,8 @@ if run_check "Meta-World demos" "$WORK/logs/demos.log" "$LR/python" "$HERE/metaw
     if run_check "dit4dit-lerobot-prepare" "$WORK/logs/prepare.log" "$LR/dit4dit-lerobot-prepare" --policy "$POLICY"; then
       say "PASS dit4dit-lerobot-prepare: $(tail -1 "$WORK/logs/prepare.log" | cut -d: -f1)"
       run_check "plugin" "$WORK/logs/plugin.log" "$LR/python" "$HERE/plugin_side.py" "$POLICY"
-      # A policy of 2 steps on one demo drives the hand beyond the demo's state range, which the
-      # policy refuses by default (StateOutOfRangeError): the smoke acts on it, with a warning.
-      # lerobot-eval has no episode-length flag: an episode is 500 steps unless it succeeds.
-      start=$(date +%s)
-      if run_check "lerobot-eval" "$WORK/logs/lerobot_eval.log" "$LR/lerobot-eval" --policy.path="$POLICY" \
-        --env.type=metaworld --env.task="$TASK" --eval.n_episodes=1 --eval.batch_size=1 --policy.device=cpu --policy.allow_out_of_range=true \
-        --output_dir="$WORK/lerobot_eval"; then
-        info="$WORK/lerobot_eval/eval_info.json"
-        if [ -f "$info" ]; then
-          say "PASS lerobot-eval --policy.path=<our policy folder> --env.type=metaworld --env.task=$TASK: 1 episode in $(( $(date +%s) - start )) s, $("$LR/python" -c "import json, sys; o = json.load(open(sys.argv[1]))['overall']; print(f\"success {o['pc_success']:.0f}%, sum reward {o['avg_sum_reward']:.1f}\")" "$info" 2>&1)"
-        else
-          say "FAIL lerobot-eval wrote no eval_info.json (log: $WORK/logs/lerobot_eval.log)"
-        fi
-      fi
-      # the same episode in the lean env (what the demos above were recorded in)
-      start=$(date +%s)
-      if run_check "lerobot-eval (lean)" "$WORK/logs/lerobot_eval_lean.log" "$LR/lerobot-eval" --policy.path="$POLICY" \
-        --env.type=metaworld_lean --env.task="$TASK" --env.image_size=128 --eval.n_episodes=1 --eval.batch_size=1 \
-        --policy.device=cpu --policy.allow_out_of_range=true --output_dir="$WORK/lerobot_eval_lean"; then
-        info="$WORK/lerobot_eval_lean/eval_info.json"
-        if [ -f "$info" ]; then
-          say "PASS lerobot-eval --policy.path=<our policy folder> --env.type=metaworld_lean --env.task=$TASK: 1 episode in $(( $(date +%s) - start )) s, $("$LR/python" -c "import json, sys; o = json.load(open(sys.argv[1]))['overall']; print(f\"success {o['pc_success']:.0f}%, sum reward {o['avg_sum_reward']:.1f}\")" "$info" 2>&1)"
-        else
-          say "FAIL lerobot-eval (lean) wrote no eval_info.json (log: $WORK/logs/lerobot_eval_lean.log)"
-        fi
-      fi
+      eval_check metaworld lerobot_eval
+      eval_check metaworld_lean lerobot_eval_lean --env.image_size=128  # the env the demos above were recorded in
     fi
   else
     say "FAIL our training on the Meta-World demo ($(tail -1 "$WORK/logs/train.log"))"
