@@ -23,7 +23,7 @@
 #     lean: registered by lerobot's discovery, lerobot's own vector envs (async: its lazy wrapper),
 #     sized through lerobot's create_envs, the same states,
 #     rewards and end under the same actions, pictures that differ only in shading).
-# Usage: bash scripts/lerobot_check.sh [--build-only]
+# Usage: bash scripts/lerobot_check.sh [--build-only]   (--build-only: build the side venv, install the plugins)
 #   LEROBOT06_DIR=...   the side venv's folder (default .lerobot06/)
 #   PYTHON312=...       the Python >= 3.12 to build it on (default: the first found)
 #   PROJECT_PYTHON=...  this project's interpreter (default .venv/bin/python), which trains the
@@ -104,7 +104,6 @@ PKG="$(cd / && "$PY" -c 'import os, dit4dit_npu; print(os.path.dirname(os.path.d
 [ "$PKG" = "$(pwd -P)" ] || { echo "FAIL setup: $PY imports dit4dit_npu from $PKG, not this checkout $(pwd -P) (run with PYTHONPATH=$ROOT:$ROOT/client)"; exit 1; }
 [ -n "$BASE_PY" ] || { echo "FAIL setup: no Python >= 3.12 found (lerobot 0.6.1 needs it): set PYTHON312 to one"; exit 1; }
 build || { echo "FAIL setup: cannot build the lerobot 0.6.1 side venv in $SIDE/venv"; exit 1; }
-[ "${1:-}" = "--build-only" ] && exit 0
 LR="$SIDE/venv/bin"
 # the plugins (the policy, and the lean Meta-World env): reinstalled every run (wheels, not editable:
 # lerobot finds plugins by their distribution's name, and a non-editable copy checks what a user's
@@ -116,6 +115,8 @@ LR="$SIDE/venv/bin"
 # would check that one's code and pass); asked from outside the checkout.
 PKG="$(cd / && "$LR/python" -c 'import os, dit4dit_npu; print(os.path.dirname(os.path.dirname(os.path.realpath(dit4dit_npu.__file__))))' 2>&1)"
 [ "$PKG" = "$(pwd -P)" ] || { echo "FAIL setup: $LR/python imports dit4dit_npu from $PKG, not this checkout $(pwd -P)"; exit 1; }
+# --build-only: the side venv with this checkout's plugins, nothing checked (scripts/metaworld_recipe.sh)
+[ "${1:-}" = "--build-only" ] && exit 0
 echo "[lerobot06] lerobot $("$LR/python" -c 'import lerobot; print(lerobot.__version__)' 2>/dev/null), torch $("$LR/python" -c 'import torch; print(torch.__version__)' 2>/dev/null), venv $(du -sh "$SIDE/venv" | cut -f1), work folder $WORK" >&2
 
 rm -rf "$WORK" && mkdir -p "$WORK/logs" "$WORK/data"

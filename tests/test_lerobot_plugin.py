@@ -45,7 +45,7 @@ def test_lerobot_opens_a_prepared_policy_folder_and_runs_its_chunks(tmp_path: Pa
 
     r = side(str(ROOT / "scripts" / "lerobot06" / "plugin_side.py"), str(policy))
     lines = [line for line in r.stdout.splitlines() if line.startswith(("PASS", "FAIL"))]
-    assert r.returncode == 0 and len(lines) == 7 and all(line.startswith("PASS") for line in lines), r.stdout + r.stderr
+    assert r.returncode == 0 and len(lines) == 9 and all(line.startswith("PASS") for line in lines), r.stdout + r.stderr
 
 
 def test_a_folder_that_is_not_a_policy_is_one_line_and_nothing_is_written(tmp_path: Path) -> None:

@@ -36,11 +36,17 @@ class DiT4DiTConfig(PreTrainedConfig):
     allow_out_of_range: bool = False
     # The instruction when the environment gives none (lerobot sends an empty "task" then).
     instruction: str | None = None
+    # true: `instruction` replaces the environment's task text on every observation, given or not.
+    # A language test: one task's scene with another task's instruction (both must be in the
+    # policy's prompt cache, or its text encoder must be at hand).
+    replace_instruction: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.n_action_steps is not None and self.n_action_steps < 1:
             raise LeRobotPluginError(f"policy.n_action_steps: got {self.n_action_steps}, expected >= 1 (or null: the whole chunk)")
+        if self.replace_instruction and not self.instruction:
+            raise LeRobotPluginError("policy.replace_instruction=true needs --policy.instruction='<the instruction to give instead>'")
 
     # Evaluation only: lerobot-train would need these, and training is dit4dit-npu's own.
     @property

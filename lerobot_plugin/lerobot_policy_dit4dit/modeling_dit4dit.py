@@ -68,7 +68,7 @@ class DiT4DiTPolicy(PreTrainedPolicy):
     @torch.no_grad()
     def predict_action_chunk(self, batch: dict[str, Tensor], **kwargs: Any) -> Tensor:
         """(B, chunk_length, action_dim) robot-unit actions: one ``predict_action`` call."""
-        obs = observation(batch, self.native.camera_keys, self.config.instruction)
+        obs = observation(batch, self.native.camera_keys, self.config.instruction, self.config.replace_instruction)
         actions = self.native.predict_action(obs, allow_out_of_range=self.config.allow_out_of_range)
         return torch.from_numpy(actions).float().to(self.native.device)
 

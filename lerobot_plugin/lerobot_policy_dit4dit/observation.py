@@ -35,8 +35,11 @@ def to_uint8_hwc(key: str, images: torch.Tensor) -> np.ndarray:
     return (images.float().clamp(0, 1) * 255).round().to(torch.uint8).permute(0, 2, 3, 1).cpu().numpy()
 
 
-def instructions(batch: dict[str, Any], rows: int, fallback: str | None) -> list[str]:
-    """One instruction per row: the environment's task text, or the config's ``instruction``."""
+def instructions(batch: dict[str, Any], rows: int, fallback: str | None, replace: bool = False) -> list[str]:
+    """One instruction per row: the environment's task text, or the config's ``instruction`` where
+    that is empty (``replace``: everywhere)."""
+    if replace and fallback:
+        return [fallback] * rows
     tasks = batch.get(TASK_KEY)
     if isinstance(tasks, str):
         tasks = [tasks] * rows
@@ -51,7 +54,8 @@ def instructions(batch: dict[str, Any], rows: int, fallback: str | None) -> list
     return texts
 
 
-def observation(batch: dict[str, Any], camera_keys: Sequence[str], fallback: str | None) -> dict[str, Any]:
+def observation(batch: dict[str, Any], camera_keys: Sequence[str], fallback: str | None,
+                replace: bool = False) -> dict[str, Any]:
     """The policy's observation dict (batched) from lerobot's ``batch``."""
     images = {k: v for k, v in batch.items() if k.startswith("observation.image")}
     missing = [k for k in camera_keys if k not in images]
@@ -71,4 +75,4 @@ def observation(batch: dict[str, Any], camera_keys: Sequence[str], fallback: str
     if state.ndim == 1:
         state = state[None]
     rows = len(next(iter(views.values())))
-    return {**views, "state": state, "instruction": instructions(batch, rows, fallback)}
+    return {**views, "state": state, "instruction": instructions(batch, rows, fallback, replace)}

@@ -2,6 +2,9 @@
 
     python metaworld_side.py cost --tasks reach-v3,push-v3 --episodes 3 [--size 480x480,128x128]
     python metaworld_side.py demos --tasks easy --episodes 10 --size 128x128 --out DIR [--stock]
+    python metaworld_side.py lean --tasks reach-v3
+    python metaworld_side.py score OUT/eval_info.json [...]
+    python metaworld_side.py tasks --tasks easy
 
 ``--tasks``: comma-separated Meta-World task names (lerobot's, e.g. reach-v3) or lerobot's
 difficulty groups (easy, medium, hard, very_hard), as ``lerobot-eval --env.task`` takes them.
@@ -14,7 +17,10 @@ LeRobot v3.0 dataset written by dit4dit-npu's writer, each episode with its task
 description as instruction, observations exactly as lerobot-eval gives a policy in the lean env at
 ``--size`` (its camera, flipped as lerobot flips it; ``agent_pos``, the first 4 numbers of the raw
 observation); ``--stock``: rendered by lerobot's stock env at 480x480 with shadows and resized
-(what ``--env.type=metaworld`` shows a policy, resized).
+(what ``--env.type=metaworld`` shows a policy, resized). ``lean``: the lean env checked against
+the stock one. ``score``: the success per task of lerobot-eval runs, from their eval_info.json,
+with 95% Wilson intervals, and the average over the tasks. ``tasks``: each task of ``--tasks``
+(groups expanded), one line each: its name and its lerobot description.
 
 The expert reads the raw 39-d observation, which lerobot's env does not return: the episode steps
 lerobot's underlying metaworld env (``env._env``, built and seeded by lerobot's own code) and
@@ -197,6 +203,35 @@ def demos(tasks: list[str], episodes: int, size: tuple[int, int], out: Path, sto
     return 0
 
 
+def score(infos: list[Path]) -> int:
+    """Per-task success of lerobot-eval runs (their eval_info.json), with Wilson intervals, and the
+    average over the tasks: lerobot's own record of each episode, nothing re-judged here."""
+    import json
+
+    from dit4dit_npu.sim.success_rate import format_rate
+
+    per_task: dict[str, list[bool]] = {}
+    for path in infos:
+        try:
+            for entry in json.loads(path.read_text())["per_task"]:
+                group, tid = entry["task_group"], entry["task_id"]
+                task = DIFFICULTY_TO_TASKS[group][tid].replace("metaworld-", "") if group in DIFFICULTY_TO_TASKS else group
+                per_task.setdefault(task, []).extend(bool(x) for x in entry["metrics"]["successes"])
+        except (OSError, ValueError, KeyError, IndexError, TypeError) as e:
+            print(f"FAIL score: {path}: expected lerobot-eval's eval_info.json, its per_task list with each task's "
+                  f"successes ({type(e).__name__}: {e})")
+            return 1
+    if not per_task:
+        print(f"FAIL score: no task in {[str(p) for p in infos]}")
+        return 1
+    for task, successes in per_task.items():
+        print(f"{task}: success {format_rate(sum(successes), len(successes))}")
+    rates = [sum(v) / len(v) for v in per_task.values()]
+    ok, n = sum(sum(v) for v in per_task.values()), sum(len(v) for v in per_task.values())
+    print(f"average over {len(per_task)} task(s): {100 * sum(rates) / len(rates):.1f}% (all episodes: {format_rate(ok, n)})")
+    return 0
+
+
 def same_vector_envs(cls: type, task: str) -> tuple[bool, str]:
     """The lean config's ``create_envs`` against lerobot's Meta-World config's, for a difficulty group
     and a task, sync and async, 1 and 2 envs: the same groups, task indices, vector classes (async:
@@ -290,8 +325,9 @@ def lean(task: str, seed: int = 3) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("command", choices=["cost", "demos", "lean"])
-    p.add_argument("--tasks", required=True,
+    p.add_argument("command", choices=["cost", "demos", "lean", "score", "tasks"])
+    p.add_argument("infos", nargs="*", type=Path, help="score: lerobot-eval's eval_info.json files")
+    p.add_argument("--tasks",
                    help="comma-separated Meta-World task names (lerobot's, e.g. reach-v3) or difficulty groups (easy, ...)")
     p.add_argument("--episodes", type=int, default=3, help="episodes (seeds 0..N-1) per task")
     p.add_argument("--size", default="480x480", help="HxW (demos: the frames written; cost: comma-separated render sizes)")
@@ -299,7 +335,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stock", action="store_true",
                    help="demos: render with lerobot's stock env (480x480, shadows) and resize, not the lean env")
     args = p.parse_args(argv)
+    if args.command == "score":
+        return score(args.infos)
+    if not args.tasks:
+        p.error(f"{args.command} needs --tasks")
     tasks = expand(args.tasks)
+    if args.command == "tasks":  # for scripts: one line per task, its name and its description
+        print("\n".join(f"{t} {TASK_DESCRIPTIONS[t]}" for t in tasks))
+        return 0
     if args.command == "lean":
         return lean(tasks[0])
     if args.command == "cost":

@@ -106,7 +106,19 @@ def main(policy_dir: Path) -> int:
     check(line is not None, f"a camera lerobot does not send is one line: {line!r}")
     line = raises(lambda: policy.predict_action_chunk(pre({**batch, "task": [""]})), "--policy.instruction")
     check(line is not None, f"an empty task is one line: {line!r}")
+    # replace_instruction: the env's task text (here one the policy never saw) gives way to --policy.instruction
+    policy.config.instruction, policy.config.replace_instruction = ours["instruction"][0], True
+    torch.manual_seed(0)
+    swapped = post(policy.predict_action_chunk(pre({**batch, "task": ["a task text the policy never saw"]})))
+    policy.config.instruction, policy.config.replace_instruction = None, False
+    check(np.allclose(swapped.numpy(), want, atol=1e-6),
+          "--policy.replace_instruction=true: --policy.instruction replaces the env's task text (the same chunk as "
+          "predict_action given that instruction)")
+    from lerobot_policy_dit4dit.configuration_dit4dit import DiT4DiTConfig
     from lerobot_policy_dit4dit.modeling_dit4dit import DiT4DiTPolicy
+
+    line = raises(lambda: DiT4DiTConfig(replace_instruction=True), "--policy.instruction")
+    check(line is not None, f"replace_instruction without an instruction is one line: {line!r}")
 
     too_long = native.chunk_length + 1
     line = raises(lambda: DiT4DiTPolicy._steps(too_long, native.chunk_length), "n_action_steps", str(too_long))

@@ -1,0 +1,180 @@
+#!/usr/bin/env bash
+# The CPU recipe for Meta-World, judged by lerobot 0.6 (docs/lerobot.md): the metaworld package's
+# scripted experts on TASKS (DEMOS per task, seeds 0..DEMOS-1) recorded through lerobot's own env
+# (the lean env at SIZE x SIZE; scripts/lerobot06/metaworld_side.py demos) -> the tiny VAE's latent
+# statistics on those frames -> latent cache -> one tiny DiT4DiT policy over all the tasks, each
+# episode's lerobot task description its instruction (configs/metaworld/dit4dit_metaworld_tiny.yaml),
+# for TRAIN_MINUTES minutes of training CPU time -> dit4dit-lerobot-prepare -> lerobot-eval on
+# EPISODES episodes per task (lerobot's seeds: 1000.., never a demo's) in the lean env -> the success
+# per task with 95% Wilson intervals and the average over the tasks (metaworld_side.py score), then
+# the language test. Each stage is skipped when its output is there, so a rerun only redoes what is
+# missing. The last line is `average p% over T task(s) (...)` of the right instructions.
+#
+#   bash scripts/metaworld_recipe.sh [a.b=c ...]       # MT10, no video, 40 training minutes, 20 episodes a task
+#   TASKS=easy bash scripts/metaworld_recipe.sh        # lerobot's easy group (any comma list of tasks or groups)
+#   OBJECTIVE=joint bash scripts/metaworld_recipe.sh   # 5-frame clips and the video loss (weight VIDEO_WEIGHT)
+#   WORKERS=2 bash scripts/metaworld_recipe.sh         # lerobot-eval processes, the tasks dealt out between them
+#   SMOKE=1 bash scripts/metaworld_recipe.sh           # the same commands, tiny: reach-v3, 1 demo, 2 steps,
+#                                                      # 1 episode, the language test on reach-v3 itself
+#
+# Settings:
+#   TASKS=mt10 (default)  Meta-World's MT10 (reach, push, pick-place, door-open, drawer-open,
+#                      drawer-close, button-press-topdown, peg-insert-side, window-open, window-close),
+#                      or lerobot's names: tasks (reach-v3) and difficulty groups (easy, medium, hard,
+#                      very_hard), comma-separated
+#   DEMOS=10           expert demos per task (a failed expert episode is left out, and said)
+#   SIZE=128           the camera's square picture, as recorded and as lerobot-eval renders it
+#   OBJECTIVE=no_video (default) one-frame clips, the action loss into the backbone (the config's);
+#                      joint: the observation and 4 frames up to one action chunk (8 steps) ahead,
+#                      the video flow-matching loss on the future latent frame with weight VIDEO_WEIGHT
+#                      (default 0.2, the best measured on ALOHA) and the action loss alongside
+#   TRAIN_MINUTES=40   training minutes of the process's CPU time (trainer.train_time_clock=
+#                      process_cpu: runs that share cores get equal compute), the LR schedule on them,
+#                      a checkpoint at the end
+#   EPISODES=20        lerobot-eval episodes per task
+#   WORKERS=1          lerobot-eval processes
+#   SWAP=drawer-open-v3:drawer-close-v3,window-open-v3:window-close-v3 (default, of the pairs whose
+#                      two tasks are in TASKS)  the language test: lerobot-eval of task A's scene with
+#                      task B's instruction (--policy.replace_instruction), EPISODES episodes each, beside
+#                      A's success under its own; SWAP= (empty) skips it
+#   LEROBOT06_DIR      the lerobot 0.6.1 side venv's folder (default .lerobot06/; built by
+#                      scripts/lerobot_check.sh --build-only when missing)
+#   DATA_ROOT=data/metaworld, RUN_ID, PY (.venv/bin/python), OMP_NUM_THREADS (1)
+#
+# Every setting is checked before anything runs, the extra training overrides through a --dry-run
+# of the run's config: a bad value is one line naming it, exit code 2.
+# Measured on the project's shared 2-core CPU machine: docs/lerobot.md ("MT10, one policy").
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+refuse() { echo "error: $*" >&2; exit 2; }
+positive() {  # (at most 9 digits: bash's arithmetic and the seeds stay in range)
+    case "${!1}" in ''|0*|*[!0-9]*|??????????*) refuse "$1=${!1}: expected a positive integer below 10**9" ;; esac
+}
+unread() { if [ -n "${!1+x}" ]; then refuse "$1=${!1}: $2"; fi; }
+stage() { echo "[metaworld_recipe] $*" >&2; }
+
+SMOKE="${SMOKE:-0}"
+case "$SMOKE" in 0|1) ;; *) refuse "SMOKE=$SMOKE: expected 0 or 1" ;; esac
+MT10=reach-v3,push-v3,pick-place-v3,door-open-v3,drawer-open-v3,drawer-close-v3,button-press-topdown-v3,peg-insert-side-v3,window-open-v3,window-close-v3
+if [ "$SMOKE" = 1 ]; then
+    for v in TASKS DEMOS TRAIN_MINUTES EPISODES; do unread "$v" "SMOKE=1 sets it (reach-v3, 1 demo, 2 steps, 1 episode)"; done
+    TASKS=reach-v3 DEMOS=1 EPISODES=1
+fi
+TASKS="${TASKS:-mt10}" DEMOS="${DEMOS:-10}" SIZE="${SIZE:-128}" EPISODES="${EPISODES:-20}" WORKERS="${WORKERS:-1}"
+OBJECTIVE="${OBJECTIVE:-no_video}" OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
+for v in DEMOS SIZE EPISODES WORKERS OMP_NUM_THREADS; do positive "$v"; done
+if [ $((SIZE % 16)) != 0 ]; then refuse "SIZE=$SIZE: expected a multiple of 16 (the backbone's patches of the VAE's latents)"; fi
+case "$TASKS" in mt10) TASK_LIST="$MT10" TASKS_TAG=mt10 ;; *[!a-z0-9,_-]*|'') refuse "TASKS=$TASKS: expected mt10 or comma-separated Meta-World task names and groups (reach-v3, easy, ...)" ;;
+    *) TASK_LIST="$TASKS" TASKS_TAG="$(echo "$TASKS" | tr ',' '+')" ;; esac
+case "$OBJECTIVE" in
+    no_video) unread VIDEO_WEIGHT "applies only to OBJECTIVE=joint (no_video trains no video loss)"; OBJ=(); VARIANT="" ;;
+    joint) VIDEO_WEIGHT="${VIDEO_WEIGHT:-0.2}"
+        awk -v v="$VIDEO_WEIGHT" 'BEGIN { exit !(v ~ /^[0-9]*\.?[0-9]+$/ && v + 0 > 0) }' \
+            || refuse "VIDEO_WEIGHT=$VIDEO_WEIGHT: expected a number > 0 (the video loss's weight, e.g. 0.2)"
+        OBJ=("datasets.vla_data.video_delta_indices=[0, 2, 4, 6, 8]" datasets.vla_data.action_video_freq_ratio=1
+             "trainer.loss_scale.future_video=$VIDEO_WEIGHT")
+        VARIANT="_joint_vw$VIDEO_WEIGHT" ;;
+    *) refuse "OBJECTIVE=$OBJECTIVE: expected no_video or joint" ;;
+esac
+if [ "$SMOKE" = 1 ]; then
+    SCHEDULE=(trainer.max_train_steps=2 trainer.save_interval=2 trainer.eval_interval=1000 trainer.eval_samples=0)
+else
+    TRAIN_MINUTES="${TRAIN_MINUTES:-40}"
+    awk -v m="$TRAIN_MINUTES" 'BEGIN { exit !(m ~ /^[0-9]*\.?[0-9]+$/ && m + 0 > 0) }' \
+        || refuse "TRAIN_MINUTES=$TRAIN_MINUTES: expected a number of minutes > 0"
+    SECS="$(awk -v m="$TRAIN_MINUTES" 'BEGIN { printf "%.6g", m * 60 }')"
+    SCHEDULE=(trainer.max_train_steps=1000000 trainer.save_interval=1000000 trainer.eval_interval=5000
+              "trainer.max_train_time_s=$SECS" trainer.train_time_clock=process_cpu trainer.lr_schedule_clock=train_time)
+    VARIANT+="_${TRAIN_MINUTES}min"
+fi
+PY="${PY:-.venv/bin/python}"
+command -v "$PY" >/dev/null || refuse "PY=$PY: expected a Python executable (the project's .venv/bin/python)"
+SIDE="${LEROBOT06_DIR:-$ROOT/.lerobot06}"
+LR="$SIDE/venv/bin"
+DATA_ROOT="${DATA_ROOT:-data/metaworld}"
+DATA="${TASKS_TAG}_${SIZE}_${DEMOS}demos$([ "$SMOKE" = 1 ] && echo _smoke || true)"
+RUN_ID="${RUN_ID:-metaworld_recipe_${TASKS_TAG}$VARIANT$([ "$SMOKE" = 1 ] && echo _smoke || true)}"
+case "$RUN_ID" in ''|*/*|.|..) refuse "RUN_ID=$RUN_ID: expected a run folder name (no /)" ;; esac
+CONFIG=configs/metaworld/dit4dit_metaworld_tiny.yaml
+CLIPS="$([ "$OBJECTIVE" = joint ] && echo _5frames || true)"
+OVERRIDES=("datasets.vla_data.data_root_dir=$DATA_ROOT" "datasets.vla_data.data_mix=[{path: $DATA, weight: 1.0}]"
+           "datasets.vla_data.image_size=[$SIZE, $SIZE]" "datasets.vla_data.latent_cache=$DATA_ROOT/${DATA}_latents$CLIPS"
+           "run_id=$RUN_ID" "${OBJ[@]}" "$@")
+err="$($PY -m dit4dit_npu.train --config "$CONFIG" "${OVERRIDES[@]}" "${SCHEDULE[@]}" trainer.resume=auto --dry-run 2>&1 >/dev/null)" \
+    || refuse "the run's config (the settings and the extra overrides): $(printf '%s\n' "$err" | tail -n 1 | sed -e 's/^config error: //')"
+RUN_DIR="$($PY -m dit4dit_npu.train --config "$CONFIG" "${OVERRIDES[@]}" --dry-run | $PY -c '
+import sys, yaml; c = yaml.safe_load(sys.stdin); print(c["run_root_dir"] + "/" + c["run_id"])')"
+export OMP_NUM_THREADS PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 MUJOCO_GL="${MUJOCO_GL:-egl}"
+t0=$SECONDS
+
+if [ ! -x "$LR/lerobot-eval" ]; then
+    stage "the lerobot 0.6.1 side venv -> $SIDE"
+fi
+# (re)installs this checkout's plugins too: cheap, and a stale copy would judge old code
+PROJECT_PYTHON="$(case "$PY" in /*) echo "$PY" ;; */*) echo "$ROOT/$PY" ;; *) command -v "$PY" ;; esac)" LEROBOT06_DIR="$SIDE" bash scripts/lerobot_check.sh --build-only >&2
+# The task list as lerobot expands it (groups into tasks), and each task's description.
+mapfile -t TASK_NAMES < <("$LR/python" scripts/lerobot06/metaworld_side.py tasks --tasks "$TASK_LIST" 2>&1)
+case "${TASK_NAMES[*]}" in error:*|'') refuse "TASKS=$TASKS: ${TASK_NAMES[*]#error: }" ;; esac
+if [ ! -d "$DATA_ROOT/$DATA" ]; then
+    stage "demos: $DEMOS expert episodes per task (seeds 0-$((DEMOS - 1))) of ${#TASK_NAMES[@]} task(s), ${SIZE}x$SIZE"
+    "$LR/python" scripts/lerobot06/metaworld_side.py demos --tasks "$TASK_LIST" --episodes "$DEMOS" \
+        --size "${SIZE}x$SIZE" --out "$DATA_ROOT/$DATA"
+fi
+STATS="$DATA_ROOT/${DATA}_tiny_vae_stats.txt"
+if [ ! -s "$STATS" ]; then
+    stage "the tiny VAE's latent statistics on the demos' frames -> $STATS"
+    $PY -m dit4dit_npu.data.latent_stats --config "$CONFIG" "${OVERRIDES[@]}" $([ "$SMOKE" = 1 ] && echo --smoke || true) >"$STATS.tmp"
+    mv "$STATS.tmp" "$STATS"
+fi
+OVERRIDES+=($(sed -n 's/^ *\(vae_latents_[a-z]*\): \[\(.*\)\]$/framework.cosmos25.tiny.\1=[\2]/p' "$STATS" | tr -d ' '))
+t_demos=$SECONDS
+stage "latent cache: every training sample's clip, VAE-encoded once"
+$PY -m dit4dit_npu.data.encode_latents --config "$CONFIG" --out "$DATA_ROOT/${DATA}_latents$CLIPS" "${OVERRIDES[@]}"
+t_cache=$SECONDS
+stage "train: $([ "$SMOKE" = 1 ] && echo "2 steps" || echo "$TRAIN_MINUTES training minutes") -> $RUN_DIR"
+$PY -m dit4dit_npu.train --config "$CONFIG" "${OVERRIDES[@]}" "${SCHEDULE[@]}" trainer.resume=auto
+t_train=$SECONDS
+POLICY="$(ls -d "$RUN_DIR"/checkpoints/step_*/policy | sort -V | tail -1)"
+"$LR/dit4dit-lerobot-prepare" --policy "$POLICY" >&2
+
+# lerobot_eval OUT TASKS [ARGS...]: lerobot-eval of the policy on TASKS, EPISODES each, into OUT
+# (skipped when OUT/eval_info.json is there). The smoke's 2-step policy wanders beyond its one demo's
+# states, which a policy refuses by default: the smoke acts on them (with a warning).
+lerobot_eval() {
+    local out="$1" tasks="$2"
+    shift 2
+    [ -s "$out/eval_info.json" ] && return 0
+    rm -rf "$out"
+    "$LR/lerobot-eval" --policy.path="$POLICY" --env.type=metaworld_lean --env.task="$tasks" --env.image_size="$SIZE" \
+        --eval.n_episodes="$EPISODES" --eval.batch_size=1 --policy.device=cpu --output_dir="$out" \
+        $([ "$SMOKE" = 1 ] && echo --policy.allow_out_of_range=true || true) "$@" >"$out.log" 2>&1 \
+        || { echo "error: lerobot-eval on $tasks failed: $(tail -1 "$out.log") (log: $out.log)" >&2; return 1; }
+}
+EVAL="$RUN_DIR/lerobot_eval/$(basename "$(dirname "$POLICY")")_${EPISODES}eps"
+mkdir -p "$EVAL"
+stage "lerobot-eval: ${#TASK_NAMES[@]} task(s) x $EPISODES episodes, $WORKERS process(es) -> $EVAL"
+pids=() infos=()
+for ((w = 0; w < WORKERS && w < ${#TASK_NAMES[@]}; w++)); do
+    share=()
+    for ((i = w; i < ${#TASK_NAMES[@]}; i += WORKERS)); do share+=("${TASK_NAMES[i]%% *}"); done
+    lerobot_eval "$EVAL/w$w" "$(IFS=,; echo "${share[*]}")" & pids+=($!)
+    infos+=("$EVAL/w$w/eval_info.json")
+done
+for pid in "${pids[@]}"; do wait "$pid"; done
+t_eval=$SECONDS
+"$LR/python" scripts/lerobot06/metaworld_side.py score "${infos[@]}" | tee "$EVAL/score.txt"
+
+# The language test: scene A, instruction B.
+description() { local t; for t in "${TASK_NAMES[@]}"; do [ "${t%% *}" = "$1" ] && echo "${t#* }"; done; }
+if [ "$SMOKE" = 1 ]; then SWAP="${SWAP-reach-v3:reach-v3}"; fi
+SWAP="${SWAP-drawer-open-v3:drawer-close-v3,window-open-v3:window-close-v3}"
+for pair in ${SWAP//,/ }; do
+    a="${pair%%:*}" b="${pair#*:}"
+    [ -n "$(description "$a")" ] && [ -n "$(description "$b")" ] || continue
+    lerobot_eval "$EVAL/swap_${a}_as_$b" "$a" --policy.replace_instruction=true --policy.instruction="$(description "$b")"
+    echo "language: $a's scene with $b's instruction \"$(description "$b")\": $("$LR/python" scripts/lerobot06/metaworld_side.py \
+        score "$EVAL/swap_${a}_as_$b/eval_info.json" | head -1)" | tee -a "$EVAL/score.txt"
+done
+echo "minutes: demos $(((t_demos - t0) / 60)), cache $(((t_cache - t_demos) / 60)), train $(((t_train - t_cache) / 60)), eval $(((t_eval - t_train) / 60))"
+grep '^average' "$EVAL/score.txt"

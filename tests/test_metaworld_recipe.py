@@ -1,0 +1,73 @@
+"""scripts/metaworld_recipe.sh: every setting is checked before anything runs (one line, exit code 2,
+nothing written; a setting the run does not read is refused, not ignored), the extra training
+overrides through train --dry-run; and, where the lerobot 0.6 side venv is built (the interop tier:
+.lerobot06/, bash scripts/lerobot_check.sh --build-only), the whole recipe at SMOKE=1: one reach-v3
+demo recorded through lerobot's env, the latent statistics and cache, 2 training steps, the policy
+prepared for lerobot, one lerobot-eval episode in the lean env scored per task, and the language
+test's path (--policy.replace_instruction). 4.5 min here under load 3.5 (2026-12-06)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SIDE = ROOT / ".lerobot06"
+
+
+def recipe(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["bash", "scripts/metaworld_recipe.sh", *args], cwd=ROOT, capture_output=True, text=True, timeout=1200,
+        env={**os.environ, "PY": sys.executable, "DATA_ROOT": str(tmp_path / "data"), "OMP_NUM_THREADS": "1",
+             "LEROBOT06_DIR": str(tmp_path / "side"), **env},
+    )
+
+
+@pytest.mark.parametrize(("env", "message"), [
+    ({"SMOKE": "2"}, "error: SMOKE=2: expected 0 or 1"),
+    ({"SMOKE": "1", "TASKS": "easy"}, "error: TASKS=easy: SMOKE=1 sets it"),
+    ({"DEMOS": "0"}, "error: DEMOS=0: expected a positive integer"),
+    ({"EPISODES": "20x"}, "error: EPISODES=20x: expected a positive integer"),
+    ({"EPISODES": "99999999999999999999"}, "error: EPISODES=99999999999999999999: expected a positive integer below 10**9"),
+    ({"WORKERS": "0"}, "error: WORKERS=0: expected a positive integer"),
+    ({"SIZE": "100"}, "error: SIZE=100: expected a multiple of 16"),
+    ({"TASKS": "reach v3"}, "error: TASKS=reach v3: expected mt10 or comma-separated"),
+    ({"OBJECTIVE": "video"}, "error: OBJECTIVE=video: expected no_video or joint"),
+    ({"VIDEO_WEIGHT": "0.2"}, "error: VIDEO_WEIGHT=0.2: applies only to OBJECTIVE=joint"),
+    ({"OBJECTIVE": "joint", "VIDEO_WEIGHT": "-1"}, "error: VIDEO_WEIGHT=-1: expected a number > 0"),
+    ({"OBJECTIVE": "joint", "VIDEO_WEIGHT": "nan"}, "error: VIDEO_WEIGHT=nan: expected a number > 0"),
+    ({"TRAIN_MINUTES": "forty"}, "error: TRAIN_MINUTES=forty: expected a number of minutes > 0"),
+    ({"TRAIN_MINUTES": "0"}, "error: TRAIN_MINUTES=0: expected a number of minutes > 0"),
+    ({"RUN_ID": "a/b"}, "error: RUN_ID=a/b: expected a run folder name"),
+    ({"PY": "/nonexistent/python"}, "error: PY=/nonexistent/python: expected a Python executable"),
+])
+def test_a_bad_setting_is_one_line_before_anything_runs(tmp_path: Path, env: dict, message: str) -> None:
+    r = recipe(tmp_path, **env)
+    assert r.returncode == 2 and r.stderr.startswith(message) and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert not (tmp_path / "data").exists() and not (tmp_path / "side").exists()
+
+
+def test_a_bad_training_override_is_refused_by_the_runs_config_check(tmp_path: Path) -> None:
+    r = recipe(tmp_path, "trainer.no_such_key=1")
+    assert r.returncode == 2 and r.stderr.startswith("error: the run's config") and "no_such_key" in r.stderr, r.stderr
+    assert not (tmp_path / "data").exists() and not (tmp_path / "side").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.interop
+@pytest.mark.skipif(not (SIDE / "venv" / "bin" / "python").is_file(),
+                    reason="no lerobot 0.6 side venv: bash scripts/lerobot_check.sh --build-only builds it")
+def test_the_recipe_runs_end_to_end_at_smoke_size_judged_by_lerobot_eval(tmp_path: Path) -> None:
+    env = {"PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "client")]), "LEROBOT06_DIR": str(SIDE),
+           "SMOKE": "1", "RUN_ID": f"metaworld_recipe_smoke_{tmp_path.name}"}
+    r = recipe(tmp_path, f"run_root_dir={tmp_path / 'runs'}", **env)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    lines = r.stdout.strip().splitlines()
+    assert lines[0].startswith("reach-v3: success ") and "/1 = " in lines[0], r.stdout
+    assert any(line.startswith("language: reach-v3's scene with reach-v3's instruction") for line in lines), r.stdout
+    assert lines[-1].startswith("average over 1 task(s): "), r.stdout
+    assert (tmp_path / "data" / "reach-v3_128_1demos_smoke").is_dir()
