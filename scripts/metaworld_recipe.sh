@@ -8,7 +8,7 @@
 # EPISODES episodes per task (lerobot's seeds: 1000.., never a demo's) in the lean env -> the success
 # per task with 95% Wilson intervals and the average over the tasks (metaworld_side.py score), then
 # the language test. Each stage is skipped when its output is there, so a rerun only redoes what is
-# missing. The last line is `average p% over T task(s) (...)` of the right instructions.
+# missing. The last line is `average over T task(s): p% (...)`: the right instructions' success.
 #
 #   bash scripts/metaworld_recipe.sh [a.b=c ...]       # MT10, no video, 40 training minutes, 20 episodes a task
 #   TASKS=easy bash scripts/metaworld_recipe.sh        # lerobot's easy group (any comma list of tasks or groups)
@@ -22,7 +22,8 @@
 #                      drawer-close, button-press-topdown, peg-insert-side, window-open, window-close),
 #                      or lerobot's names: tasks (reach-v3) and difficulty groups (easy, medium, hard,
 #                      very_hard), comma-separated
-#   DEMOS=10           expert demos per task (a failed expert episode is left out, and said)
+#   DEMOS=10           expert demos per task (a failed expert episode is left out, and said), at most
+#                      1000: lerobot-eval's seeds start there
 #   SIZE=128           the camera's square picture, as recorded and as lerobot-eval renders it
 #   OBJECTIVE=no_video (default) one-frame clips, the action loss into the backbone (the config's);
 #                      joint: the observation and 4 frames up to one action chunk (8 steps) ahead,
@@ -33,16 +34,19 @@
 #                      a checkpoint at the end
 #   EPISODES=20        lerobot-eval episodes per task
 #   WORKERS=1          lerobot-eval processes
-#   SWAP=drawer-open-v3:drawer-close-v3,window-open-v3:window-close-v3 (default, of the pairs whose
-#                      two tasks are in TASKS)  the language test: lerobot-eval of task A's scene with
-#                      task B's instruction (--policy.replace_instruction), EPISODES episodes each, beside
-#                      A's success under its own; SWAP= (empty) skips it
+#   SWAP=drawer-open-v3:drawer-close-v3,window-open-v3:window-close-v3 (default: those of the pairs
+#                      whose two tasks are in TASKS; given: each must be)  the language test:
+#                      lerobot-eval of task A's scene with task B's instruction
+#                      (--policy.replace_instruction), EPISODES episodes each, beside A's success under
+#                      its own; SWAP= (empty) skips it
 #   LEROBOT06_DIR      the lerobot 0.6.1 side venv's folder (default .lerobot06/; built by
 #                      scripts/lerobot_check.sh --build-only when missing)
 #   DATA_ROOT=data/metaworld, RUN_ID, PY (.venv/bin/python), OMP_NUM_THREADS (1)
 #
 # Every setting is checked before anything runs, the extra training overrides through a --dry-run
-# of the run's config: a bad value is one line naming it, exit code 2.
+# of the run's config: a bad value is one line naming it, exit code 2 (the task names and SWAP's
+# against them once the side venv is there: lerobot knows them). Extra overrides make their own run
+# (a hash of them in its name); the keys the recipe sets itself are refused as overrides.
 # Measured on the project's shared 2-core CPU machine: docs/lerobot.md ("MT10, one policy").
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -90,91 +94,118 @@ else
 fi
 PY="${PY:-.venv/bin/python}"
 command -v "$PY" >/dev/null || refuse "PY=$PY: expected a Python executable (the project's .venv/bin/python)"
+# lerobot-eval's seeds start at 1000: demos on seeds 0..DEMOS-1 must stay below them
+if [ "$DEMOS" -gt 1000 ]; then refuse "DEMOS=$DEMOS: expected at most 1000 (demo seeds 0..DEMOS-1 stay below lerobot-eval's, 1000..)"; fi
+SWAP_DEFAULT="$([ "$SMOKE" = 1 ] && echo reach-v3:reach-v3 || echo drawer-open-v3:drawer-close-v3,window-open-v3:window-close-v3)"
+SWAP_GIVEN="${SWAP+x}" SWAP="${SWAP-$SWAP_DEFAULT}"
+for pair in ${SWAP//,/ }; do
+    case "$pair" in [a-z]*:[a-z]*) ;; *) refuse "SWAP=$SWAP: expected comma-separated pairs scene-task:instruction-task (drawer-open-v3:drawer-close-v3)" ;; esac
+done
+# Settings the recipe owns are not overrides; the others are refused or taken by the config check below.
+for o in "$@"; do
+    case "$o" in
+        datasets.vla_data.data_root_dir=*|datasets.vla_data.data_mix=*|datasets.vla_data.image_size=*|datasets.vla_data.latent_cache=*|run_id=*)
+            refuse "$o: the recipe sets it (DATA_ROOT, TASKS and DEMOS, SIZE, the cache, RUN_ID)" ;;
+    esac
+done
 SIDE="${LEROBOT06_DIR:-$ROOT/.lerobot06}"
 LR="$SIDE/venv/bin"
 DATA_ROOT="${DATA_ROOT:-data/metaworld}"
-DATA="${TASKS_TAG}_${SIZE}_${DEMOS}demos$([ "$SMOKE" = 1 ] && echo _smoke || true)"
-RUN_ID="${RUN_ID:-metaworld_recipe_${TASKS_TAG}$VARIANT$([ "$SMOKE" = 1 ] && echo _smoke || true)}"
+SMOKE_TAG="$([ "$SMOKE" = 1 ] && echo _smoke || true)"
+DATA="${TASKS_TAG}_${SIZE}_${DEMOS}demos$SMOKE_TAG"
+# Extra overrides make another run (and statistics: one may name another VAE): a hash of them in its names.
+USER_TAG="$([ $# -gt 0 ] && printf '_o%s' "$(printf '%s\n' "$@" | sha256sum | cut -c1-8)" || true)"
+RUN_ID="${RUN_ID:-metaworld_recipe_${DATA}$VARIANT$USER_TAG}"
 case "$RUN_ID" in ''|*/*|.|..) refuse "RUN_ID=$RUN_ID: expected a run folder name (no /)" ;; esac
 CONFIG=configs/metaworld/dit4dit_metaworld_tiny.yaml
-CLIPS="$([ "$OBJECTIVE" = joint ] && echo _5frames || true)"
-OVERRIDES=("datasets.vla_data.data_root_dir=$DATA_ROOT" "datasets.vla_data.data_mix=[{path: $DATA, weight: 1.0}]"
-           "datasets.vla_data.image_size=[$SIZE, $SIZE]" "datasets.vla_data.latent_cache=$DATA_ROOT/${DATA}_latents$CLIPS"
-           "run_id=$RUN_ID" "${OBJ[@]}" "$@")
-err="$($PY -m dit4dit_npu.train --config "$CONFIG" "${OVERRIDES[@]}" "${SCHEDULE[@]}" trainer.resume=auto --dry-run 2>&1 >/dev/null)" \
-    || refuse "the run's config (the settings and the extra overrides): $(printf '%s\n' "$err" | tail -n 1 | sed -e 's/^config error: //')"
-RUN_DIR="$($PY -m dit4dit_npu.train --config "$CONFIG" "${OVERRIDES[@]}" --dry-run | $PY -c '
+CACHE="$DATA_ROOT/${DATA}_latents$([ "$OBJECTIVE" = joint ] && echo _5frames || true)"
+STATS="$DATA_ROOT/${DATA}_tiny_vae${USER_TAG}_stats.txt"
+DATA_OVERRIDES=("datasets.vla_data.data_root_dir=$DATA_ROOT" "datasets.vla_data.data_mix=[{path: $DATA, weight: 1.0}]"
+                "datasets.vla_data.image_size=[$SIZE, $SIZE]" "datasets.vla_data.latent_cache=$CACHE" "run_id=$RUN_ID" "${OBJ[@]}")
+# The user's overrides come last: theirs win over the recipe's schedule.
+OVERRIDES=("${DATA_OVERRIDES[@]}" "${SCHEDULE[@]}" "$@")
+err="$("$PY" -m dit4dit_npu.train --config "$CONFIG" "${OVERRIDES[@]}" trainer.resume=auto --dry-run 2>&1 >/dev/null)" \
+    || refuse "the run's config (the settings and the extra overrides): $(printf '%s\n' "$err" | tail -n 1 | sed -e 's/^config error: //' -e 's/^error: //')"
+RUN_DIR="$("$PY" -m dit4dit_npu.train --config "$CONFIG" "${OVERRIDES[@]}" --dry-run | "$PY" -c '
 import sys, yaml; c = yaml.safe_load(sys.stdin); print(c["run_root_dir"] + "/" + c["run_id"])')"
 export OMP_NUM_THREADS PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 MUJOCO_GL="${MUJOCO_GL:-egl}"
 t0=$SECONDS
 
-if [ ! -x "$LR/lerobot-eval" ]; then
-    stage "the lerobot 0.6.1 side venv -> $SIDE"
-fi
-# (re)installs this checkout's plugins too: cheap, and a stale copy would judge old code
-PROJECT_PYTHON="$(case "$PY" in /*) echo "$PY" ;; */*) echo "$ROOT/$PY" ;; *) command -v "$PY" ;; esac)" LEROBOT06_DIR="$SIDE" bash scripts/lerobot_check.sh --build-only >&2
-# The task list as lerobot expands it (groups into tasks), and each task's description.
-mapfile -t TASK_NAMES < <("$LR/python" scripts/lerobot06/metaworld_side.py tasks --tasks "$TASK_LIST" 2>&1)
-case "${TASK_NAMES[*]}" in error:*|'') refuse "TASKS=$TASKS: ${TASK_NAMES[*]#error: }" ;; esac
+# The side venv (built when missing: ~8 min, 5.9 GB) with this checkout's plugins, reinstalled each run
+# (cheap; a stale copy would judge old code). PY and the side venv must import this checkout's
+# dit4dit_npu (a worktree: PYTHONPATH=<it>:<it>/client): lerobot_check.sh says so in one line.
+stage "the lerobot 0.6.1 side venv and the plugins -> $SIDE"
+PROJECT_PYTHON="$(case "$PY" in /*) echo "$PY" ;; */*) echo "$ROOT/$PY" ;; *) command -v "$PY" ;; esac)" \
+    LEROBOT06_DIR="$SIDE" bash scripts/lerobot_check.sh --build-only >&2
+# The tasks as lerobot expands them (groups into tasks), each with its description; then the
+# language test's pairs, which must name two of them.
+names="$("$LR/python" scripts/lerobot06/metaworld_side.py tasks --tasks "$TASK_LIST" 2>&1)" \
+    || refuse "TASKS=$TASKS: $(printf '%s\n' "$names" | tail -n 1 | sed 's/^error: //')"
+mapfile -t TASK_NAMES <<<"$names"
+description() { local t; for t in "${TASK_NAMES[@]}"; do if [ "${t%% *}" = "$1" ]; then echo "${t#* }"; fi; done; }
+PAIRS=()
+for pair in ${SWAP//,/ }; do
+    if [ -n "$(description "${pair%%:*}")" ] && [ -n "$(description "${pair#*:}")" ]; then PAIRS+=("$pair")
+    elif [ -n "$SWAP_GIVEN" ]; then refuse "SWAP=$SWAP: $pair names a task not in TASKS=$TASKS"; fi
+done
 if [ ! -d "$DATA_ROOT/$DATA" ]; then
     stage "demos: $DEMOS expert episodes per task (seeds 0-$((DEMOS - 1))) of ${#TASK_NAMES[@]} task(s), ${SIZE}x$SIZE"
     "$LR/python" scripts/lerobot06/metaworld_side.py demos --tasks "$TASK_LIST" --episodes "$DEMOS" \
-        --size "${SIZE}x$SIZE" --out "$DATA_ROOT/$DATA"
+        --size "${SIZE}x$SIZE" --out "$DATA_ROOT/$DATA" >&2
 fi
-STATS="$DATA_ROOT/${DATA}_tiny_vae_stats.txt"
 if [ ! -s "$STATS" ]; then
     stage "the tiny VAE's latent statistics on the demos' frames -> $STATS"
-    $PY -m dit4dit_npu.data.latent_stats --config "$CONFIG" "${OVERRIDES[@]}" $([ "$SMOKE" = 1 ] && echo --smoke || true) >"$STATS.tmp"
+    "$PY" -m dit4dit_npu.data.latent_stats --config "$CONFIG" "${OVERRIDES[@]}" $([ "$SMOKE" = 1 ] && echo --smoke || true) >"$STATS.tmp"
     mv "$STATS.tmp" "$STATS"
 fi
-OVERRIDES+=($(sed -n 's/^ *\(vae_latents_[a-z]*\): \[\(.*\)\]$/framework.cosmos25.tiny.\1=[\2]/p' "$STATS" | tr -d ' '))
+mapfile -t STATS_OVERRIDES < <(sed -n 's/^ *\(vae_latents_[a-z]*\): \[\(.*\)\]$/framework.cosmos25.tiny.\1=[\2]/p' "$STATS" | tr -d ' ')
+OVERRIDES=("${DATA_OVERRIDES[@]}" "${STATS_OVERRIDES[@]}" "${SCHEDULE[@]}" "$@")
 t_demos=$SECONDS
-stage "latent cache: every training sample's clip, VAE-encoded once"
-$PY -m dit4dit_npu.data.encode_latents --config "$CONFIG" --out "$DATA_ROOT/${DATA}_latents$CLIPS" "${OVERRIDES[@]}"
+stage "latent cache: every training sample's clip, VAE-encoded once -> $CACHE"
+"$PY" -m dit4dit_npu.data.encode_latents --config "$CONFIG" --out "$CACHE" "${OVERRIDES[@]}" >&2
 t_cache=$SECONDS
 stage "train: $([ "$SMOKE" = 1 ] && echo "2 steps" || echo "$TRAIN_MINUTES training minutes") -> $RUN_DIR"
-$PY -m dit4dit_npu.train --config "$CONFIG" "${OVERRIDES[@]}" "${SCHEDULE[@]}" trainer.resume=auto
+"$PY" -m dit4dit_npu.train --config "$CONFIG" "${OVERRIDES[@]}" trainer.resume=auto >&2
 t_train=$SECONDS
 POLICY="$(ls -d "$RUN_DIR"/checkpoints/step_*/policy | sort -V | tail -1)"
 "$LR/dit4dit-lerobot-prepare" --policy "$POLICY" >&2
 
-# lerobot_eval OUT TASKS [ARGS...]: lerobot-eval of the policy on TASKS, EPISODES each, into OUT
-# (skipped when OUT/eval_info.json is there). The smoke's 2-step policy wanders beyond its one demo's
-# states, which a policy refuses by default: the smoke acts on them (with a warning).
+# lerobot_eval OUT TASK [ARGS...]: lerobot-eval of the policy on one task, EPISODES episodes, into
+# OUT (skipped when OUT/eval_info.json is there: one folder per task, whatever WORKERS was). The
+# smoke's 2-step policy wanders beyond its one demo's states, which a policy refuses by default:
+# the smoke acts on them (with a warning).
 lerobot_eval() {
-    local out="$1" tasks="$2"
+    local out="$1" task="$2"
     shift 2
     [ -s "$out/eval_info.json" ] && return 0
     rm -rf "$out"
-    "$LR/lerobot-eval" --policy.path="$POLICY" --env.type=metaworld_lean --env.task="$tasks" --env.image_size="$SIZE" \
+    "$LR/lerobot-eval" --policy.path="$POLICY" --env.type=metaworld_lean --env.task="$task" --env.image_size="$SIZE" \
         --eval.n_episodes="$EPISODES" --eval.batch_size=1 --policy.device=cpu --output_dir="$out" \
         $([ "$SMOKE" = 1 ] && echo --policy.allow_out_of_range=true || true) "$@" >"$out.log" 2>&1 \
-        || { echo "error: lerobot-eval on $tasks failed: $(tail -1 "$out.log") (log: $out.log)" >&2; return 1; }
+        || { echo "error: lerobot-eval on $task failed: $(tail -1 "$out.log") (log: $out.log)" >&2; return 1; }
 }
 EVAL="$RUN_DIR/lerobot_eval/$(basename "$(dirname "$POLICY")")_${EPISODES}eps"
 mkdir -p "$EVAL"
 stage "lerobot-eval: ${#TASK_NAMES[@]} task(s) x $EPISODES episodes, $WORKERS process(es) -> $EVAL"
-pids=() infos=()
-for ((w = 0; w < WORKERS && w < ${#TASK_NAMES[@]}; w++)); do
-    share=()
-    for ((i = w; i < ${#TASK_NAMES[@]}; i += WORKERS)); do share+=("${TASK_NAMES[i]%% *}"); done
-    lerobot_eval "$EVAL/w$w" "$(IFS=,; echo "${share[*]}")" & pids+=($!)
-    infos+=("$EVAL/w$w/eval_info.json")
-done
-for pid in "${pids[@]}"; do wait "$pid"; done
+worker() {  # the tasks w, w+WORKERS, ... one after the other
+    local i
+    for ((i = $1; i < ${#TASK_NAMES[@]}; i += WORKERS)); do lerobot_eval "$EVAL/${TASK_NAMES[i]%% *}" "${TASK_NAMES[i]%% *}" || return 1; done
+}
+pids=() infos=() failed=0
+for ((w = 0; w < WORKERS && w < ${#TASK_NAMES[@]}; w++)); do worker "$w" & pids+=($!); done
+for pid in "${pids[@]}"; do wait "$pid" || failed=1; done  # every worker ends before a failure stops the recipe
+[ "$failed" = 0 ] || exit 1
+for t in "${TASK_NAMES[@]}"; do infos+=("$EVAL/${t%% *}/eval_info.json"); done
 t_eval=$SECONDS
-"$LR/python" scripts/lerobot06/metaworld_side.py score "${infos[@]}" | tee "$EVAL/score.txt"
+"$LR/python" scripts/lerobot06/metaworld_side.py score "${infos[@]}" >"$EVAL/score.txt" || { cat "$EVAL/score.txt" >&2; exit 1; }
 
-# The language test: scene A, instruction B.
-description() { local t; for t in "${TASK_NAMES[@]}"; do [ "${t%% *}" = "$1" ] && echo "${t#* }"; done; }
-if [ "$SMOKE" = 1 ]; then SWAP="${SWAP-reach-v3:reach-v3}"; fi
-SWAP="${SWAP-drawer-open-v3:drawer-close-v3,window-open-v3:window-close-v3}"
-for pair in ${SWAP//,/ }; do
-    a="${pair%%:*}" b="${pair#*:}"
-    [ -n "$(description "$a")" ] && [ -n "$(description "$b")" ] || continue
-    lerobot_eval "$EVAL/swap_${a}_as_$b" "$a" --policy.replace_instruction=true --policy.instruction="$(description "$b")"
-    echo "language: $a's scene with $b's instruction \"$(description "$b")\": $("$LR/python" scripts/lerobot06/metaworld_side.py \
-        score "$EVAL/swap_${a}_as_$b/eval_info.json" | head -1)" | tee -a "$EVAL/score.txt"
+# The language test: task A's scene, task B's instruction, beside A's success under its own.
+for pair in "${PAIRS[@]}"; do
+    a="${pair%%:*}" b="${pair#*:}" out="$EVAL/swap_${pair%%:*}_as_${pair#*:}"
+    lerobot_eval "$out" "$a" --policy.replace_instruction=true --policy.instruction="$(description "$b")"
+    line="$("$LR/python" scripts/lerobot06/metaworld_side.py score "$out/eval_info.json")" || { echo "$line" >&2; exit 1; }
+    echo "language: $a's scene with $b's instruction \"$(description "$b")\": ${line%%$'\n'*}" >>"$EVAL/score.txt"
 done
-echo "minutes: demos $(((t_demos - t0) / 60)), cache $(((t_cache - t_demos) / 60)), train $(((t_train - t_cache) / 60)), eval $(((t_eval - t_train) / 60))"
+cat "$EVAL/score.txt"
+echo "minutes: side venv, demos and statistics $(((t_demos - t0) / 60)), cache $(((t_cache - t_demos) / 60)), train $(((t_train - t_cache) / 60)), eval $(((SECONDS - t_train) / 60))"
 grep '^average' "$EVAL/score.txt"

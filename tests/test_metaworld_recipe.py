@@ -8,6 +8,7 @@ test's path (--policy.replace_instruction). 4.5 min here under load 3.5 (2026-12
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -44,6 +45,8 @@ def recipe(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProces
     ({"TRAIN_MINUTES": "0"}, "error: TRAIN_MINUTES=0: expected a number of minutes > 0"),
     ({"RUN_ID": "a/b"}, "error: RUN_ID=a/b: expected a run folder name"),
     ({"PY": "/nonexistent/python"}, "error: PY=/nonexistent/python: expected a Python executable"),
+    ({"DEMOS": "1001"}, "error: DEMOS=1001: expected at most 1000"),
+    ({"SWAP": "drawer-open-v3"}, "error: SWAP=drawer-open-v3: expected comma-separated pairs"),
 ])
 def test_a_bad_setting_is_one_line_before_anything_runs(tmp_path: Path, env: dict, message: str) -> None:
     r = recipe(tmp_path, **env)
@@ -57,10 +60,49 @@ def test_a_bad_training_override_is_refused_by_the_runs_config_check(tmp_path: P
     assert not (tmp_path / "data").exists() and not (tmp_path / "side").exists()
 
 
+@pytest.mark.parametrize("override", ["datasets.vla_data.image_size=[64, 64]", "run_id=x",
+                                      "datasets.vla_data.latent_cache=/tmp/c"])
+def test_an_override_of_what_the_recipe_sets_is_refused(tmp_path: Path, override: str) -> None:
+    r = recipe(tmp_path, override)
+    assert r.returncode == 2 and r.stderr.startswith(f"error: {override}: the recipe sets it"), r.stderr
+    assert not (tmp_path / "data").exists() and not (tmp_path / "side").exists()
+
+
+needs_side = pytest.mark.skipif(not (SIDE / "venv" / "bin" / "python").is_file(),
+                                reason="no lerobot 0.6 side venv: bash scripts/lerobot_check.sh --build-only builds it")
+
+
+def score(*files: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([str(SIDE / "venv" / "bin" / "python"), "scripts/lerobot06/metaworld_side.py", "score", *map(str, files)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "client")])})
+
+
+@pytest.mark.interop
+@needs_side
+def test_score_counts_lerobots_episodes_per_task_and_refuses_what_is_not_them(tmp_path: Path) -> None:
+    def info(name: str, group: str, tid: object, successes: object) -> Path:
+        path = tmp_path / name
+        path.write_text(json.dumps({"per_task": [{"task_group": group, "task_id": tid, "metrics": {"successes": successes}}]}))
+        return path
+
+    reach, push = info("a.json", "reach-v3", 0, [True, False, True]), info("b.json", "easy", 1, [False])
+    r = score(reach, push)
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("reach-v3: success 2/3 = 66.7% (95% Wilson CI ") and lines[1].startswith("button-press-topdown-v3: success 0/1")
+    assert lines[2].startswith("average over 2 task(s): 33.3% (all episodes: 2/4 = 50.0%")
+    for bad, words in [(info("c.json", "easy", -1, [True]), "task_id -1"), (info("d.json", "reach-v3", 0, []), "non-empty"),
+                       (info("e.json", "reach-v3", 0, ["false"]), "true/false"), (info("f.json", "bogus-v9", 0, [True]), "bogus-v9")]:
+        r = score(bad)
+        assert r.returncode == 1 and r.stdout.startswith("FAIL score: ") and words in r.stdout, r.stdout + r.stderr
+    r = score(reach, reach)
+    assert r.returncode == 1 and "reach-v3 is in two of the files" in r.stdout, r.stdout
+
+
 @pytest.mark.slow
 @pytest.mark.interop
-@pytest.mark.skipif(not (SIDE / "venv" / "bin" / "python").is_file(),
-                    reason="no lerobot 0.6 side venv: bash scripts/lerobot_check.sh --build-only builds it")
+@needs_side
 def test_the_recipe_runs_end_to_end_at_smoke_size_judged_by_lerobot_eval(tmp_path: Path) -> None:
     env = {"PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "client")]), "LEROBOT06_DIR": str(SIDE),
            "SMOKE": "1", "RUN_ID": f"metaworld_recipe_smoke_{tmp_path.name}"}

@@ -203,6 +203,18 @@ def demos(tasks: list[str], episodes: int, size: tuple[int, int], out: Path, sto
     return 0
 
 
+def task_of(group: str, tid: int) -> str:
+    """The task lerobot-eval's (task_group, task_id) names: a group's tid-th task, or the task itself."""
+    if group in DIFFICULTY_TO_TASKS:
+        names = DIFFICULTY_TO_TASKS[group]
+        if not isinstance(tid, int) or not 0 <= tid < len(names):
+            raise IndexError(f"task_id {tid!r} of group {group!r} (it has {len(names)} tasks)")
+        return names[tid].replace("metaworld-", "")
+    if group not in TASK_DESCRIPTIONS:
+        raise KeyError(f"task_group {group!r} is neither a Meta-World task nor a group")
+    return group
+
+
 def score(infos: list[Path]) -> int:
     """Per-task success of lerobot-eval runs (their eval_info.json), with Wilson intervals, and the
     average over the tasks: lerobot's own record of each episode, nothing re-judged here."""
@@ -213,14 +225,21 @@ def score(infos: list[Path]) -> int:
     per_task: dict[str, list[bool]] = {}
     for path in infos:
         try:
-            for entry in json.loads(path.read_text())["per_task"]:
-                group, tid = entry["task_group"], entry["task_id"]
-                task = DIFFICULTY_TO_TASKS[group][tid].replace("metaworld-", "") if group in DIFFICULTY_TO_TASKS else group
-                per_task.setdefault(task, []).extend(bool(x) for x in entry["metrics"]["successes"])
+            entries = json.loads(path.read_text())["per_task"]
+            tasks = [task_of(e["task_group"], e["task_id"]) for e in entries]
+            successes = [e["metrics"]["successes"] for e in entries]
         except (OSError, ValueError, KeyError, IndexError, TypeError) as e:
             print(f"FAIL score: {path}: expected lerobot-eval's eval_info.json, its per_task list with each task's "
                   f"successes ({type(e).__name__}: {e})")
             return 1
+        for task, flags in zip(tasks, successes):
+            if not isinstance(flags, list) or not flags or not all(isinstance(x, bool) for x in flags):
+                print(f"FAIL score: {path}: {task}'s successes: expected a non-empty list of true/false, got {flags!r:.80}")
+                return 1
+            if task in per_task:  # two runs of one task: a changed split of the work, not more episodes
+                print(f"FAIL score: {task} is in two of the files given ({path} and an earlier one): score each task once")
+                return 1
+            per_task[task] = flags
     if not per_task:
         print(f"FAIL score: no task in {[str(p) for p in infos]}")
         return 1
@@ -336,7 +355,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="demos: render with lerobot's stock env (480x480, shadows) and resize, not the lean env")
     args = p.parse_args(argv)
     if args.command == "score":
+        if args.tasks or not args.infos:
+            p.error("score takes eval_info.json files, no --tasks")
         return score(args.infos)
+    if args.infos:
+        p.error(f"{args.command} takes no files (only score does)")
     if not args.tasks:
         p.error(f"{args.command} needs --tasks")
     tasks = expand(args.tasks)
