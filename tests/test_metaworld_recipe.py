@@ -78,6 +78,7 @@ def score(*files: Path) -> subprocess.CompletedProcess:
                           env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "client")])})
 
 
+@pytest.mark.slow
 @pytest.mark.interop
 @needs_side
 def test_score_counts_lerobots_episodes_per_task_and_refuses_what_is_not_them(tmp_path: Path) -> None:
