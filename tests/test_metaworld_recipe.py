@@ -28,6 +28,12 @@ def recipe(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProces
     )
 
 
+def assert_refused(r: subprocess.CompletedProcess, tmp_path: Path, message: str) -> None:
+    """One line on stderr starting with ``message``, exit code 2, and no data or side venv written."""
+    assert r.returncode == 2 and r.stderr.startswith(message) and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert not (tmp_path / "data").exists() and not (tmp_path / "side").exists()
+
+
 @pytest.mark.parametrize(("env", "message"), [
     ({"SMOKE": "2"}, "error: SMOKE=2: expected 0 or 1"),
     ({"SMOKE": "1", "TASKS": "easy"}, "error: TASKS=easy: SMOKE=1 sets it"),
@@ -49,23 +55,19 @@ def recipe(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProces
     ({"SWAP": "drawer-open-v3"}, "error: SWAP=drawer-open-v3: expected comma-separated pairs"),
 ])
 def test_a_bad_setting_is_one_line_before_anything_runs(tmp_path: Path, env: dict, message: str) -> None:
-    r = recipe(tmp_path, **env)
-    assert r.returncode == 2 and r.stderr.startswith(message) and len(r.stderr.strip().splitlines()) == 1, r.stderr
-    assert not (tmp_path / "data").exists() and not (tmp_path / "side").exists()
+    assert_refused(recipe(tmp_path, **env), tmp_path, message)
 
 
 def test_a_bad_training_override_is_refused_by_the_runs_config_check(tmp_path: Path) -> None:
     r = recipe(tmp_path, "trainer.no_such_key=1")
-    assert r.returncode == 2 and r.stderr.startswith("error: the run's config") and "no_such_key" in r.stderr, r.stderr
-    assert not (tmp_path / "data").exists() and not (tmp_path / "side").exists()
+    assert_refused(r, tmp_path, "error: the run's config")
+    assert "no_such_key" in r.stderr, r.stderr
 
 
 @pytest.mark.parametrize("override", ["datasets.vla_data.image_size=[64, 64]", "run_id=x",
                                       "datasets.vla_data.latent_cache=/tmp/c"])
 def test_an_override_of_what_the_recipe_sets_is_refused(tmp_path: Path, override: str) -> None:
-    r = recipe(tmp_path, override)
-    assert r.returncode == 2 and r.stderr.startswith(f"error: {override}: the recipe sets it"), r.stderr
-    assert not (tmp_path / "data").exists() and not (tmp_path / "side").exists()
+    assert_refused(recipe(tmp_path, override), tmp_path, f"error: {override}: the recipe sets it")
 
 
 needs_side = pytest.mark.skipif(not (SIDE / "venv" / "bin" / "python").is_file(),
