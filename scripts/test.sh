@@ -20,4 +20,5 @@ bash scripts/setup_env.sh
 export OMP_NUM_THREADS=1 PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 DS_ACCELERATOR=cpu
 .venv/bin/ruff check .
 .venv/bin/lint-imports  # the package's layers: [tool.importlinter] in pyproject.toml
+bash scripts/check_disk.sh  # one line, not an hour of errors, when the disk is nearly full
 .venv/bin/python -m pytest ${args[@]+"${args[@]}"}
