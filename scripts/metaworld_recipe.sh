@@ -169,7 +169,7 @@ DATA_OVERRIDES=("datasets.vla_data.data_root_dir=$DATA_ROOT" "datasets.vla_data.
 # The user's overrides come last: theirs win over the recipe's schedule.
 OVERRIDES=("${DATA_OVERRIDES[@]}" "${SCHEDULE[@]}" "$@")
 if [ "$POLICY" != dit4dit ]; then
-    RUN_ROOT="${RUN_ROOT:-runs}"
+    RUN_ROOT="${RUN_ROOT-runs}"
     [ -n "$RUN_ROOT" ] || refuse "RUN_ROOT=: expected a folder for the runs"
     RUN_DIR="$RUN_ROOT/$RUN_ID"
     # the hand-measured setup (the header's POLICY); the user's flags come last and win

@@ -86,7 +86,8 @@ def test_an_override_of_what_the_recipe_sets_is_refused(tmp_path: Path, override
     ("--dataset.root=/elsewhere", "the demos"), ("--dataset.repo_id=lerobot/pusht", "the demos"),
     ("--output_dir=/tmp/o", "the run"), ("--steps=100", "the stop at TRAIN_MINUTES"),
     ("--save_freq=1000", "the stop at TRAIN_MINUTES"), ("--policy.type=diffusion", "POLICY"),
-    ("--policy.device=cuda", "one process's CPU time"), ("--num_workers=4", "one process's CPU time"),
+    ("--policy.device=cuda", "the budget is one process's CPU time"),
+    ("--num_workers=4", "the budget is one process's CPU time"),
 ])
 def test_a_lerobot_train_flag_the_recipe_sets_is_refused(tmp_path: Path, flag: str, owner: str) -> None:
     r = recipe(tmp_path, "--policy.dim_model=256", flag, POLICY="act")

@@ -76,14 +76,14 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         args.max_wall_seconds = 20 * args.cpu_seconds + 600
     elif not (math.isfinite(args.max_wall_seconds) and args.max_wall_seconds > 0):
         raise Refused(f"--max-wall-seconds {args.max_wall_seconds:g}: expected a number of seconds > 0")
-    if not os.access(args.lerobot_train, os.X_OK):
-        raise Refused(f"--lerobot-train {args.lerobot_train}: expected the side venv's lerobot-train executable")
     flags = argv[cut + 1:]
     if not flags:
         raise Refused("expected lerobot-train's flags after --")
     for f in flags:
         if f.split("=")[0] == "--output_dir":
             raise Refused(f"{f}: train_budget.py sets it (--out)")
+    if not os.access(args.lerobot_train, os.X_OK):
+        raise Refused(f"--lerobot-train {args.lerobot_train}: expected the side venv's lerobot-train executable")
     return args, flags
 
 
