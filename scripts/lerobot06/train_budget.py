@@ -179,6 +179,9 @@ def train(args: argparse.Namespace, flags: list[str]) -> dict:
         raise Failed(f"no checkpoint was complete within {args.cpu_seconds:g} CPU-s (total {total:.0f}): "
                      f"a larger budget or a smaller --save_freq (log: {log})")
     step, ckpt = within[-1]
+    last = out / "checkpoints" / "last"  # lerobot's pointer, at the checkpoint kept (it may name one removed)
+    last.unlink(missing_ok=True)
+    last.symlink_to(ckpt.name)
     return {"pretrained_model": str(ckpt / "pretrained_model"), "step": step,
             "checkpoint_cpu_s": round(seen.get(step, total), 2), "cpu_s": round(total, 2), "wall_s": round(wall, 1),
             "budget_cpu_s": args.cpu_seconds, "stopped_by": "budget" if over else "lerobot-train's --steps"}
