@@ -9,7 +9,7 @@ lerobot's own ACT and Diffusion Policy (POLICY=act|diffusion): 2 lerobot-train s
 scripts/lerobot06/train_budget.py (the CPU-time budget's watcher, whose stop at the budget is checked
 here in every tier with a stand-in trainer: the real one lives only in the side venv), then the same
 lerobot-eval and score: ACT 2 min here, Diffusion 17.5 min with its default 100 denoising steps
-(2026-12-07, load ~3), so its test asks for 10."""
+(2026-12-07, load ~3), so its test asks for 10 (4 min)."""
 
 from __future__ import annotations
 
