@@ -9,8 +9,11 @@
 # per task with 95% Wilson intervals and the average over the tasks (metaworld_side.py score), then
 # the language test. Each stage is skipped when its output is there, so a rerun only redoes what is
 # missing. The last line is `average over T task(s): p% (...)`: the right instructions' success.
+# POLICY=act or diffusion: lerobot's own policy instead, on the same demos, TRAIN_MINUTES and eval.
 #
 #   bash scripts/metaworld_recipe.sh [a.b=c ...]       # MT10, no video, 40 training minutes, 20 episodes a task
+#   POLICY=act bash scripts/metaworld_recipe.sh [--policy.x=y ...]   # lerobot's ACT beside it (diffusion:
+#                                                      # its Diffusion Policy); the flags go to lerobot-train
 #   TASKS=easy bash scripts/metaworld_recipe.sh        # lerobot's easy group (any comma list of tasks or groups)
 #   OBJECTIVE=joint bash scripts/metaworld_recipe.sh   # 5-frame clips and the video loss (weight VIDEO_WEIGHT)
 #   WORKERS=2 bash scripts/metaworld_recipe.sh         # lerobot-eval processes, the tasks dealt out between them
@@ -18,6 +21,16 @@
 #                                                      # 1 episode, the language test on reach-v3 itself
 #
 # Settings:
+#   POLICY=dit4dit (default)  the policy trained: this project's (the stages above), or lerobot's own
+#                      act or diffusion: lerobot-train in the side venv on the same demos (its defaults
+#                      but ACT's chunk of 8 steps, all executed, as ours; ResNet18 from scratch: nothing
+#                      downloaded; batch 4, as ours; data loading in the trainer's own process, so its
+#                      CPU time counts), stopped at TRAIN_MINUTES of its process's CPU time by
+#                      scripts/lerobot06/train_budget.py (a checkpoint every 100 steps; the newest one
+#                      complete by then is the policy), then the same lerobot-eval and score. No latent
+#                      statistics, cache or prepare; no OBJECTIVE, VIDEO_WEIGHT or SWAP (no video loss,
+#                      no instruction read: the language test is DiT4DiT's). Extra arguments are
+#                      lerobot-train flags (--policy.dim_model=256), after the recipe's: theirs win
 #   TASKS=mt10 (default)  Meta-World's MT10 (reach, push, pick-place, door-open, drawer-open,
 #                      drawer-close, button-press-topdown, peg-insert-side, window-open, window-close),
 #                      or lerobot's names: tasks (reach-v3) and difficulty groups (easy, medium, hard,
@@ -42,11 +55,13 @@
 #   LEROBOT06_DIR      the lerobot 0.6.1 side venv's folder (default .lerobot06/; built by
 #                      scripts/lerobot_check.sh --build-only when missing)
 #   DATA_ROOT=data/metaworld, RUN_ID, PY (.venv/bin/python), OMP_NUM_THREADS (1)
+#   RUN_ROOT=runs      act/diffusion: the folder of their runs (dit4dit's is the run_root_dir=DIR override)
 #
 # Every setting is checked before anything runs, the extra training overrides through a --dry-run
 # of the run's config: a bad value is one line naming it, exit code 2 (the task names and SWAP's
-# against them once the side venv is there: lerobot knows them). Extra overrides make their own run
-# (a hash of them in its name); the keys the recipe sets itself are refused as overrides.
+# against them once the side venv is there: lerobot knows them; act/diffusion's lerobot-train flags by
+# lerobot-train, after the demos). Extra overrides make their own run (a hash of them in its name);
+# the keys the recipe sets itself are refused as overrides.
 # Measured on the project's shared 2-core CPU machine: docs/lerobot.md ("MT10, one policy").
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -60,6 +75,15 @@ stage() { echo "[metaworld_recipe] $*" >&2; }
 
 SMOKE="${SMOKE:-0}"
 case "$SMOKE" in 0|1) ;; *) refuse "SMOKE=$SMOKE: expected 0 or 1" ;; esac
+POLICY="${POLICY:-dit4dit}"
+case "$POLICY" in
+    dit4dit) unread RUN_ROOT "applies only to POLICY=act or diffusion (DiT4DiT's run folder: the run_root_dir=DIR override)" ;;
+    act|diffusion)
+        for v in OBJECTIVE VIDEO_WEIGHT; do unread "$v" "POLICY=$POLICY trains no video loss (OBJECTIVE is DiT4DiT's)"; done
+        unread SWAP "POLICY=$POLICY reads no instruction (the language test is DiT4DiT's)"
+        SWAP= ;;
+    *) refuse "POLICY=$POLICY: expected dit4dit, act or diffusion" ;;
+esac
 MT10=reach-v3,push-v3,pick-place-v3,door-open-v3,drawer-open-v3,drawer-close-v3,button-press-topdown-v3,peg-insert-side-v3,window-open-v3,window-close-v3
 if [ "$SMOKE" = 1 ]; then
     for v in TASKS DEMOS TRAIN_MINUTES EPISODES; do unread "$v" "SMOKE=1 sets it (reach-v3, 1 demo, 2 steps, 1 episode)"; done
@@ -83,6 +107,8 @@ case "$OBJECTIVE" in
 esac
 if [ "$SMOKE" = 1 ]; then
     SCHEDULE=(trainer.max_train_steps=2 trainer.save_interval=2 trainer.eval_interval=1000 trainer.eval_samples=0)
+    # lerobot-train's 2 steps end by themselves long before this cap (a checkpoint after each)
+    SECS=1800 LR_SCHEDULE=(--steps=2 --save_freq=1 --log_freq=1)
 else
     TRAIN_MINUTES="${TRAIN_MINUTES:-40}"
     awk -v m="$TRAIN_MINUTES" 'BEGIN { exit !(m ~ /^[0-9]*\.?[0-9]+$/ && m + 0 > 0) }' \
@@ -91,6 +117,11 @@ else
     SCHEDULE=(trainer.max_train_steps=1000000 trainer.save_interval=1000000 trainer.eval_interval=5000
               "trainer.max_train_time_s=$SECS" trainer.train_time_clock=process_cpu trainer.lr_schedule_clock=train_time)
     VARIANT+="_${TRAIN_MINUTES}min"
+    # lerobot-train stops at the budget, not at --steps: a checkpoint every 100 steps (~1-4% of a
+    # 40-minute budget for ACT, ~1 CPU-s a step here) is what a stop can lose. --steps only has to
+    # stay out of reach; lerobot's diffusion schedule (500 warmup steps, then cosine over --steps)
+    # therefore warms up and stays near its peak LR (ACT's LR is constant anyway).
+    LR_SCHEDULE=(--steps=1000000 --save_freq=100 --log_freq=100)
 fi
 PY="${PY:-.venv/bin/python}"
 command -v "$PY" >/dev/null || refuse "PY=$PY: expected a Python executable (the project's .venv/bin/python)"
@@ -101,11 +132,24 @@ SWAP_GIVEN="${SWAP+x}" SWAP="${SWAP-$SWAP_DEFAULT}"
 for pair in ${SWAP//,/ }; do
     case "$pair" in [a-z]*:[a-z]*) ;; *) refuse "SWAP=$SWAP: expected comma-separated pairs scene-task:instruction-task (drawer-open-v3:drawer-close-v3)" ;; esac
 done
-# Settings the recipe owns are not overrides; the others are refused or taken by the config check below.
+# Settings the recipe owns are not overrides; the others are refused or taken by the config check
+# below (dit4dit) or by lerobot-train (act, diffusion). lerobot-train's owned flags: the demos, the run
+# folder, the budget's stop (--steps, --save_freq), the policy, the device (the budget is CPU time),
+# no DataLoader workers (their CPU time is not the trainer's until they end: the budget would miss
+# it), no resume (a run cut short is trained again). --seed is not owned: lerobot's default (1000)
+# unless given, and another seed is another run (the hash of the flags in its name).
 for o in "$@"; do
-    case "$o" in
-        datasets.vla_data.data_root_dir=*|datasets.vla_data.data_mix=*|datasets.vla_data.image_size=*|datasets.vla_data.latent_cache=*|run_id=*)
+    case "$POLICY:$o" in
+        dit4dit:datasets.vla_data.data_root_dir=*|dit4dit:datasets.vla_data.data_mix=*|dit4dit:datasets.vla_data.image_size=*|dit4dit:datasets.vla_data.latent_cache=*|dit4dit:run_id=*)
             refuse "$o: the recipe sets it (DATA_ROOT, TASKS and DEMOS, SIZE, the cache, RUN_ID)" ;;
+        dit4dit:*) ;;
+        *:--dataset.repo_id=*|*:--dataset.root=*) refuse "$o: the recipe sets it (the demos: DATA_ROOT, TASKS, DEMOS, SIZE)" ;;
+        *:--output_dir=*|*:--job_name=*|*:--resume=*|*:--config_path=*) refuse "$o: the recipe sets it (the run: RUN_ROOT, RUN_ID)" ;;
+        *:--steps=*|*:--save_freq=*) refuse "$o: the recipe sets it (the stop at TRAIN_MINUTES, a checkpoint every 100 steps)" ;;
+        *:--policy.type=*|*:--policy.path=*) refuse "$o: the recipe sets it (POLICY)" ;;
+        *:--policy.device=*|*:--num_workers=*) refuse "$o: the recipe sets it (the budget is one process's CPU time)" ;;
+        *:--[a-z]*=*) ;;
+        *) refuse "$o: expected a lerobot-train flag --key=value (POLICY=$POLICY's extra arguments go to lerobot-train)" ;;
     esac
 done
 SIDE="${LEROBOT06_DIR:-$ROOT/.lerobot06}"
@@ -115,7 +159,7 @@ SMOKE_TAG="$([ "$SMOKE" = 1 ] && echo _smoke || true)"
 DATA="${TASKS_TAG}_${SIZE}_${DEMOS}demos$SMOKE_TAG"
 # Extra overrides make another run (and statistics: one may name another VAE): a hash of them in its names.
 USER_TAG="$([ $# -gt 0 ] && printf '_o%s' "$(printf '%s\n' "$@" | sha256sum | cut -c1-8)" || true)"
-RUN_ID="${RUN_ID:-metaworld_recipe_${DATA}$VARIANT$USER_TAG}"
+RUN_ID="${RUN_ID:-metaworld_$([ "$POLICY" = dit4dit ] && echo recipe || echo "$POLICY")_${DATA}$VARIANT$USER_TAG}"
 case "$RUN_ID" in ''|*/*|.|..) refuse "RUN_ID=$RUN_ID: expected a run folder name (no /)" ;; esac
 CONFIG=configs/metaworld/dit4dit_metaworld_tiny.yaml
 CACHE="$DATA_ROOT/${DATA}_latents$([ "$OBJECTIVE" = joint ] && echo _5frames || true)"
@@ -124,10 +168,22 @@ DATA_OVERRIDES=("datasets.vla_data.data_root_dir=$DATA_ROOT" "datasets.vla_data.
                 "datasets.vla_data.image_size=[$SIZE, $SIZE]" "datasets.vla_data.latent_cache=$CACHE" "run_id=$RUN_ID" "${OBJ[@]}")
 # The user's overrides come last: theirs win over the recipe's schedule.
 OVERRIDES=("${DATA_OVERRIDES[@]}" "${SCHEDULE[@]}" "$@")
-err="$("$PY" -m dit4dit_npu.train --config "$CONFIG" "${OVERRIDES[@]}" trainer.resume=auto --dry-run 2>&1 >/dev/null)" \
-    || refuse "the run's config (the settings and the extra overrides): $(printf '%s\n' "$err" | tail -n 1 | sed -e 's/^config error: //' -e 's/^error: //')"
-RUN_DIR="$("$PY" -m dit4dit_npu.train --config "$CONFIG" "${OVERRIDES[@]}" --dry-run | "$PY" -c '
+if [ "$POLICY" != dit4dit ]; then
+    RUN_ROOT="${RUN_ROOT-runs}"
+    [ -n "$RUN_ROOT" ] || refuse "RUN_ROOT=: expected a folder for the runs"
+    RUN_DIR="$RUN_ROOT/$RUN_ID"
+    # the hand-measured setup (the header's POLICY); the user's flags come last and win
+    LR_POLICY=(--policy.type="$POLICY" --policy.pretrained_backbone_weights=null)
+    if [ "$POLICY" = act ]; then LR_POLICY+=(--policy.chunk_size=8 --policy.n_action_steps=8); fi
+    LR_ARGS=(--dataset.repo_id="local/$DATA" --dataset.root="$DATA_ROOT/$DATA" "${LR_POLICY[@]}" --policy.device=cpu
+             --policy.push_to_hub=false --batch_size=4 --num_workers=0 "${LR_SCHEDULE[@]}" --wandb.enable=false
+             --job_name="$RUN_ID" "$@")
+elif ! err="$("$PY" -m dit4dit_npu.train --config "$CONFIG" "${OVERRIDES[@]}" trainer.resume=auto --dry-run 2>&1 >/dev/null)"; then
+    refuse "the run's config (the settings and the extra overrides): $(printf '%s\n' "$err" | tail -n 1 | sed -e 's/^config error: //' -e 's/^error: //')"
+else
+    RUN_DIR="$("$PY" -m dit4dit_npu.train --config "$CONFIG" "${OVERRIDES[@]}" --dry-run | "$PY" -c '
 import sys, yaml; c = yaml.safe_load(sys.stdin); print(c["run_root_dir"] + "/" + c["run_id"])')"
+fi
 export OMP_NUM_THREADS PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 MUJOCO_GL="${MUJOCO_GL:-egl}"
 t0=$SECONDS
 
@@ -153,22 +209,33 @@ if [ ! -d "$DATA_ROOT/$DATA" ]; then
     "$LR/python" scripts/lerobot06/metaworld_side.py demos --tasks "$TASK_LIST" --episodes "$DEMOS" \
         --size "${SIZE}x$SIZE" --out "$DATA_ROOT/$DATA" >&2
 fi
-if [ ! -s "$STATS" ]; then
-    stage "the tiny VAE's latent statistics on the demos' frames -> $STATS"
-    "$PY" -m dit4dit_npu.data.latent_stats --config "$CONFIG" "${OVERRIDES[@]}" $([ "$SMOKE" = 1 ] && echo --smoke || true) >"$STATS.tmp"
-    mv "$STATS.tmp" "$STATS"
+if [ "$POLICY" = dit4dit ]; then
+    if [ ! -s "$STATS" ]; then
+        stage "the tiny VAE's latent statistics on the demos' frames -> $STATS"
+        "$PY" -m dit4dit_npu.data.latent_stats --config "$CONFIG" "${OVERRIDES[@]}" $([ "$SMOKE" = 1 ] && echo --smoke || true) >"$STATS.tmp"
+        mv "$STATS.tmp" "$STATS"
+    fi
+    mapfile -t STATS_OVERRIDES < <(sed -n 's/^ *\(vae_latents_[a-z]*\): \[\(.*\)\]$/framework.cosmos25.tiny.\1=[\2]/p' "$STATS" | tr -d ' ')
+    OVERRIDES=("${DATA_OVERRIDES[@]}" "${STATS_OVERRIDES[@]}" "${SCHEDULE[@]}" "$@")
+    t_demos=$SECONDS
+    stage "latent cache: every training sample's clip, VAE-encoded once -> $CACHE"
+    "$PY" -m dit4dit_npu.data.encode_latents --config "$CONFIG" --out "$CACHE" "${OVERRIDES[@]}" >&2
+    t_cache=$SECONDS
+    stage "train: $([ "$SMOKE" = 1 ] && echo "2 steps" || echo "$TRAIN_MINUTES training minutes") -> $RUN_DIR"
+    "$PY" -m dit4dit_npu.train --config "$CONFIG" "${OVERRIDES[@]}" trainer.resume=auto >&2
+    t_train=$SECONDS
+    POLICY_DIR="$(ls -d "$RUN_DIR"/checkpoints/step_*/policy | sort -V | tail -1)"
+    CKPT="$(basename "$(dirname "$POLICY_DIR")")"
+    "$LR/dit4dit-lerobot-prepare" --policy "$POLICY_DIR" >&2
+else
+    t_demos=$SECONDS t_cache=$SECONDS
+    stage "train: lerobot's $POLICY, $([ "$SMOKE" = 1 ] && echo "2 steps" || echo "$TRAIN_MINUTES minutes of its CPU time") -> $RUN_DIR/train"
+    MKL_NUM_THREADS="${MKL_NUM_THREADS:-$OMP_NUM_THREADS}" WANDB_MODE=disabled \
+        "$LR/python" scripts/lerobot06/train_budget.py --cpu-seconds "$SECS" --out "$RUN_DIR/train" -- "${LR_ARGS[@]}" >&2
+    t_train=$SECONDS
+    read -r CKPT POLICY_DIR < <("$LR/python" -c 'import json, sys; r = json.load(open(sys.argv[1]))
+print("step_%d" % r["step"], r["pretrained_model"])' "$RUN_DIR/train/budget.json")
 fi
-mapfile -t STATS_OVERRIDES < <(sed -n 's/^ *\(vae_latents_[a-z]*\): \[\(.*\)\]$/framework.cosmos25.tiny.\1=[\2]/p' "$STATS" | tr -d ' ')
-OVERRIDES=("${DATA_OVERRIDES[@]}" "${STATS_OVERRIDES[@]}" "${SCHEDULE[@]}" "$@")
-t_demos=$SECONDS
-stage "latent cache: every training sample's clip, VAE-encoded once -> $CACHE"
-"$PY" -m dit4dit_npu.data.encode_latents --config "$CONFIG" --out "$CACHE" "${OVERRIDES[@]}" >&2
-t_cache=$SECONDS
-stage "train: $([ "$SMOKE" = 1 ] && echo "2 steps" || echo "$TRAIN_MINUTES training minutes") -> $RUN_DIR"
-"$PY" -m dit4dit_npu.train --config "$CONFIG" "${OVERRIDES[@]}" trainer.resume=auto >&2
-t_train=$SECONDS
-POLICY="$(ls -d "$RUN_DIR"/checkpoints/step_*/policy | sort -V | tail -1)"
-"$LR/dit4dit-lerobot-prepare" --policy "$POLICY" >&2
 
 # lerobot_eval OUT TASK [ARGS...]: lerobot-eval of the policy on one task, EPISODES episodes, into
 # OUT (skipped when OUT/eval_info.json is there: one folder per task, whatever WORKERS was). The
@@ -179,12 +246,12 @@ lerobot_eval() {
     shift 2
     [ -s "$out/eval_info.json" ] && return 0
     rm -rf "$out"
-    "$LR/lerobot-eval" --policy.path="$POLICY" --env.type=metaworld_lean --env.task="$task" --env.image_size="$SIZE" \
+    "$LR/lerobot-eval" --policy.path="$POLICY_DIR" --env.type=metaworld_lean --env.task="$task" --env.image_size="$SIZE" \
         --eval.n_episodes="$EPISODES" --eval.batch_size=1 --policy.device=cpu --output_dir="$out" \
-        $([ "$SMOKE" = 1 ] && echo --policy.allow_out_of_range=true || true) "$@" >"$out.log" 2>&1 \
+        $([ "$SMOKE$POLICY" = 1dit4dit ] && echo --policy.allow_out_of_range=true || true) "$@" >"$out.log" 2>&1 \
         || { echo "error: lerobot-eval on $task failed: $(tail -1 "$out.log") (log: $out.log)" >&2; return 1; }
 }
-EVAL="$RUN_DIR/lerobot_eval/$(basename "$(dirname "$POLICY")")_${EPISODES}eps"
+EVAL="$RUN_DIR/lerobot_eval/${CKPT}_${EPISODES}eps"
 mkdir -p "$EVAL"
 stage "lerobot-eval: ${#TASK_NAMES[@]} task(s) x $EPISODES episodes, $WORKERS process(es) -> $EVAL"
 worker() {  # the tasks w, w+WORKERS, ... one after the other
