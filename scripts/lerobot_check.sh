@@ -79,7 +79,16 @@ OURS_DEPS="tokenizers>=0.22 omegaconf pyyaml msgpack websockets>=15 matplotlib"
 # equality constraint: mujoco 3.17 and 4.0.1 hold 12 (mjNEQDATA), a ValueError on the first env.
 # 3.8.1 (11, the version this project's own environment runs) is the one checked here.
 PINS="mujoco==3.8.1"
-STAMP="$( (echo "$LEROBOT_SPEC $OURS_DEPS $PINS"; cat "$ROOT/pyproject.toml" "$ROOT/client/pyproject.toml") | sha256sum | cut -c1-16)"
+# The stamp reads the pyprojects' [project] and [build-system] tables (dependencies, console scripts),
+# not the tool settings: a pytest or ruff edit must not cost a 6 GB rebuild. (No Python >= 3.12 to
+# parse them: the whole files; the script stops below anyway.)
+project_tables() {
+  "$BASE_PY" -c 'import json, sys, tomllib
+for f in sys.argv[1:]:
+    d = tomllib.load(open(f, "rb"))
+    print(json.dumps([d.get("project"), d.get("build-system")], sort_keys=True))' "$@" 2>/dev/null || cat "$@"
+}
+STAMP="$( (echo "$LEROBOT_SPEC $OURS_DEPS $PINS"; project_tables "$ROOT/pyproject.toml" "$ROOT/client/pyproject.toml") | sha256sum | cut -c1-16)"
 
 build() {  # create once; rebuild when the package lists or a pyproject change
   local dir="$SIDE/venv"
@@ -105,12 +114,19 @@ PKG="$(cd / && "$PY" -c 'import os, dit4dit_npu; print(os.path.dirname(os.path.d
 [ -n "$BASE_PY" ] || { echo "FAIL setup: no Python >= 3.12 found (lerobot 0.6.1 needs it): set PYTHON312 to one"; exit 1; }
 build || { echo "FAIL setup: cannot build the lerobot 0.6.1 side venv in $SIDE/venv"; exit 1; }
 LR="$SIDE/venv/bin"
-# the plugins (the policy, and the lean Meta-World env): reinstalled every run (wheels, not editable:
-# lerobot finds plugins by their distribution's name, and a non-editable copy checks what a user's
-# pip install gives)
-"$LR/python" -m pip install --quiet --disable-pip-version-check --no-deps --force-reinstall "$ROOT/lerobot_plugin" \
-  "$ROOT/lerobot_plugin/env" >"$SIDE/plugin_install.log" 2>&1 \
-  || { echo "FAIL setup: pip install lerobot_plugin lerobot_plugin/env ($(tail -1 "$SIDE/plugin_install.log"))"; exit 1; }
+# the plugins (the policy, and the lean Meta-World env): wheels, not editable (lerobot finds plugins
+# by their distribution's name, and a non-editable copy checks what a user's pip install gives),
+# reinstalled when their sources differ from the installed copy's. Not on every run: a reinstall
+# under a lerobot-eval still starting from this venv (another recipe's) would pull its modules away.
+PLUGIN_STAMP="$(cd "$ROOT" && find lerobot_plugin -type f \( -name '*.py' -o -name '*.toml' -o -name '*.md' \) \
+  -not -path '*/build/*' -not -path '*.egg-info/*' | LC_ALL=C sort | xargs sha256sum | sha256sum | cut -c1-16)"
+if [ "$(cat "$SIDE/venv/.plugins-stamp" 2>/dev/null)" != "$PLUGIN_STAMP" ]; then
+  rm -f "$SIDE/venv/.plugins-stamp"
+  "$LR/python" -m pip install --quiet --disable-pip-version-check --no-deps --force-reinstall "$ROOT/lerobot_plugin" \
+    "$ROOT/lerobot_plugin/env" >"$SIDE/plugin_install.log" 2>&1 \
+    || { echo "FAIL setup: pip install lerobot_plugin lerobot_plugin/env ($(tail -1 "$SIDE/plugin_install.log"))"; exit 1; }
+  echo "$PLUGIN_STAMP" >"$SIDE/venv/.plugins-stamp"
+fi
 # The side venv must run this checkout's dit4dit_npu (an editable install of another checkout
 # would check that one's code and pass); asked from outside the checkout.
 PKG="$(cd / && "$LR/python" -c 'import os, dit4dit_npu; print(os.path.dirname(os.path.dirname(os.path.realpath(dit4dit_npu.__file__))))' 2>&1)"

@@ -187,8 +187,8 @@ fi
 export OMP_NUM_THREADS PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 MUJOCO_GL="${MUJOCO_GL:-egl}"
 t0=$SECONDS
 
-# The side venv (built when missing: ~8 min, 5.9 GB) with this checkout's plugins, reinstalled each run
-# (cheap; a stale copy would judge old code). PY and the side venv must import this checkout's
+# The side venv (built when missing: ~8 min, 5.9 GB) with this checkout's plugins, reinstalled when
+# their sources changed (a stale copy would judge old code). PY and the side venv must import this checkout's
 # dit4dit_npu (a worktree: PYTHONPATH=<it>:<it>/client): lerobot_check.sh says so in one line.
 stage "the lerobot 0.6.1 side venv and the plugins -> $SIDE"
 PROJECT_PYTHON="$(case "$PY" in /*) echo "$PY" ;; */*) echo "$ROOT/$PY" ;; *) command -v "$PY" ;; esac)" \
