@@ -10,6 +10,10 @@ if ! [[ "$need" =~ ^[0-9]+$ ]]; then
   echo "scripts/check_disk.sh: TEST_MIN_FREE_MB=$need: expected a whole number of MB" >&2
   exit 2
 fi
+if [ ! -d "$tmp" ]; then
+  echo "scripts/check_disk.sh: TMPDIR=$tmp: expected an existing folder" >&2
+  exit 2
+fi
 free_mb=$(df -Pm "$tmp" | awk 'NR == 2 {print $4}')
 if [ "$free_mb" -lt "$need" ]; then
   echo "scripts/check_disk.sh: $tmp has $free_mb MB free, the tests need $need (TEST_MIN_FREE_MB): free some disk first" >&2

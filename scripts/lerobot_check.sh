@@ -90,7 +90,7 @@ for f in sys.argv[1:]:
 }
 STAMP="$( (echo "$LEROBOT_SPEC $OURS_DEPS $PINS"; project_tables "$ROOT/pyproject.toml" "$ROOT/client/pyproject.toml") | sha256sum | cut -c1-16)"
 
-build() {  # create once; rebuild when the package lists or a pyproject change
+build() {  # create once; rebuild when the package lists or the pyprojects' [project] tables change
   local dir="$SIDE/venv"
   if [ -x "$dir/bin/python" ] && [ "$(cat "$dir/.lerobot06-stamp" 2>/dev/null)" = "$STAMP" ]; then
     return 0

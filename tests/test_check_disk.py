@@ -33,3 +33,8 @@ def test_too_little_space_or_a_bad_setting_is_one_line(tmp_path, need, says):
     assert r.stderr.count("\n") == 1 and says in r.stderr, r.stderr
     if need.isdigit():
         assert str(tmp_path) in r.stderr  # names the folder it measured
+
+
+def test_a_temp_folder_that_is_not_there_is_one_line(tmp_path):
+    r = check(tmp_path / "missing", "0")
+    assert r.returncode == 2 and r.stderr == f"scripts/check_disk.sh: TMPDIR={tmp_path / 'missing'}: expected an existing folder\n"
