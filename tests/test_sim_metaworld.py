@@ -74,7 +74,9 @@ def test_a_missing_metaworld_package_is_one_line_naming_the_install(tmp_path: Pa
     the path makes it fail as an absent package does)."""
     shadow = tmp_path / "shadow"
     (shadow / "metaworld").mkdir(parents=True)
-    (shadow / "metaworld" / "__init__.py").write_text("raise ImportError(\"No module named 'metaworld'\")\n")
+    (shadow / "metaworld" / "__init__.py").write_text(
+        "raise ModuleNotFoundError(\"No module named 'metaworld'\", name='metaworld')\n"
+    )
     env = {**ENV, "PYTHONPATH": os.pathsep.join([str(shadow), ENV.get("PYTHONPATH", "")])}
     out = tmp_path / "out"
     r = subprocess.run(

@@ -56,15 +56,24 @@ def import_mujoco() -> ModuleType:
     return mujoco
 
 
+def import_metaworld() -> ModuleType:
+    """``import metaworld`` after MuJoCo's platform is set; a failure is one line with the install
+    command (metaworld 3.0.0 also imports ``packaging`` without declaring it: that one is named)."""
+    import_mujoco()
+    try:
+        import metaworld
+    except ImportError as e:
+        what = "is not installed" if e.name == "metaworld" else "cannot be imported"
+        raise SimError(f"metaworld {what} ({e}); {METAWORLD_INSTALL_HELP}") from None
+    return metaworld
+
+
 def require_simulator(simulator: str = "ALOHA") -> None:
     """Check once, before any work, that the simulator's package (gym-aloha, or ``metaworld`` for
     "Meta-World") imports and that an offscreen renderer starts."""
     mujoco = import_mujoco()
     if simulator == "Meta-World":
-        try:
-            import metaworld  # noqa: F401
-        except ImportError as e:
-            raise SimError(f"metaworld is not installed ({e}); {METAWORLD_INSTALL_HELP}") from None
+        import_metaworld()
     else:
         try:
             import dm_control.mujoco  # noqa: F401

@@ -26,10 +26,9 @@ from typing import Any
 import numpy as np
 
 from dit4dit_npu.sim import metaworld_tasks as mw
-from dit4dit_npu.sim.backend import import_mujoco
+from dit4dit_npu.sim.backend import import_metaworld
 from dit4dit_npu.sim.errors import EpisodeError, SimError
 from dit4dit_npu.sim.tasks import StepResult, parse_size, scene_spec
-
 
 TASK_SEED = 42  # lerobot's metaworld.MT1(task, seed=42): the benchmark's task list (its first is set)
 # lerobot moves camera 2 (corner2 in Meta-World's scenes) here before the first frame; by index, as
@@ -49,11 +48,7 @@ class MetaworldScene:
         self.spec = scene_spec(task)
         self.name = mw.env_name(task)
         h, w = parse_size(f"{size_hw[0]}x{size_hw[1]}")
-        import_mujoco()  # MUJOCO_GL before gymnasium's renderer imports mujoco (backend.py)
-        try:
-            import metaworld
-        except ImportError as e:  # imported here, so that this module loads without it (the package's walk)
-            raise SimError(f"metaworld is not installed ({e}); {mw.INSTALL_HELP}") from None
+        metaworld = import_metaworld()  # here, not at the top: this module loads without it
         mt1 = metaworld.MT1(self.name, seed=TASK_SEED)
         env = mt1.train_classes[self.name](render_mode="rgb_array", camera_name=mw.CAMERA)
         env.set_task(mt1.train_tasks[0])
