@@ -210,3 +210,17 @@ def test_a_policy_folder_runs_a_meta_world_episode_through_the_command(tmp_path:
     assert ep["error"] is None and (ep["steps"] == 16 or ep["success"]) and ep["policy_calls"] == -(-ep["steps"] // 8)
     assert ep["boundary_jerk"] is None  # hand displacements are not joint targets: no jerk reported
     assert (out / "videos" / "metaworld_reach-v3_seed001000.mp4").is_file()
+
+
+@pytest.mark.slow
+@pytest.mark.interop
+def test_our_scene_is_lerobots_env_seed_by_seed() -> None:
+    """Against lerobot's own code (its lean env, in the side venv), not a transcription of it:
+    the same goal and objects, picture, state, rewards and success for each seed."""
+    from test_lerobot_plugin import SIDE_PY, side
+
+    if not SIDE_PY.is_file():
+        pytest.skip("no lerobot 0.6 side venv: bash scripts/lerobot_check.sh builds it")
+    r = side(str(REPO / "scripts" / "lerobot06" / "metaworld_same_scene.py"), "--tasks", "reach-v3",
+             "--seeds", "1000-1002", "--size", "64", "--steps", "10")
+    assert r.returncode == 0 and r.stdout.splitlines()[-1] == "same scenes: 3/3 (task, seed) pairs", r.stdout + r.stderr
