@@ -1,4 +1,4 @@
-"""Closed-loop success rate of a policy on an ALOHA scene.
+"""Closed-loop success rate of a policy on an ALOHA scene or a Meta-World task.
 
     python -m dit4dit_npu.sim.eval (--policy POLICY_DIR | --server ws://HOST:PORT | --scripted expert|expert_chunks|hold) \
         --task transfer_cube --episodes 50 --seed 0 [--replan K] [--size HxW] [--videos N] \
@@ -15,6 +15,10 @@ ends there, as gym-aloha's env terminates); success within gym-aloha's 300-step 
 too. Prints one line per episode and ``success k/N = p% (95% Wilson CI lo–hi%)``; writes
 ``results.json`` and mp4s (cam_high | left wrist | right wrist) of the first N episodes.
 W > 1 runs episodes in W processes, each with its own scene and policy.
+
+``--task metaworld/<task>`` (e.g. ``metaworld/reach-v3``) runs the same loop in Meta-World, as
+lerobot 0.6.1's env shows it (``metaworld_scene.py``): seed S places the goal and objects as
+lerobot-eval's episode of seed S; success is Meta-World's ``info["success"]``; at most 500 steps.
 
 The command (its flags, the printed lines) is ``eval_main`` in ``sim/cli.py``; this module runs the
 episodes and writes ``results.json``.
