@@ -14,10 +14,10 @@ from dit4dit_npu.config import Config, load_config
 TINY_YAML = Path(__file__).resolve().parents[1] / "configs" / "robotwin" / "dit4dit_robotwin_tiny.yaml"
 
 
-def tiny_config(root: Path, *overrides: str, data_root: Path | None = None) -> Config:
-    """The embedded tiny config with runs under ``root`` and its demo data under ``data_root``
-    (default: written to ``root/data`` here, since the trainer generates it only at its default
-    location)."""
+def tiny_config(root: Path, *overrides: str, data_root: Path | None = None, yaml: Path = TINY_YAML) -> Config:
+    """The embedded tiny config (or another ``yaml``) with runs under ``root`` and its data under
+    ``data_root`` (default: the demo data, written to ``root/data`` here, since the trainer generates
+    it only at its default location)."""
     from dit4dit_npu.data.demo import write_demo_dataset
 
     if data_root is None:
@@ -25,7 +25,7 @@ def tiny_config(root: Path, *overrides: str, data_root: Path | None = None) -> C
         if not (data_root / "robotwin_demo").exists():
             write_demo_dataset(data_root / "robotwin_demo")
     return load_config(
-        TINY_YAML,
+        yaml,
         [f"datasets.vla_data.data_root_dir={data_root}", f"run_root_dir={root}/runs", *overrides],
     )
 
@@ -46,14 +46,17 @@ def dataset_instructions(data: Any) -> list[str]:
     return sorted({t for ds in data.datasets for t in ds.meta.tasks.values()})
 
 
-def build_tiny_setup(root: Path, *overrides: str, step: int = 0, data_root: Path | None = None) -> TinySetup:
-    """Demo data + a freshly built (untrained) tiny model, exported to ``root/policy``."""
+def build_tiny_setup(
+    root: Path, *overrides: str, step: int = 0, data_root: Path | None = None, yaml: Path = TINY_YAML
+) -> TinySetup:
+    """Demo data (or ``yaml``'s data under ``data_root``) + a freshly built (untrained) tiny model,
+    exported to ``root/policy``."""
     from dit4dit_npu.data import build_training_data
     from dit4dit_npu.models.prompt_cache import PromptCache
     from dit4dit_npu.policy import export_policy
     from dit4dit_npu.weights import build_dit4dit, build_prompt_encoder
 
-    cfg = tiny_config(root, *overrides, data_root=data_root)
+    cfg = tiny_config(root, *overrides, data_root=data_root, yaml=yaml)
     data = build_training_data(cfg)
     model = build_dit4dit(cfg, data.io.spec)
     cache = PromptCache()

@@ -201,7 +201,8 @@ BAD_INPUT = {
     ],
     "dit4dit-sim-eval": [
         (["--scripted", "hold", "--task", "fold", "--out", "{tmp}/eval"],
-         "error: unknown task 'fold'; expected one of ['insertion', 'transfer_cube']"),
+         "error: unknown task 'fold'; expected one of ['insertion', 'transfer_cube'] or metaworld/<task> (e.g. "
+         "metaworld/reach-v3)"),
         (["--scripted", "hold", "--episodes", "0", "--out", "{tmp}/eval"], "error: --episodes: expected >= 1, got 0"),
     ],
     "dit4dit-memory-plan": [
@@ -345,7 +346,8 @@ def test_every_user_error_class_is_a_dit4dit_error_and_keeps_its_builtin_base() 
         ("dit4dit-eval", ["--policy", NOPE, "--episodes", "1", "2"], "--episodes", "--episode-indices",
          f"policy folder not found: {NOPE}"),
         ("dit4dit-sim-eval", ["--scripted", "hold", "--task", "fold", "--output", "{tmp}/o"], "--output", "--out",
-         "unknown task 'fold'; expected one of ['insertion', 'transfer_cube']"),
+         "unknown task 'fold'; expected one of ['insertion', 'transfer_cube'] or metaworld/<task> (e.g. "
+         "metaworld/reach-v3)"),
     ],
 )
 def test_a_renamed_flag_keeps_its_old_spelling_hidden_with_one_notice(

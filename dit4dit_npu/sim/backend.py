@@ -20,13 +20,14 @@ import os
 from types import ModuleType
 
 from dit4dit_npu.sim.errors import SimError
+from dit4dit_npu.sim.metaworld_tasks import INSTALL_HELP as METAWORLD_INSTALL_HELP
 
 DEFAULT_GL = "egl"
 GL_HELP = (
     "try MUJOCO_GL=egl (needs libegl1 and libegl-mesa0) or MUJOCO_GL=osmesa (needs libosmesa6, "
     "e.g. apt-get install libosmesa6)"
 )
-INSTALL_HELP = "install the simulation extra: pip install -e '.[sim]' (gym-aloha, mujoco, dm-control)"
+INSTALL_HELP = "install the simulation extra: pip install -e '.[sim]' (gym-aloha, mujoco, dm-control, metaworld)"
 
 
 def gl_backend() -> str:
@@ -55,14 +56,30 @@ def import_mujoco() -> ModuleType:
     return mujoco
 
 
-def require_simulator() -> None:
-    """Check once, before any work, that gym-aloha imports and that an offscreen renderer starts."""
-    mujoco = import_mujoco()
+def import_metaworld() -> ModuleType:
+    """``import metaworld`` after MuJoCo's platform is set; a failure is one line with the install
+    command (metaworld 3.0.0 also imports ``packaging`` without declaring it: that one is named)."""
+    import_mujoco()
     try:
-        import dm_control.mujoco  # noqa: F401
-        import gym_aloha.tasks.sim  # noqa: F401
+        import metaworld
     except ImportError as e:
-        raise SimError(f"gym-aloha is not installed ({e}); {INSTALL_HELP}") from None
+        what = "is not installed" if e.name == "metaworld" else "cannot be imported"
+        raise SimError(f"metaworld {what} ({e}); {METAWORLD_INSTALL_HELP}") from None
+    return metaworld
+
+
+def require_simulator(simulator: str = "ALOHA") -> None:
+    """Check once, before any work, that the simulator's package (gym-aloha, or ``metaworld`` for
+    "Meta-World") imports and that an offscreen renderer starts."""
+    mujoco = import_mujoco()
+    if simulator == "Meta-World":
+        import_metaworld()
+    else:
+        try:
+            import dm_control.mujoco  # noqa: F401
+            import gym_aloha.tasks.sim  # noqa: F401
+        except ImportError as e:
+            raise SimError(f"gym-aloha is not installed ({e}); {INSTALL_HELP}") from None
     model = mujoco.MjModel.from_xml_string("<mujoco><worldbody><geom size='.1'/></worldbody></mujoco>")
     try:
         renderer = mujoco.Renderer(model, 16, 16)

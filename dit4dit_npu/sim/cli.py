@@ -23,7 +23,7 @@ from dit4dit_npu.sim.backend import require_simulator
 from dit4dit_npu.sim.errors import SimError
 from dit4dit_npu.sim.policies import BUILTIN
 from dit4dit_npu.sim.success_rate import format_rate
-from dit4dit_npu.sim.tasks import EPISODE_STEPS, GYM_MAX_STEPS, TRAIN_SEED0, get_task, parse_size
+from dit4dit_npu.sim.tasks import EPISODE_STEPS, TRAIN_SEED0, get_task, parse_size, scene_spec
 
 
 @entry_point
@@ -65,7 +65,11 @@ def parse_eval_args(argv: list[str] | None) -> argparse.Namespace:
     who.add_argument("--server", metavar="ws://HOST:PORT", help="a policy server (python -m dit4dit_npu.serve)")
     who.add_argument("--scripted", choices=BUILTIN, help="a scripted policy: the demo expert (whole or in chunks), "
                                                           "or hold the start pose")
-    p.add_argument("--task", default="transfer_cube", help="the scene and its success check (default: %(default)s)")
+    p.add_argument(
+        "--task", default="transfer_cube",
+        help="the scene and its success check: transfer_cube | insertion (ALOHA) | metaworld/<task>, e.g. "
+        "metaworld/reach-v3 (Meta-World, as lerobot's env shows it) (default: %(default)s)",
+    )
     p.add_argument("--episodes", type=int, default=50, help="how many episodes (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="seed of the first episode")
     p.add_argument(
@@ -81,7 +85,10 @@ def parse_eval_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--size", default=None, help="HxW per camera (default: the policy's training size, else 240x320)"
     )
-    p.add_argument("--max-steps", type=int, default=EPISODE_STEPS, help="episode length (ACT: 400)")
+    p.add_argument(
+        "--max-steps", type=int, default=None,
+        help=f"episode length (default: ALOHA {EPISODE_STEPS}, ACT's; Meta-World 500, its own limit)",
+    )
     p.add_argument("--videos", type=int, default=2, help="mp4s of the first N episodes")
     p.add_argument("--workers", type=int, default=1, help="parallel worker processes (each: scene + policy)")
     p.add_argument("--connect-timeout", type=float, default=30.0, help="seconds to wait for a ws:// server")
@@ -93,6 +100,8 @@ def parse_eval_args(argv: list[str] | None) -> argparse.Namespace:
     former_names(p, out, "--output")
     args = p.parse_args(argv)
     require(p, args, out)
+    if args.max_steps is None:  # the task's own default (an unknown task is one line here)
+        args.max_steps = scene_spec(args.task).episode_steps
     args.policy = acting_policy(args)
     return args
 
@@ -126,8 +135,9 @@ def acting_flags(spec: str) -> list[str]:
 def eval_main(argv: list[str] | None = None) -> int:
     a = parse_eval_args(argv)
     setup = sim_eval.make_setup(a)  # every flag checked (the seed range too) before MuJoCo loads
-    require_simulator()
-    if a.seed + a.episodes - 1 >= TRAIN_SEED0:
+    spec = scene_spec(a.task)
+    require_simulator(spec.simulator)
+    if spec.simulator == "ALOHA" and a.seed + a.episodes - 1 >= TRAIN_SEED0:
         print(f"warning: seeds >= {TRAIN_SEED0} are the demo (training) seeds", file=sys.stderr)
 
     def on_result(i: int, n: int, r: dict) -> None:
@@ -136,10 +146,11 @@ def eval_main(argv: list[str] | None = None) -> int:
     summary = sim_eval.evaluate(a, setup, on_result)
     n = summary["episodes"]
     print(f"success {format_rate(summary['successes'], n)}")
-    print(
-        f"success within {GYM_MAX_STEPS} steps (gym-aloha's limit): "
-        f"{format_rate(summary[f'successes_within_{GYM_MAX_STEPS}'], n)}"
-    )
+    if spec.simulator == "ALOHA":  # a Meta-World episode ends at its env's limit: nothing more to say
+        print(
+            f"success within {spec.time_limit} steps (gym-aloha's limit): "
+            f"{format_rate(summary[f'successes_within_{spec.time_limit}'], n)}"
+        )
     if a.execution != "sync" or a.delay_ms:
         print(
             f"{a.execution} execution, {summary['delay_steps']} steps ({a.delay_ms:g} ms) delay: jerk at chunk "

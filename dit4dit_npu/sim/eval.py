@@ -1,4 +1,4 @@
-"""Closed-loop success rate of a policy on an ALOHA scene.
+"""Closed-loop success rate of a policy on an ALOHA scene or a Meta-World task.
 
     python -m dit4dit_npu.sim.eval (--policy POLICY_DIR | --server ws://HOST:PORT | --scripted expert|expert_chunks|hold) \
         --task transfer_cube --episodes 50 --seed 0 [--replan K] [--size HxW] [--videos N] \
@@ -15,6 +15,10 @@ ends there, as gym-aloha's env terminates); success within gym-aloha's 300-step 
 too. Prints one line per episode and ``success k/N = p% (95% Wilson CI lo–hi%)``; writes
 ``results.json`` and mp4s (cam_high | left wrist | right wrist) of the first N episodes.
 W > 1 runs episodes in W processes, each with its own scene and policy.
+
+``--task metaworld/<task>`` (e.g. ``metaworld/reach-v3``) runs the same loop in Meta-World, as
+lerobot 0.6.1's env shows it (``metaworld_scene.py``): seed S places the goal and objects as
+lerobot-eval's episode of seed S; success is Meta-World's ``info["success"]``; at most 500 steps.
 
 The command (its flags, the printed lines) is ``eval_main`` in ``sim/cli.py``; this module runs the
 episodes and writes ``results.json``.
@@ -35,17 +39,12 @@ from dit4dit_npu.sim.execution import Execution
 from dit4dit_npu.sim.policies import BUILTIN
 from dit4dit_npu.sim.rollout import EvalSetup
 from dit4dit_npu.sim.success_rate import wilson_interval
-from dit4dit_npu.sim.tasks import (
-    GYM_MAX_STEPS,
-    check_seed_range,
-    get_task,
-    parse_size,
-)
+from dit4dit_npu.sim.tasks import check_seed_range, parse_size, scene_spec
 
 
 def make_setup(a: argparse.Namespace) -> EvalSetup:
     """Validate the arguments (one SimError per problem) and describe what every worker runs."""
-    get_task(a.task)
+    spec = scene_spec(a.task)
     for name, value, low in (
         ("--episodes", a.episodes, 1),
         ("--max-steps", a.max_steps, 1),
@@ -54,12 +53,21 @@ def make_setup(a: argparse.Namespace) -> EvalSetup:
     ):
         if value < low:
             raise SimError(f"{name}: expected >= {low}, got {value}")
+    if spec.max_steps is not None and a.max_steps > spec.max_steps:
+        raise SimError(f"--max-steps: {spec.simulator} ends an episode at {spec.max_steps} steps; expected 1 to "
+                       f"{spec.max_steps}, got {a.max_steps}")
+    if spec.simulator != "ALOHA" and a.policy in BUILTIN:
+        raise SimError(f"--scripted {a.policy}: the scripted policies drive the ALOHA tasks; --task {a.task} takes "
+                       "--policy DIR or --server ws://HOST:PORT")
+    if spec.simulator != "ALOHA" and a.delay_ms:
+        raise SimError(f"--delay-ms {a.delay_ms:g}: --task {a.task} acts by hand displacements, so there is no pose "
+                       "to hold while the first chunk is computed; expected 0")
     check_seed_range(a.seed, a.episodes)
     if a.replan is not None and a.replan < 1:
         raise SimError(f"--replan: expected >= 1, got {a.replan}")
     if not (math.isfinite(a.connect_timeout) and a.connect_timeout > 0):
         raise SimError(f"--connect-timeout: expected seconds > 0, got {a.connect_timeout}")
-    execution = Execution(a.execution, a.delay_ms)
+    execution = Execution(a.execution, a.delay_ms, spec.fps)
     # --out is made only once the policy and scene are known good: a file in the way is said now
     for folder in (a.out, *a.out.parents):
         if folder.exists():
@@ -191,8 +199,9 @@ def summarize(
     a: argparse.Namespace, setup: EvalSetup, info: dict, results: list[dict], wall_s: float
 ) -> dict:
     n = len(results)
+    limit = scene_spec(a.task).time_limit
     k = sum(r["success"] for r in results)
-    k300 = sum(r[f"success_within_{GYM_MAX_STEPS}"] for r in results)
+    k_limit = sum(r[f"success_within_{limit}"] for r in results)
     steps = sum(r["steps"] for r in results)
 
     def mean_of(key: str) -> float | None:
@@ -207,8 +216,8 @@ def summarize(
         "successes": k,
         "success_rate": k / n,
         "wilson95": list(wilson_interval(k, n)),
-        f"successes_within_{GYM_MAX_STEPS}": k300,
-        f"wilson95_within_{GYM_MAX_STEPS}": list(wilson_interval(k300, n)),
+        f"successes_within_{limit}": k_limit,
+        f"wilson95_within_{limit}": list(wilson_interval(k_limit, n)),
         "mean_steps_to_success": mean_of("steps_to_success"),
         "errors": sum(r["error"] is not None for r in results),
         "env_ms_per_step": mean_of("env_ms_per_step"),
@@ -230,8 +239,6 @@ def summarize(
         "max_steps": a.max_steps,
         "mujoco_gl": os.environ.get("MUJOCO_GL"),
     }
-
-
 
 
 def evaluate(a: argparse.Namespace, setup: EvalSetup, on_result) -> dict:

@@ -24,15 +24,14 @@ import numpy as np
 from dit4dit_client import MODES, delay_steps
 
 from dit4dit_npu.sim.errors import SimError
-from dit4dit_npu.sim.tasks import FPS
-
-ARM_DIMS = [*range(0, 6), *range(7, 13)]  # [left 6, left gripper, right 6, right gripper] -> the joints
+from dit4dit_npu.sim.tasks import ARM_DIMS, FPS
 
 
 @dataclass(frozen=True)
 class Execution:
     mode: str = "sync"  # dit4dit_client.MODES
     delay_ms: float = 0.0  # artificial inference delay
+    fps: int = FPS  # the scene's control rate, which turns the delay into steps (ALOHA's by default)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -42,24 +41,30 @@ class Execution:
 
     @property
     def delay_steps(self) -> int:
-        return delay_steps(self.delay_ms / 1e3, FPS)
+        return delay_steps(self.delay_ms / 1e3, self.fps)
 
 
-def jerk(actions: np.ndarray) -> np.ndarray:
-    """(T, 14) executed actions -> (T,) arm jerk in rad/s^3; the first three steps are 0 (undefined)."""
-    a = np.asarray(actions, np.float64)[:, ARM_DIMS]
+def jerk(actions: np.ndarray, dims: tuple[int, ...] = ARM_DIMS, fps: int = FPS) -> np.ndarray:
+    """(T, D) executed actions -> (T,) jerk of the joint targets ``dims`` (ALOHA's 12 arm joints:
+    rad/s^3); the first three steps are 0 (undefined)."""
+    a = np.asarray(actions, np.float64)[:, list(dims)]
     out = np.zeros(len(a))
     if len(a) > 3:
-        out[3:] = np.linalg.norm(np.diff(a, n=3, axis=0), axis=1) * FPS**3
+        out[3:] = np.linalg.norm(np.diff(a, n=3, axis=0), axis=1) * fps**3
     return out
 
 
-def boundary_jerk(actions: np.ndarray, boundaries: list[int]) -> dict[str, float | int | None]:
+def boundary_jerk(
+    actions: np.ndarray, boundaries: list[int], dims: tuple[int, ...] = ARM_DIMS, fps: int = FPS
+) -> dict[str, float | int | None]:
     """Mean jerk at chunk boundaries (each: the max over the 3 differences that straddle it) and
-    away from them. Boundaries closer than 3 steps to the start have no defined jerk and are left out."""
-    j = jerk(actions)
+    away from them. Boundaries closer than 3 steps to the start have no defined jerk and are left out.
+    No ``dims`` (actions that are not joint targets, e.g. Meta-World's hand displacements): no jerk."""
+    j = jerk(actions, dims, fps)
     t = len(j)
     at = [b for b in boundaries if 3 <= b < t]
+    if not dims:
+        return {"boundaries": len(at), "boundary_jerk": None, "interior_jerk": None}
     near = np.zeros(t, bool)
     for b in at:
         near[b : b + 3] = True

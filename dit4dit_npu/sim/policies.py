@@ -22,7 +22,7 @@ import numpy as np
 from dit4dit_client import ChunkRequest
 
 from dit4dit_npu.sim.errors import SimError
-from dit4dit_npu.sim.tasks import ACTION_DIM, CAMERAS, STATE_DIM
+from dit4dit_npu.sim.tasks import SceneSpec, scene_spec
 
 BUILTIN = ("expert", "expert_chunks", "hold")
 EXPERT_CHUNK_LENGTH = 16  # the ALOHA configs' chunk: 0.32 s at 50 Hz
@@ -196,9 +196,10 @@ class RemotePolicy:
 
 def make_policy(
     spec: str, threads: int | None = None, connect_timeout_s: float = CONNECT_TIMEOUT_S, merge_lora: bool = False,
-    compile: bool = False,
+    compile: bool = False, scene: SceneSpec | None = None,
 ) -> SimPolicy:
-    """``expert`` | ``expert_chunks`` | ``hold`` | ``ws://host:port`` | a policy folder -> a checked policy."""
+    """``expert`` | ``expert_chunks`` | ``hold`` | ``ws://host:port`` | a policy folder -> a policy
+    checked against ``scene`` (default: ALOHA's transfer cube)."""
     if merge_lora and (spec in BUILTIN or spec.startswith(("ws://", "wss://"))):
         raise SimError(f"--merge-lora: applies to a policy folder, not {spec} (serve a LoRA policy with --merge-lora)")
     if compile and (spec in BUILTIN or spec.startswith(("ws://", "wss://"))):
@@ -213,21 +214,22 @@ def make_policy(
         policy: SimPolicy = RemotePolicy(spec, connect_timeout_s)
     else:
         policy = FolderPolicy(spec, threads, merge_lora, compile=compile)
-    check_compatible(policy.name, policy.metadata)
+    check_compatible(policy.name, policy.metadata, scene)
     return policy
 
 
-def check_compatible(name: str, meta: dict[str, Any], scene_cameras: dict[str, str] = CAMERAS) -> None:
+def check_compatible(name: str, meta: dict[str, Any], scene: SceneSpec | None = None) -> None:
     """Refuse a policy that expects cameras the scene does not have, or other state/action sizes."""
+    scene = scene or scene_spec("transfer_cube")
     cams = list(meta.get("camera_keys") or [])
-    unknown = [c for c in cams if c not in scene_cameras]
+    unknown = [c for c in cams if c not in scene.cameras]
     if not cams or unknown:
         raise SimError(
-            f"policy {name} expects cameras {cams}, but the ALOHA scene provides {list(scene_cameras)}"
+            f"policy {name} expects cameras {cams}, but the {scene.simulator} scene provides {list(scene.cameras)}"
         )
-    for what, want in (("action_dim", ACTION_DIM), ("state_dim", STATE_DIM)):
+    for what, want in (("action_dim", scene.action_dim), ("state_dim", scene.state_dim)):
         if meta.get(what) != want:
             raise SimError(
-                f"policy {name} has {what}={meta.get(what)}, but the ALOHA scene needs {want} "
-                "([left 6 joints, left gripper, right 6 joints, right gripper])"
+                f"policy {name} has {what}={meta.get(what)}, but the {scene.simulator} scene needs {want} "
+                f"({scene.layout})"
             )

@@ -19,9 +19,7 @@ from dit4dit_client import ChunkExecutor
 
 from dit4dit_npu.sim.errors import EpisodeError, SimError
 from dit4dit_npu.sim.execution import Execution, boundary_jerk
-from dit4dit_npu.sim.tasks import ACTION_DIM, FPS, GYM_MAX_STEPS
-
-DEFAULT_SIZE = (240, 320)  # RoboTwin's camera size, when the policy does not say its own
+from dit4dit_npu.sim.tasks import DEFAULT_SIZE, scene_spec
 
 
 @dataclass
@@ -40,21 +38,36 @@ class EvalSetup:
     execution: Execution = Execution()  # merging mode and artificial inference delay
 
 
-def default_size(metadata: dict[str, Any]) -> tuple[int, int]:
-    """Render at the size the policy's training videos had (no resize, same pixels as its data)."""
+def default_size(metadata: dict[str, Any], fallback: tuple[int, int] = DEFAULT_SIZE) -> tuple[int, int]:
+    """Render at the size the policy's training videos had (no resize, same pixels as its data);
+    ``fallback`` (the scene's usual size) when the policy does not say."""
     sizes = (metadata.get("source_image_sizes") or {}).get((metadata.get("camera_keys") or [None])[0])
     if sizes and len(sizes) == 1:
         return int(sizes[0][0]), int(sizes[0][1])
-    return DEFAULT_SIZE
+    return fallback
+
+
+def make_scene(task: str, size_hw: tuple[int, int]) -> Any:
+    """The scene of ``--task``: an ALOHA scene, or a Meta-World one (``metaworld/<task>``); each
+    simulator's modules load only when its scene is made."""
+    if scene_spec(task).simulator == "Meta-World":
+        from dit4dit_npu.sim.metaworld_scene import MetaworldScene
+
+        return MetaworldScene(task, size_hw)
+    from dit4dit_npu.sim.scene import AlohaScene
+
+    return AlohaScene(task, size_hw)
 
 
 class Worker:
     def __init__(self, setup: EvalSetup) -> None:
         from dit4dit_npu.sim.policies import make_policy
-        from dit4dit_npu.sim.scene import AlohaScene
 
         self.setup = setup
-        self.policy = make_policy(setup.policy, setup.threads, setup.connect_timeout_s, setup.merge_lora, setup.compile)
+        spec = scene_spec(setup.task)
+        self.policy = make_policy(
+            setup.policy, setup.threads, setup.connect_timeout_s, setup.merge_lora, setup.compile, scene=spec
+        )
         chunk = self.policy.metadata.get("chunk_length")
         if setup.replan is not None and chunk and setup.replan > chunk:
             raise SimError(f"--replan {setup.replan} exceeds the policy's chunk length {chunk}")
@@ -66,8 +79,8 @@ class Worker:
         self.horizon = setup.replan
         if setup.execution.mode != "sync":
             self.horizon = _async_horizon(setup.replan, chunk, setup.execution.delay_steps)
-        self.size_hw = tuple(setup.size_hw or default_size(self.policy.metadata))
-        self.scene = AlohaScene(setup.task, self.size_hw)
+        self.size_hw = tuple(setup.size_hw or default_size(self.policy.metadata, spec.default_size))
+        self.scene = make_scene(setup.task, self.size_hw)
 
     @property
     def info(self) -> dict[str, Any]:
@@ -80,8 +93,8 @@ class Worker:
             from dit4dit_npu.data.video import Mp4Writer
 
             h, w = self.size_hw
-            path = Path(self.setup.video_dir) / f"{self.setup.task}_seed{seed:06d}.mp4"
-            video = Mp4Writer(path, (h, w * len(self.scene.cameras)), FPS)
+            path = Path(self.setup.video_dir) / f"{self.setup.task.replace('/', '_')}_seed{seed:06d}.mp4"
+            video = Mp4Writer(path, (h, w * len(self.scene.cameras)), self.scene.spec.fps)
         try:
             result = run_episode(
                 self.scene, self.policy, seed, self.setup.max_steps, self.horizon, video, self.setup.execution
@@ -129,7 +142,8 @@ def run_episode(
     (gym-aloha terminates there) or ``max_steps``. With a delay, the chunk for the observation of
     step k arrives at step k + d and the mode decides what runs meanwhile (a robot with nothing
     to execute holds its last command, at first its start pose). Timings exclude video encoding."""
-    execution = execution or Execution()
+    spec = scene.spec
+    execution = execution or Execution(fps=spec.fps)
     obs = scene.reset(seed)
     policy.reset(scene, seed)
     executor = ChunkExecutor(execution.mode, replan)
@@ -149,9 +163,9 @@ def run_episode(
             chunk = np.asarray(policy.act(obs, request), np.float32)
             policy_t.total_s += time.perf_counter() - t0
             policy_t.count += 1
-            if chunk.ndim != 2 or chunk.shape[1] != ACTION_DIM or len(chunk) == 0:
+            if chunk.ndim != 2 or chunk.shape[1] != spec.action_dim or len(chunk) == 0:
                 raise SimError(
-                    f"policy {policy.name} returned actions of shape {chunk.shape}, expected (k, {ACTION_DIM})"
+                    f"policy {policy.name} returned actions of shape {chunk.shape}, expected (k, {spec.action_dim})"
                 )
             if delay == 0:
                 error = _receive(executor, chunk, k)
@@ -178,12 +192,14 @@ def run_episode(
     if video is not None and error is None:
         video.write(np.concatenate([obs[k] for k in scene.cameras], axis=1))  # the final state
     # the first chunk's arrival starts the robot from rest: not a hand-over between chunks
-    smooth = boundary_jerk(np.asarray(executed).reshape(-1, ACTION_DIM), executor.boundaries[1:])
+    smooth = boundary_jerk(
+        np.asarray(executed).reshape(-1, spec.action_dim), executor.boundaries[1:], spec.jerk_dims, spec.fps
+    )
     return {
         "seed": seed,
         "success": first_success is not None,
-        # gym-aloha's registered time limit: what a stock gymnasium rollout would have scored
-        f"success_within_{GYM_MAX_STEPS}": first_success is not None and first_success <= GYM_MAX_STEPS,
+        # the registered env's time limit: what a stock gymnasium rollout would have scored
+        f"success_within_{spec.time_limit}": first_success is not None and first_success <= spec.time_limit,
         "steps_to_success": first_success,
         "steps": scene.steps,
         "max_reward": scene.max_reward,

@@ -14,7 +14,6 @@ rendering replaced (see ``render.py``). ``reset(seed)`` places the objects exact
 from __future__ import annotations
 
 import collections
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -22,7 +21,15 @@ import numpy as np
 from dit4dit_npu.sim.backend import import_mujoco
 from dit4dit_npu.sim.errors import EpisodeError, SimError
 from dit4dit_npu.sim.render import CameraRenderer
-from dit4dit_npu.sim.tasks import ACTION_DIM, CAMERAS, SUCCESS_REWARD, get_task, object_pose
+from dit4dit_npu.sim.tasks import (
+    ACTION_DIM,
+    CAMERAS,
+    SUCCESS_REWARD,
+    StepResult,
+    get_task,
+    object_pose,
+    scene_spec,
+)
 
 import_mujoco()  # sets MUJOCO_GL before dm_control imports mujoco
 
@@ -51,13 +58,6 @@ class _Insertion(aloha_tasks.InsertionTask):
 _TASK_CLASSES = {"transfer_cube": _TransferCube, "insertion": _Insertion}
 
 
-@dataclass
-class StepResult:
-    obs: dict[str, Any]
-    reward: float
-    success: bool  # reward 4 reached at this step or any earlier one of the episode
-
-
 class AlohaScene:
     """One simulated ALOHA episode at a time; ``render=False`` skips the cameras (physics only)."""
 
@@ -69,6 +69,7 @@ class AlohaScene:
         render: bool = True,
     ) -> None:
         self.task = get_task(task)
+        self.spec = scene_spec(task)
         physics = dm_mujoco.Physics.from_xml_path(str(ASSETS_DIR / self.task.xml))
         # Same construction as gym_aloha.AlohaEnv._make_env_task (time limit left to the caller).
         self.env = control.Environment(

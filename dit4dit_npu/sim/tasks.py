@@ -5,11 +5,13 @@ Light on purpose (numpy only): the CLIs validate ``--task`` before starting MuJo
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from dit4dit_npu.console import size_hw
+from dit4dit_npu.sim import metaworld_tasks as mw
 from dit4dit_npu.sim.errors import SimError
 
 FPS = 50  # gym-aloha's control rate (DT = 0.02 s)
@@ -29,6 +31,8 @@ CAMERAS = {
 STATE_DIM = ACTION_DIM = 14  # [left 6 joints, left gripper, right 6 joints, right gripper]
 ARM_JOINTS = ("waist", "shoulder", "elbow", "forearm_roll", "wrist_angle", "wrist_rotate")
 MOTORS = [f"{side}_{j}" for side in ("left", "right") for j in (*ARM_JOINTS, "gripper")]
+ARM_DIMS = (*range(0, 6), *range(7, 13))  # the 12 arm joints of an action (the grippers are open/close commands)
+DEFAULT_SIZE = (240, 320)  # RoboTwin's camera size, when the policy does not say its own
 
 
 @dataclass(frozen=True)
@@ -62,6 +66,55 @@ def get_task(name: str) -> Task:
     if name not in TASKS:
         raise SimError(f"unknown task {name!r}; expected one of {sorted(TASKS)}")
     return TASKS[name]
+
+
+@dataclass(frozen=True)
+class SceneSpec:
+    """What the closed-loop eval needs to know of a ``--task`` before its simulator loads: the
+    scene's cameras (policy key -> scene camera), state and action sizes, control rate, the
+    registered env's episode limit (success within it is reported) and the eval's defaults."""
+
+    task: str  # the --task spelling
+    simulator: str  # "ALOHA" | "Meta-World": in messages
+    instruction: str
+    cameras: dict[str, str] = field(hash=False)
+    state_dim: int
+    action_dim: int
+    layout: str  # what the state/action numbers are, for refusals
+    fps: int
+    time_limit: int  # the registered env's max_episode_steps
+    episode_steps: int  # the eval's default --max-steps
+    max_steps: int | None  # a hard limit of the simulator itself (None: none)
+    default_size: tuple[int, int]  # camera size when the policy does not say its own
+    jerk_dims: tuple[int, ...]  # the joint-target dims whose jerk is reported (none: not joint targets)
+
+
+@dataclass
+class StepResult:
+    """What a scene's ``step(action)`` returns (every simulator's scene)."""
+
+    obs: dict[str, Any]
+    reward: float
+    success: bool  # the task's success reached at this step or any earlier one of the episode
+
+
+def scene_spec(task: str) -> SceneSpec:
+    """The ``--task`` of the closed-loop eval: an ALOHA task (``transfer_cube``, ``insertion``) or
+    ``metaworld/<task>``; anything else is one line."""
+    if mw.is_metaworld(task):
+        name = mw.env_name(task)
+        return SceneSpec(
+            task, "Meta-World", mw.DESCRIPTIONS[name], {mw.CAMERA_KEY: mw.CAMERA}, mw.STATE_DIM, mw.ACTION_DIM,
+            "[hand x, y, z, gripper]", mw.FPS, mw.MAX_STEPS, mw.MAX_STEPS, mw.MAX_STEPS, mw.DEFAULT_SIZE, (),
+        )
+    if task not in TASKS:
+        raise SimError(f"unknown task {task!r}; expected one of {sorted(TASKS)} or {mw.PREFIX}<task> (e.g. "
+                       f"{mw.PREFIX}reach-v3)")
+    return SceneSpec(
+        task, "ALOHA", TASKS[task].instruction, dict(CAMERAS), STATE_DIM, ACTION_DIM,
+        "[left 6 joints, left gripper, right 6 joints, right gripper]", FPS, GYM_MAX_STEPS, EPISODE_STEPS, None,
+        DEFAULT_SIZE, ARM_DIMS,
+    )
 
 
 def object_pose(task: str, seed: int) -> np.ndarray:

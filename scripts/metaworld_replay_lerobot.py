@@ -1,0 +1,124 @@
+"""Replay lerobot-eval's Meta-World episodes in this project's own scene, bit for bit.
+
+    python scripts/metaworld_replay_lerobot.py --policy POLICY_DIR --lerobot LEROBOT_EVAL_DIR \
+        --tasks reach-v3,push-v3 [--episodes 5] [--seed 1000]
+
+Our sim eval seeds each chunk's flow-matching noise from the episode's seed (a run repeats
+itself); lerobot-eval seeds torch's global RNG once (``set_seed(--seed)``, before the policy is
+built) and the plugin draws every chunk's noise from that one stream. This script does what
+lerobot-eval does with the RNG (per task: ``set_seed``, the policy built, the episodes of seeds
+``--seed`` + i in order, each chunk's noise an unseeded draw of a batch of one) while the scene,
+the observation and the chunk execution are the sim eval's own (``MetaworldScene``,
+``rollout.run_episode``). Where everything else is the same, each episode's sum of rewards and
+success equal lerobot-eval's (its ``eval_info.json``). Each task runs in a fresh process (as each
+lerobot-eval did): the stream depends on everything drawn before it. ``--rng-seed S`` seeds the
+stream with S instead of ``--seed``: the same scenes under another draw of the policy's noise (its
+episodes are then not expected to equal lerobot-eval's; the successes are counted).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+class GlobalStreamPolicy:
+    """A policy folder answering as lerobot's plugin calls it: batched, no seed."""
+
+    name, takes_prefix = "global-stream", False
+
+    def __init__(self, policy: Any) -> None:
+        self.policy, self.metadata = policy, policy.metadata
+
+    def reset(self, scene: Any, seed: int) -> None:
+        pass
+
+    def act(self, obs: dict[str, Any], request: Any = None) -> np.ndarray:
+        batch = {k: obs[k][None] for k in self.metadata["camera_keys"]}
+        batch.update(state=np.asarray(obs["state"], np.float64)[None], instruction=[obs["instruction"]])
+        return self.policy.predict_action(batch)[0]
+
+    def close(self) -> None:
+        pass
+
+
+class RewardSum:
+    """The scene, counting the episode's rewards (lerobot-eval's ``sum_rewards``)."""
+
+    def __init__(self, scene: Any) -> None:
+        self.scene, self.total = scene, 0.0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.scene, name)
+
+    def reset(self, seed: int) -> dict[str, Any]:
+        self.total = 0.0
+        return self.scene.reset(seed)
+
+    def step(self, action: np.ndarray) -> Any:
+        step = self.scene.step(action)
+        self.total += step.reward
+        return step
+
+
+def one_task(policy_dir: str, info: Path, task: str, episodes: int, seed0: int, rng_seed: int) -> int:
+    import random
+
+    import torch
+
+    from dit4dit_npu.policy import DiT4DiTPolicy
+    from dit4dit_npu.sim.metaworld_scene import MetaworldScene
+    from dit4dit_npu.sim.rollout import run_episode
+
+    random.seed(rng_seed)  # lerobot's set_seed(cfg.seed), before the policy is built
+    np.random.seed(rng_seed)
+    torch.manual_seed(rng_seed)
+    policy = GlobalStreamPolicy(DiT4DiTPolicy.from_pretrained(policy_dir))
+    theirs = json.loads(info.read_text())["per_task"][0]["metrics"]
+    size = tuple(policy.metadata["source_image_sizes"][policy.metadata["camera_keys"][0]][0])
+    same = wins = 0
+    with MetaworldScene(f"metaworld/{task}", size) as scene:
+        counted = RewardSum(scene)
+        for i in range(episodes):
+            r = run_episode(counted, policy, seed0 + i, 500, None)
+            eq = r["success"] == theirs["successes"][i] and abs(counted.total - theirs["sum_rewards"][i]) < 1e-6
+            same += eq
+            wins += r["success"]
+            print(f"{task} seed {seed0 + i}: here {'success' if r['success'] else 'failure'}, sum of rewards "
+                  f"{counted.total:.6f}; lerobot-eval {'success' if theirs['successes'][i] else 'failure'}, "
+                  f"{theirs['sum_rewards'][i]:.6f}{'' if eq else '  DIFFERENT'}", flush=True)
+    print(f"{task}: {same}/{episodes} episodes the same as lerobot-eval's; success {wins}/{episodes} here, "
+          f"{sum(theirs['successes'][:episodes])}/{episodes} there (stream seeded {rng_seed})")
+    return 0 if same == episodes or rng_seed != seed0 else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--policy", required=True, help="the policy folder lerobot-eval scored")
+    p.add_argument("--lerobot", type=Path, required=True, help="folder of lerobot-eval's <task>/eval_info.json")
+    p.add_argument("--tasks", required=True, help="comma-separated Meta-World tasks")
+    p.add_argument("--episodes", type=int, default=5, help="the first N episodes of each (default 5)")
+    p.add_argument("--seed", type=int, default=1000, help="lerobot-eval's --seed (default 1000)")
+    p.add_argument("--rng-seed", type=int, default=None, help="seed of the noise stream (default: --seed, lerobot-eval's)")
+    p.add_argument("--one", help=argparse.SUPPRESS)  # the child process of one task
+    a = p.parse_args(argv)
+    rng_seed = a.seed if a.rng_seed is None else a.rng_seed
+    if a.one:
+        return one_task(a.policy, a.lerobot / a.one / "eval_info.json", a.one, a.episodes, a.seed, rng_seed)
+    fails = 0
+    for task in [t.strip() for t in a.tasks.split(",") if t.strip()]:
+        args = ["--policy", a.policy, "--lerobot", str(a.lerobot), "--tasks", task, "--episodes", str(a.episodes),
+                "--seed", str(a.seed), "--rng-seed", str(rng_seed), "--one", task]
+        fails += subprocess.run([sys.executable, os.path.abspath(__file__), *args]).returncode != 0
+    return 1 if fails else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
