@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
+from typing import NoReturn
 
 from scipy.stats import binomtest, fisher_exact
 
@@ -25,17 +27,36 @@ from dit4dit_npu.sim.metaworld_tasks import MT10
 from dit4dit_npu.sim.success_rate import format_rate
 
 
+def refuse(message: str) -> NoReturn:
+    """One line on stderr, exit code 2: the project's way with bad input."""
+    print(f"error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def read_json(path: Path, what: str) -> dict:
+    """A results file, or one line naming it and what was expected (exit code 2)."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        refuse(f"{path}: expected {what} ({type(e).__name__}: {e})")
+
+
 def ours(folder: Path, task: str) -> dict[int, bool]:
     out: dict[int, bool] = {}
     for run in sorted(folder.glob(f"{task}_*/results.json")):
-        out.update({e["seed"]: bool(e["success"]) for e in json.loads(run.read_text())["episodes"]})
+        episodes = read_json(run, "the sim eval's results.json").get("episodes")
+        if not isinstance(episodes, list):
+            refuse(f"{run}: expected the sim eval's results.json (an 'episodes' list)")
+        out.update({e["seed"]: bool(e["success"]) for e in episodes})
     return out
 
 
 def lerobots(folder: Path, task: str, seed0: int) -> dict[int, bool]:
-    info = json.loads((folder / task / "eval_info.json").read_text())
-    (entry,) = info["per_task"]
-    return {seed0 + i: bool(s) for i, s in enumerate(entry["metrics"]["successes"])}
+    path = folder / task / "eval_info.json"
+    per_task = read_json(path, "lerobot-eval's eval_info.json of one task").get("per_task")
+    if not (isinstance(per_task, list) and len(per_task) == 1):
+        refuse(f"{path}: expected lerobot-eval's eval_info.json of one task (one 'per_task' entry)")
+    return {seed0 + i: bool(s) for i, s in enumerate(per_task[0]["metrics"]["successes"])}
 
 
 def row(name: str, a: list[bool], b: list[bool]) -> str:
@@ -55,6 +76,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tasks", default=",".join(MT10), help="comma-separated tasks (default: MT10's ten)")
     p.add_argument("--seed", type=int, default=1000, help="lerobot-eval's --seed (default 1000)")
     a = p.parse_args(argv)
+    for flag, folder in (("--ours", a.ours), ("--lerobot", a.lerobot)):
+        if not folder.is_dir():
+            refuse(f"{flag} {folder}: expected a folder of eval results")
     print("| task | our sim eval | lerobot-eval | Fisher p | same outcome, seed by seed | McNemar p |")
     print("| --- | --- | --- | ---: | --- | ---: |")
     all_a: list[bool] = []
