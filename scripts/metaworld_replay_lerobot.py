@@ -3,17 +3,18 @@
     python scripts/metaworld_replay_lerobot.py --policy POLICY_DIR --lerobot LEROBOT_EVAL_DIR \
         --tasks reach-v3,push-v3 [--episodes 5] [--seed 1000]
 
-Our sim eval seeds each chunk's flow-matching noise from the episode's seed (a run repeats
-itself); lerobot-eval seeds torch's global RNG once (``set_seed(--seed)``, before the policy is
-built) and the plugin draws every chunk's noise from that one stream. This script does what
-lerobot-eval does with the RNG (per task: ``set_seed``, the policy built, the episodes of seeds
-``--seed`` + i in order, each chunk's noise an unseeded draw of a batch of one) while the scene,
-the observation and the chunk execution are the sim eval's own (``MetaworldScene``,
-``rollout.run_episode``). Where everything else is the same, each episode's sum of rewards and
-success equal lerobot-eval's (its ``eval_info.json``). Each task runs in a fresh process (as each
-lerobot-eval did): the stream depends on everything drawn before it. ``--rng-seed S`` seeds the
-stream with S instead of ``--seed``: the same scenes under another draw of the policy's noise (its
-episodes are then not expected to equal lerobot-eval's; the successes are counted).
+Our sim eval seeds each chunk's flow-matching noise from the episode's seed by default (a run
+repeats itself); lerobot-eval seeds torch's global RNG once (``set_seed(--seed)``, before the
+policy is built) and the plugin draws every chunk's noise from that one stream. This script runs
+the sim eval's own pieces under lerobot-eval's protocol: ``FolderPolicy`` with ``noise_stream``
+(what ``python -m dit4dit_npu.sim.eval --noise-stream SEED`` does: the stream seeded, the policy
+built, the episodes of seeds ``--seed`` + i in order), ``MetaworldScene`` and
+``rollout.run_episode``, and it sums each episode's rewards, which the eval does not report. Where
+everything else is the same, each episode's sum of rewards and success equal lerobot-eval's (its
+``eval_info.json``). Each task runs in a fresh process (as each lerobot-eval did): the stream
+depends on everything drawn before it. ``--rng-seed S`` seeds the stream with S instead of
+``--seed``: the same scenes under another draw of the policy's noise (its episodes are then not
+expected to equal lerobot-eval's; the successes are counted).
 """
 
 from __future__ import annotations
@@ -25,28 +26,6 @@ import subprocess
 import sys
 from pathlib import Path
 from typing import Any
-
-import numpy as np
-
-
-class GlobalStreamPolicy:
-    """A policy folder answering as lerobot's plugin calls it: batched, no seed."""
-
-    name, takes_prefix = "global-stream", False
-
-    def __init__(self, policy: Any) -> None:
-        self.policy, self.metadata = policy, policy.metadata
-
-    def reset(self, scene: Any, seed: int) -> None:
-        pass
-
-    def act(self, obs: dict[str, Any], request: Any = None) -> np.ndarray:
-        batch = {k: obs[k][None] for k in self.metadata["camera_keys"]}
-        batch.update(state=np.asarray(obs["state"], np.float64)[None], instruction=[obs["instruction"]])
-        return self.policy.predict_action(batch)[0]
-
-    def close(self) -> None:
-        pass
 
 
 class RewardSum:
@@ -62,25 +41,18 @@ class RewardSum:
         self.total = 0.0
         return self.scene.reset(seed)
 
-    def step(self, action: np.ndarray) -> Any:
+    def step(self, action: Any) -> Any:
         step = self.scene.step(action)
         self.total += step.reward
         return step
 
 
 def one_task(policy_dir: str, info: Path, task: str, episodes: int, seed0: int, rng_seed: int) -> int:
-    import random
-
-    import torch
-
-    from dit4dit_npu.policy import DiT4DiTPolicy
     from dit4dit_npu.sim.metaworld_scene import MetaworldScene
+    from dit4dit_npu.sim.policies import FolderPolicy
     from dit4dit_npu.sim.rollout import run_episode
 
-    random.seed(rng_seed)  # lerobot's set_seed(cfg.seed), before the policy is built
-    np.random.seed(rng_seed)
-    torch.manual_seed(rng_seed)
-    policy = GlobalStreamPolicy(DiT4DiTPolicy.from_pretrained(policy_dir))
+    policy = FolderPolicy(policy_dir, noise_stream=rng_seed)  # the sim eval's --noise-stream
     theirs = json.loads(info.read_text())["per_task"][0]["metrics"]
     size = tuple(policy.metadata["source_image_sizes"][policy.metadata["camera_keys"][0]][0])
     same = wins = 0

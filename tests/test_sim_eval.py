@@ -206,6 +206,12 @@ def test_bad_input_one_line_exit_2(tmp_path: Path, capsys, policy_dir: Path) -> 
         (["--server", f"ws://127.0.0.1:{free_port()}", "--connect-timeout", "0.5"], "server unreachable"),
         (["--server", f"ws://127.0.0.1:{free_port()}", "--connect-timeout", "-1"], "--connect-timeout: expected seconds > 0"),
         (["--scripted", "hold", "--connect-timeout", "nan"], "--connect-timeout: expected seconds > 0, got nan"),
+        (["--scripted", "hold", "--noise-stream", "1"], "--noise-stream: applies to a policy folder (--policy DIR), not hold"),
+        (["--server", "ws://127.0.0.1:9", "--noise-stream", "1"], "--noise-stream: applies to a policy folder"),
+        (["--policy", str(policy_dir), "--noise-stream", "-1"], "--noise-stream -1: expected a seed in [0, 2**32)"),
+        (["--policy", str(policy_dir), "--noise-stream", str(2**32)], "expected a seed in [0, 2**32)"),
+        (["--policy", str(policy_dir), "--noise-stream", "1", "--workers", "2", "--episodes", "2"],
+         "--noise-stream with --workers 2: one stream feeds the episodes in their order"),
     ]
     for args, message in cases:
         code, lines, err = run_eval(capsys, *args, "--out", str(out))
@@ -251,6 +257,41 @@ def test_policy_observation_is_exactly_what_predict_action_takes(policy_dir: Pat
         obs = scene.reset(0)
     chunk = policy.predict_action(obs, seed=0)  # the scene's observation, unmodified
     assert chunk.shape == (8, 14) and np.isfinite(chunk).all()
+
+
+def test_noise_stream_draws_as_lerobot_eval_does_and_the_default_seeds_each_chunk(policy_dir: Path) -> None:
+    """``--noise-stream S`` is lerobot-eval's protocol: the global RNGs seeded with S before the
+    policy is built, then every chunk an unseeded draw from torch's stream (so two chunks of the
+    same observation differ). The default seeds chunk j of episode s with s * 10000 + j."""
+    import torch
+
+    from dit4dit_npu.policy import DiT4DiTPolicy
+    from dit4dit_npu.sim.rollout import EvalSetup, Worker
+
+    def setup(stream: int | None) -> EvalSetup:
+        return EvalSetup(task="transfer_cube", policy=str(policy_dir), max_steps=16, replan=None, size_hw=None,
+                         noise_stream=stream)
+
+    worker = Worker(setup(7))
+    try:
+        obs = worker.scene.reset(0)
+        worker.policy.reset(worker.scene, 0)
+        ours = [worker.policy.act(obs) for _ in range(2)]
+    finally:
+        worker.close()
+    torch.manual_seed(7)  # lerobot's set_seed (torch's part), then the policy built, then unseeded calls
+    policy = DiT4DiTPolicy.from_pretrained(policy_dir)
+    theirs = [policy.predict_action(obs) for _ in range(2)]
+    assert all(np.array_equal(a, b) for a, b in zip(ours, theirs))
+    assert not np.array_equal(ours[0], ours[1])  # one stream, not reseeded per chunk
+
+    worker = Worker(setup(None))
+    try:
+        worker.policy.reset(worker.scene, 3)
+        seeded = [worker.policy.act(obs) for _ in range(2)]
+    finally:
+        worker.close()
+    assert all(np.array_equal(a, policy.predict_action(obs, seed=30_000 + j)) for j, a in zip((1, 2), seeded))
 
 
 class _ChunkOf:

@@ -91,6 +91,12 @@ def parse_eval_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--videos", type=int, default=2, help="mp4s of the first N episodes")
     p.add_argument("--workers", type=int, default=1, help="parallel worker processes (each: scene + policy)")
+    p.add_argument(
+        "--noise-stream", type=int, default=None, metavar="SEED",
+        help="a policy folder draws every chunk's flow-matching noise from one RNG stream, seeded SEED once before "
+        "the policy is built: lerobot-eval's protocol (SEED = its --seed reproduces its episodes); default: each "
+        "chunk's noise seeded from its episode's seed",
+    )
     p.add_argument("--connect-timeout", type=float, default=30.0, help="seconds to wait for a ws:// server")
     p.add_argument(
         "--merge-lora", action="store_true", help="fold a LoRA policy folder's adapter into the base transformer at load"

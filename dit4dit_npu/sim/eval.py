@@ -19,6 +19,8 @@ W > 1 runs episodes in W processes, each with its own scene and policy.
 ``--task metaworld/<task>`` (e.g. ``metaworld/reach-v3``) runs the same loop in Meta-World, as
 lerobot 0.6.1's env shows it (``metaworld_scene.py``): seed S places the goal and objects as
 lerobot-eval's episode of seed S; success is Meta-World's ``info["success"]``; at most 500 steps.
+A policy folder's noise is seeded per chunk from the episode's seed; ``--noise-stream S`` draws it
+from one stream seeded S instead, as lerobot-eval does (its --seed as S: its episodes, exactly).
 
 The command (its flags, the printed lines) is ``eval_main`` in ``sim/cli.py``; this module runs the
 episodes and writes ``results.json``.
@@ -39,7 +41,7 @@ from dit4dit_npu.sim.execution import Execution
 from dit4dit_npu.sim.policies import BUILTIN
 from dit4dit_npu.sim.rollout import EvalSetup
 from dit4dit_npu.sim.success_rate import wilson_interval
-from dit4dit_npu.sim.tasks import check_seed_range, parse_size, scene_spec
+from dit4dit_npu.sim.tasks import SEED_LIMIT, check_seed_range, parse_size, scene_spec
 
 
 def make_setup(a: argparse.Namespace) -> EvalSetup:
@@ -63,6 +65,8 @@ def make_setup(a: argparse.Namespace) -> EvalSetup:
         raise SimError(f"--delay-ms {a.delay_ms:g}: --task {a.task} acts by hand displacements, so there is no pose "
                        "to hold while the first chunk is computed; expected 0")
     check_seed_range(a.seed, a.episodes)
+    if a.noise_stream is not None:
+        check_noise_stream(a.noise_stream, a.policy, a.workers, a.episodes)
     if a.replan is not None and a.replan < 1:
         raise SimError(f"--replan: expected >= 1, got {a.replan}")
     if not (math.isfinite(a.connect_timeout) and a.connect_timeout > 0):
@@ -101,7 +105,21 @@ def make_setup(a: argparse.Namespace) -> EvalSetup:
         merge_lora=a.merge_lora,
         compile=a.compile,
         execution=execution,
+        noise_stream=a.noise_stream,
     )
+
+
+def check_noise_stream(seed: int, policy: str, workers: int, episodes: int) -> None:
+    """``--noise-stream``: one stream, drawn in episode order by one in-process policy."""
+    if policy in BUILTIN or policy.startswith(("ws://", "wss://")):
+        raise SimError(f"--noise-stream: applies to a policy folder (--policy DIR), not {policy} (a server draws "
+                       "its own noise; a scripted policy draws none)")
+    if not 0 <= seed < SEED_LIMIT:
+        raise SimError(f"--noise-stream {seed}: expected a seed in [0, 2**32) (numpy's seed range, which lerobot's "
+                       "set_seed seeds too)")
+    if min(workers, episodes) > 1:
+        raise SimError(f"--noise-stream with --workers {workers}: one stream feeds the episodes in their order, "
+                       "so it needs one process; expected --workers 1")
 
 
 def episode_line(i: int, n: int, r: dict[str, Any]) -> str:
@@ -237,6 +255,8 @@ def summarize(
         "replan": a.replan,
         "chunk_length": info["metadata"].get("chunk_length"),
         "max_steps": a.max_steps,
+        # None: each chunk's noise seeded from its episode's seed; else the one stream's seed
+        "noise_stream": setup.noise_stream,
         "mujoco_gl": os.environ.get("MUJOCO_GL"),
     }
 

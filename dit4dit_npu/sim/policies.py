@@ -110,11 +110,13 @@ class FolderPolicy:
 
     def __init__(
         self, path: str, threads: int | None = None, merge_lora: bool = False, allow_out_of_range: bool = False,
-        compile: bool = False,
+        compile: bool = False, noise_stream: int | None = None,
     ) -> None:
         """``allow_out_of_range``: act on states far outside the training range (the policy's
         ``StateRangeWarning`` instead of a refusal), e.g. a policy trained on another robot's data
-        run in a scene only to exercise the loop."""
+        run in a scene only to exercise the loop. ``noise_stream``: see ``seed_noise_stream``;
+        None: each chunk's noise seeded from its episode's seed (``reset``), so a run repeats
+        itself whatever ran before it in the process."""
         import torch
 
         from dit4dit_npu.policy import DiT4DiTPolicy
@@ -122,6 +124,9 @@ class FolderPolicy:
 
         if threads:
             torch.set_num_threads(threads)
+        if noise_stream is not None:
+            seed_noise_stream(noise_stream)  # before the policy is built, as lerobot-eval does
+        self._stream = noise_stream is not None
         try:
             self._policy = DiT4DiTPolicy.from_pretrained(path, merge_lora=merge_lora, compile=compile)
         except (PolicyLoadError, FileNotFoundError, NotADirectoryError) as e:
@@ -145,7 +150,7 @@ class FolderPolicy:
         rtc = request.rtc() if request is not None else None
         try:
             return self._policy.predict_action(
-                _policy_observation(obs, self.metadata["camera_keys"]), seed=self._seed,
+                _policy_observation(obs, self.metadata["camera_keys"]), seed=None if self._stream else self._seed,
                 allow_out_of_range=self._allow, **(rtc or {}), own_chunk=True,  # the rest of its own chunk
             )
         except PolicyInputError as e:
@@ -153,6 +158,21 @@ class FolderPolicy:
 
     def close(self) -> None:
         pass
+
+
+def seed_noise_stream(seed: int) -> None:
+    """lerobot-eval's noise protocol: its ``set_seed(--seed)`` seeds Python's, numpy's and torch's
+    global RNGs once, before the policy is built, and every chunk's noise is then an unseeded draw
+    from torch's stream, so an episode's noise depends on every draw before it in the process. A
+    policy folder loaded after this and asked without a seed, the episodes in lerobot-eval's order,
+    draws the same noise as lerobot-eval's episodes of the same seeds."""
+    import random
+
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
 
 
 class RemotePolicy:
@@ -196,7 +216,7 @@ class RemotePolicy:
 
 def make_policy(
     spec: str, threads: int | None = None, connect_timeout_s: float = CONNECT_TIMEOUT_S, merge_lora: bool = False,
-    compile: bool = False, scene: SceneSpec | None = None,
+    compile: bool = False, scene: SceneSpec | None = None, noise_stream: int | None = None,
 ) -> SimPolicy:
     """``expert`` | ``expert_chunks`` | ``hold`` | ``ws://host:port`` | a policy folder -> a policy
     checked against ``scene`` (default: ALOHA's transfer cube)."""
@@ -213,7 +233,7 @@ def make_policy(
     if spec.startswith(("ws://", "wss://")):
         policy: SimPolicy = RemotePolicy(spec, connect_timeout_s)
     else:
-        policy = FolderPolicy(spec, threads, merge_lora, compile=compile)
+        policy = FolderPolicy(spec, threads, merge_lora, compile=compile, noise_stream=noise_stream)
     check_compatible(policy.name, policy.metadata, scene)
     return policy
 

@@ -36,6 +36,7 @@ class EvalSetup:
     merge_lora: bool = False  # a LoRA policy folder: fold its adapter into the base at load
     compile: bool = False  # a policy folder: torch.compile its backbone blocks (--compile)
     execution: Execution = Execution()  # merging mode and artificial inference delay
+    noise_stream: int | None = None  # a policy folder's noise from one stream of this seed (--noise-stream)
 
 
 def default_size(metadata: dict[str, Any], fallback: tuple[int, int] = DEFAULT_SIZE) -> tuple[int, int]:
@@ -66,7 +67,8 @@ class Worker:
         self.setup = setup
         spec = scene_spec(setup.task)
         self.policy = make_policy(
-            setup.policy, setup.threads, setup.connect_timeout_s, setup.merge_lora, setup.compile, scene=spec
+            setup.policy, setup.threads, setup.connect_timeout_s, setup.merge_lora, setup.compile, scene=spec,
+            noise_stream=setup.noise_stream,
         )
         chunk = self.policy.metadata.get("chunk_length")
         if setup.replan is not None and chunk and setup.replan > chunk:
