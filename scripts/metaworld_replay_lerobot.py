@@ -27,6 +27,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from dit4dit_npu.console import entry_point
+from dit4dit_npu.sim.errors import SimError
+from dit4dit_npu.sim.policies import check_stream_seed
+from dit4dit_npu.sim.tasks import check_seed_range
+
 
 class RewardSum:
     """The scene, counting the episode's rewards (lerobot-eval's ``sum_rewards``)."""
@@ -47,13 +52,27 @@ class RewardSum:
         return step
 
 
+def lerobot_metrics(info: Path, episodes: int) -> dict[str, Any]:
+    """The metrics of lerobot-eval's ``eval_info.json`` of one task, with at least ``episodes``
+    episodes' successes and sums of rewards; else one line naming the file."""
+    try:
+        metrics = json.loads(info.read_text())["per_task"][0]["metrics"]
+        counts = {len(metrics["successes"]), len(metrics["sum_rewards"])}
+    except (OSError, ValueError, LookupError, TypeError) as e:
+        raise SimError(f"--lerobot: {info}: expected lerobot-eval's eval_info.json of one task "
+                       f"({type(e).__name__}: {e})") from None
+    if min(counts) < episodes:
+        raise SimError(f"--episodes {episodes}: {info} holds {min(counts)} episode(s)")
+    return metrics
+
+
 def one_task(policy_dir: str, info: Path, task: str, episodes: int, seed0: int, rng_seed: int) -> int:
     from dit4dit_npu.sim.metaworld_scene import MetaworldScene
     from dit4dit_npu.sim.policies import FolderPolicy
     from dit4dit_npu.sim.rollout import run_episode
 
     policy = FolderPolicy(policy_dir, noise_stream=rng_seed)  # the sim eval's --noise-stream
-    theirs = json.loads(info.read_text())["per_task"][0]["metrics"]
+    theirs = lerobot_metrics(info, episodes)
     size = tuple(policy.metadata["source_image_sizes"][policy.metadata["camera_keys"][0]][0])
     same = wins = 0
     with MetaworldScene(f"metaworld/{task}", size) as scene:
@@ -71,6 +90,7 @@ def one_task(policy_dir: str, info: Path, task: str, episodes: int, seed0: int, 
     return 0 if same == episodes or rng_seed != seed0 else 1
 
 
+@entry_point
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--policy", required=True, help="the policy folder lerobot-eval scored")
@@ -84,8 +104,20 @@ def main(argv: list[str] | None = None) -> int:
     rng_seed = a.seed if a.rng_seed is None else a.rng_seed
     if a.one:
         return one_task(a.policy, a.lerobot / a.one / "eval_info.json", a.one, a.episodes, a.seed, rng_seed)
+    # every argument checked here, in one line each, before a child loads the policy
+    if a.episodes < 1:
+        raise SimError(f"--episodes: expected >= 1, got {a.episodes}")
+    check_seed_range(a.seed, a.episodes)
+    check_stream_seed(rng_seed, "--rng-seed")
+    if not Path(a.policy).is_dir():
+        raise SimError(f"--policy: {a.policy!r} is not a policy folder")
+    tasks = [t.strip() for t in a.tasks.split(",") if t.strip()]
+    if not tasks:
+        raise SimError(f"--tasks {a.tasks!r}: expected comma-separated Meta-World tasks, e.g. reach-v3,push-v3")
+    for task in tasks:
+        lerobot_metrics(a.lerobot / task / "eval_info.json", a.episodes)
     fails = 0
-    for task in [t.strip() for t in a.tasks.split(",") if t.strip()]:
+    for task in tasks:
         args = ["--policy", a.policy, "--lerobot", str(a.lerobot), "--tasks", task, "--episodes", str(a.episodes),
                 "--seed", str(a.seed), "--rng-seed", str(rng_seed), "--one", task]
         fails += subprocess.run([sys.executable, os.path.abspath(__file__), *args]).returncode != 0

@@ -294,6 +294,23 @@ def test_noise_stream_draws_as_lerobot_eval_does_and_the_default_seeds_each_chun
     assert all(np.array_equal(a, policy.predict_action(obs, seed=30_000 + j)) for j, a in zip((1, 2), seeded))
 
 
+def test_a_policy_folder_refuses_a_stream_seed_lerobot_cannot_take_before_seeding_anything(policy_dir: Path) -> None:
+    """``FolderPolicy(noise_stream=...)`` as a library (the replay script builds it so): a seed outside
+    numpy's range is one line, and no RNG of the process was seeded (lerobot's ``set_seed`` refuses it too)."""
+    import random
+
+    import torch
+
+    from dit4dit_npu.sim.policies import FolderPolicy
+
+    for seed in (-1, 2**32):
+        before = (random.getstate(), np.random.get_state()[1].copy(), torch.get_rng_state())
+        with pytest.raises(SimError, match=rf"^--noise-stream {seed}: expected a seed in \[0, 2\*\*32\)"):
+            FolderPolicy(str(policy_dir), noise_stream=seed)
+        assert random.getstate() == before[0] and np.array_equal(np.random.get_state()[1], before[1])
+        assert torch.equal(torch.get_rng_state(), before[2])
+
+
 class _ChunkOf:
     """A stand-in policy that returns a fixed chunk: the harness's own guard is what is tested."""
 

@@ -94,8 +94,9 @@ def parse_eval_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--noise-stream", type=int, default=None, metavar="SEED",
         help="a policy folder draws every chunk's flow-matching noise from one RNG stream, seeded SEED once before "
-        "the policy is built: lerobot-eval's protocol (SEED = its --seed reproduces its episodes); default: each "
-        "chunk's noise seeded from its episode's seed",
+        "the policy is built: lerobot-eval's protocol (Meta-World: SEED and --seed = its --seed reproduce its "
+        "episodes when it ran with --eval.batch_size=1 on the same device); default: each chunk's noise seeded "
+        "from its episode's seed",
     )
     p.add_argument("--connect-timeout", type=float, default=30.0, help="seconds to wait for a ws:// server")
     p.add_argument(

@@ -20,7 +20,8 @@ W > 1 runs episodes in W processes, each with its own scene and policy.
 lerobot 0.6.1's env shows it (``metaworld_scene.py``): seed S places the goal and objects as
 lerobot-eval's episode of seed S; success is Meta-World's ``info["success"]``; at most 500 steps.
 A policy folder's noise is seeded per chunk from the episode's seed; ``--noise-stream S`` draws it
-from one stream seeded S instead, as lerobot-eval does (its --seed as S: its episodes, exactly).
+from one stream seeded S instead, as lerobot-eval does (its --seed as S, and it run with
+--eval.batch_size=1 on the same device: its Meta-World episodes, exactly).
 
 The command (its flags, the printed lines) is ``eval_main`` in ``sim/cli.py``; this module runs the
 episodes and writes ``results.json``.
@@ -38,10 +39,10 @@ from typing import Any
 from dit4dit_npu.files import atomic_write_json
 from dit4dit_npu.sim.errors import SimError
 from dit4dit_npu.sim.execution import Execution
-from dit4dit_npu.sim.policies import BUILTIN
+from dit4dit_npu.sim.policies import BUILTIN, check_stream_seed
 from dit4dit_npu.sim.rollout import EvalSetup
 from dit4dit_npu.sim.success_rate import wilson_interval
-from dit4dit_npu.sim.tasks import SEED_LIMIT, check_seed_range, parse_size, scene_spec
+from dit4dit_npu.sim.tasks import check_seed_range, parse_size, scene_spec
 
 
 def make_setup(a: argparse.Namespace) -> EvalSetup:
@@ -114,9 +115,7 @@ def check_noise_stream(seed: int, policy: str, workers: int, episodes: int) -> N
     if policy in BUILTIN or policy.startswith(("ws://", "wss://")):
         raise SimError(f"--noise-stream: applies to a policy folder (--policy DIR), not {policy} (a server draws "
                        "its own noise; a scripted policy draws none)")
-    if not 0 <= seed < SEED_LIMIT:
-        raise SimError(f"--noise-stream {seed}: expected a seed in [0, 2**32) (numpy's seed range, which lerobot's "
-                       "set_seed seeds too)")
+    check_stream_seed(seed)
     if min(workers, episodes) > 1:
         raise SimError(f"--noise-stream with --workers {workers}: one stream feeds the episodes in their order, "
                        "so it needs one process; expected --workers 1")

@@ -22,7 +22,7 @@ import numpy as np
 from dit4dit_client import ChunkRequest
 
 from dit4dit_npu.sim.errors import SimError
-from dit4dit_npu.sim.tasks import SceneSpec, scene_spec
+from dit4dit_npu.sim.tasks import SEED_LIMIT, SceneSpec, scene_spec
 
 BUILTIN = ("expert", "expert_chunks", "hold")
 EXPERT_CHUNK_LENGTH = 16  # the ALOHA configs' chunk: 0.32 s at 50 Hz
@@ -114,18 +114,23 @@ class FolderPolicy:
     ) -> None:
         """``allow_out_of_range``: act on states far outside the training range (the policy's
         ``StateRangeWarning`` instead of a refusal), e.g. a policy trained on another robot's data
-        run in a scene only to exercise the loop. ``noise_stream``: see ``seed_noise_stream``;
-        None: each chunk's noise seeded from its episode's seed (``reset``), so a run repeats
-        itself whatever ran before it in the process."""
+        run in a scene only to exercise the loop. ``noise_stream``: lerobot-eval's noise protocol:
+        its ``set_seed(--seed)`` seeds Python's, numpy's and torch's global RNGs once, before the
+        policy is built, and every chunk's noise is then an unseeded draw from torch's stream (so an
+        episode's noise depends on every draw before it in the process); the same seeding here,
+        then chunks asked without a seed. None: each chunk's noise seeded from its episode's seed
+        (``reset``), so a run repeats itself whatever ran before it in the process."""
         import torch
 
+        from dit4dit_npu.device import seed_everything
         from dit4dit_npu.policy import DiT4DiTPolicy
         from dit4dit_npu.policy.folder import PolicyLoadError
 
         if threads:
             torch.set_num_threads(threads)
         if noise_stream is not None:
-            seed_noise_stream(noise_stream)  # before the policy is built, as lerobot-eval does
+            check_stream_seed(noise_stream)
+            seed_everything(noise_stream)  # what lerobot's set_seed does, before the policy is built
         self._stream = noise_stream is not None
         try:
             self._policy = DiT4DiTPolicy.from_pretrained(path, merge_lora=merge_lora, compile=compile)
@@ -160,19 +165,13 @@ class FolderPolicy:
         pass
 
 
-def seed_noise_stream(seed: int) -> None:
-    """lerobot-eval's noise protocol: its ``set_seed(--seed)`` seeds Python's, numpy's and torch's
-    global RNGs once, before the policy is built, and every chunk's noise is then an unseeded draw
-    from torch's stream, so an episode's noise depends on every draw before it in the process. A
-    policy folder loaded after this and asked without a seed, the episodes in lerobot-eval's order,
-    draws the same noise as lerobot-eval's episodes of the same seeds."""
-    import random
-
-    import torch
-
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
+def check_stream_seed(seed: int, flag: str = "--noise-stream") -> None:
+    """A noise stream's seed is one lerobot's ``set_seed`` takes: numpy's range. The device layer's
+    seeding folds any int into that range, which would make another int a stream of a seed lerobot-eval
+    never ran; refused before anything is seeded."""
+    if not 0 <= seed < SEED_LIMIT:
+        raise SimError(f"{flag} {seed}: expected a seed in [0, 2**32) (numpy's seed range, which lerobot's set_seed "
+                       "seeds too)")
 
 
 class RemotePolicy:
