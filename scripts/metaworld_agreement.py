@@ -17,20 +17,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
-from typing import NoReturn
 
 from scipy.stats import binomtest, fisher_exact
 
+from dit4dit_npu.console import entry_point
+from dit4dit_npu.sim.errors import SimError
 from dit4dit_npu.sim.metaworld_tasks import MT10
 from dit4dit_npu.sim.success_rate import format_rate
-
-
-def refuse(message: str) -> NoReturn:
-    """One line on stderr, exit code 2: the project's way with bad input."""
-    print(f"error: {message}", file=sys.stderr)
-    raise SystemExit(2)
 
 
 def read_json(path: Path, what: str) -> dict:
@@ -38,7 +32,7 @@ def read_json(path: Path, what: str) -> dict:
     try:
         return json.loads(path.read_text())
     except (OSError, ValueError) as e:
-        refuse(f"{path}: expected {what} ({type(e).__name__}: {e})")
+        raise SimError(f"{path}: expected {what} ({type(e).__name__}: {e})") from None
 
 
 def ours(folder: Path, task: str) -> dict[int, bool]:
@@ -46,7 +40,7 @@ def ours(folder: Path, task: str) -> dict[int, bool]:
     for run in sorted(folder.glob(f"{task}_*/results.json")):
         episodes = read_json(run, "the sim eval's results.json").get("episodes")
         if not isinstance(episodes, list):
-            refuse(f"{run}: expected the sim eval's results.json (an 'episodes' list)")
+            raise SimError(f"{run}: expected the sim eval's results.json (an 'episodes' list)")
         out.update({e["seed"]: bool(e["success"]) for e in episodes})
     return out
 
@@ -55,7 +49,7 @@ def lerobots(folder: Path, task: str, seed0: int) -> dict[int, bool]:
     path = folder / task / "eval_info.json"
     per_task = read_json(path, "lerobot-eval's eval_info.json of one task").get("per_task")
     if not (isinstance(per_task, list) and len(per_task) == 1):
-        refuse(f"{path}: expected lerobot-eval's eval_info.json of one task (one 'per_task' entry)")
+        raise SimError(f"{path}: expected lerobot-eval's eval_info.json of one task (one 'per_task' entry)")
     return {seed0 + i: bool(s) for i, s in enumerate(per_task[0]["metrics"]["successes"])}
 
 
@@ -69,6 +63,7 @@ def row(name: str, a: list[bool], b: list[bool]) -> str:
             f"{n - only_a - only_b}/{n} ({only_a} ours only, {only_b} lerobot's only) | {p_mcnemar:.2f} |")
 
 
+@entry_point
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--ours", type=Path, required=True, help="folder of our sim eval's <task>_* runs")
@@ -78,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     for flag, folder in (("--ours", a.ours), ("--lerobot", a.lerobot)):
         if not folder.is_dir():
-            refuse(f"{flag} {folder}: expected a folder of eval results")
+            raise SimError(f"{flag} {folder}: expected a folder of eval results")
     print("| task | our sim eval | lerobot-eval | Fisher p | same outcome, seed by seed | McNemar p |")
     print("| --- | --- | --- | ---: | --- | ---: |")
     all_a: list[bool] = []
