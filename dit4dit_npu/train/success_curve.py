@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import textwrap
 from pathlib import Path
 
 from dit4dit_npu.errors import DiT4DiTError
@@ -107,7 +108,9 @@ def plot(curves: list[tuple[str, list[dict]]], out: Path, title: str, x: str, ax
         lines += ax2.get_legend_handles_labels()[0]
     if several or ax2 is not None:
         ax.legend(lines, [h.get_label() for h in lines], loc="upper right", fontsize=7 if several else 8)
-    ax.set_title(title, fontsize=9)
+    # Wrapped: a title of several runs and seed ranges is wider than the figure, and
+    # tight_layout does not shrink a title, it cuts it at the figure's edges.
+    ax.set_title("\n".join(textwrap.wrap(title, 90)), fontsize=9)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110)
