@@ -34,7 +34,8 @@ def assert_headline(line: str) -> None:
     assert math.isfinite(float(m.group(1))) and float(m.group(1)) > 0, line
 
 
-@pytest.mark.parametrize("bench", ["loader.py", "lora_memory.py", "malloc.py", "serve_load.py", "sim_eval.py"])
+@pytest.mark.parametrize("bench", ["loader.py", "lora_memory.py", "malloc.py", "policy_load.py", "serve_load.py",
+                                   "sim_eval.py"])
 def test_bench_smoke_ends_with_its_speedup(bench: str) -> None:
     if bench == "sim_eval.py" and importlib.util.find_spec("gym_aloha") is None:
         pytest.skip("simulation extra not installed (pip install -e '.[sim]')")

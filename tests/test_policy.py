@@ -69,6 +69,44 @@ def test_export_load_gives_the_in_training_models_actions(tmp_path: Path) -> Non
     assert json.loads((out / "policy.json").read_text())["step"] == 2
 
 
+def _base_without_transformer_weights(setup, root: Path) -> Path:
+    """A copy of the tiny base folder whose transformer has its config but no weights (and no text
+    encoder: the policy's prompt cache is then taken as it is, as for any base folder without one)."""
+    from dit4dit_npu.weights.tiny_cache import tiny_base_model
+
+    base = root / "base"
+    shutil.copytree(tiny_base_model(setup.cfg.framework.cosmos25.tiny), base)
+    shutil.rmtree(base / "text_encoder")
+    weights = [f for f in (base / "transformer").iterdir() if f.name != "config.json"]
+    assert weights and all(f.suffix in (".safetensors", ".json") for f in weights), weights
+    for f in weights:
+        f.unlink()
+    return base
+
+
+def test_a_policy_that_holds_its_transformer_never_reads_the_base_folders_copy(tmp_path: Path) -> None:
+    """A joint run's policy file holds the trained transformer: the load takes it from there and
+    does not read the base folder's (at full size 8.3 GB of fp32 read, then overwritten). Proof:
+    the same policy loads against a base folder whose transformer has no weight file at all, with
+    the trained weights bit for bit (in fp32, and cast to a bf16 backbone)."""
+    s = build_tiny_setup(tmp_path)
+    _train_a_little(s.model, s.data)
+    out = export_policy(tmp_path / "p2", s.model, s.cfg, s.data.io, s.cache, s.data.split, s.data.dataset_paths, 2)
+    base = _base_without_transformer_weights(s, tmp_path)
+    trained = {k: v for k, v in s.model.trainable_state_dict().items() if k.startswith("backbone.transformer.")}
+    assert trained
+    for dtype in (None, torch.bfloat16):
+        policy = DiT4DiTPolicy.from_pretrained(out, base_model=str(base), backbone_dtype=dtype)
+        got = dict(policy.model.named_parameters())
+        for k, v in trained.items():
+            assert torch.equal(got[k], v.to(dtype or torch.float32)), (dtype, k)
+        assert not any(t.is_meta for t in [*policy.model.parameters(), *policy.model.buffers()])
+    # where the transformer was frozen (training: action) its weights are the base folder's alone
+    a = build_tiny_setup(tmp_path / "action", "framework.cosmos25.training=action")
+    with pytest.raises(PolicyLoadError, match="transformer"):
+        DiT4DiTPolicy.from_pretrained(a.policy_dir, base_model=str(base))
+
+
 def test_outputs_are_robot_units_and_unnormalization_inverts_training(setup, policy: DiT4DiTPolicy) -> None:
     io = setup.data.io
     assert policy.io == io  # the checkpoint's transforms and statistics are the training ones, exactly

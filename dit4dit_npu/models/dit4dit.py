@@ -351,6 +351,10 @@ class DiT4DiT(nn.Module):
         return {k: v.detach() for k, v in self._trainable_params().items()}
 
     def load_trainable_state_dict(self, sd: dict[str, torch.Tensor], strict: bool = True) -> None:
+        """Copy ``sd`` into the trainable weights, each in its parameter's dtype. A parameter still
+        on the meta device (a module tree built without its weights: ``build_dit4dit(...,
+        load_transformer=False)``) takes the tensor itself (cast to its dtype) instead of a copy;
+        ``strict`` then also refuses any weight that stays on meta."""
         params = self._trainable_params()
         missing = sorted(set(params) - set(sd))
         unexpected = sorted(set(sd) - set(params))
@@ -364,7 +368,15 @@ class DiT4DiT(nn.Module):
                 if k in sd:
                     if sd[k].shape != p.shape:
                         raise ValueError(f"{k}: checkpoint shape {tuple(sd[k].shape)} != model {tuple(p.shape)}")
-                    p.copy_(sd[k].to(p.dtype))
+                    if p.is_meta:
+                        owner, _, name = k.rpartition(".")
+                        setattr(self.get_submodule(owner), name,
+                                nn.Parameter(sd[k].to(p.dtype), requires_grad=p.requires_grad))
+                    else:
+                        p.copy_(sd[k].to(p.dtype))
+        left = [k for k, t in [*self.named_parameters(), *self.named_buffers()] if t.is_meta]
+        if strict and left:
+            raise KeyError(f"{len(left)} weights of this model were never loaded (e.g. {left[:3]})")
 
 
 def video_input(frames: torch.Tensor) -> torch.Tensor:

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from dit4dit_npu.config import Config, ConfigError, dump_yaml
+from dit4dit_npu.config.objective import TRANSFORMER
 from dit4dit_npu.errors import DiT4DiTError, DiT4DiTWarning
 from dit4dit_npu.files import SELF_HASH, atomic_folder, seal, seal_state
 from dit4dit_npu.policy.adapter import (
@@ -303,7 +304,12 @@ def load_policy_folder(
     """Read and validate a policy folder and build its model on the CPU. A LoRA policy loads
     with its adapter on the base transformer; ``merge_lora`` folds the adapter into the base
     weights (plain linears again: no adapter cost per step, the same function up to rounding).
-    ``full_check`` hashes files over ``integrity.ALWAYS_HASHED_BYTES`` whole too."""
+    ``full_check`` hashes files over ``integrity.ALWAYS_HASHED_BYTES`` whole too.
+
+    The transformer's weights are read once: from the policy's own file when it holds them (a
+    joint or video run trained them), else from the base folder (``training: action`` and LoRA
+    froze them). Read from the policy's file they stay pages of its mapping until written: a
+    joint policy's fp32 load allocates no copy of them (docs/performance.md, "Loading a policy")."""
     from dit4dit_npu.models.lora import load_adapter_state_dict
     from dit4dit_npu.models.lora import merge_lora as merge
     from dit4dit_npu.weights import build_dit4dit, text_identity
@@ -329,8 +335,9 @@ def load_policy_folder(
         if problem is not None:
             raise PolicyLoadError(problem)
     cfg = inference_config(manifest.model)
+    own_transformer = any(k.startswith(f"{TRANSFORMER}.") for k in weights)
     try:
-        model = build_dit4dit(cfg, io.spec)
+        model = build_dit4dit(cfg, io.spec, load_transformer=not own_transformer)
     except ConfigError as e:
         hint = "" if base_model else " (pass base_model= / --base-model to point at the Cosmos folder)"
         raise PolicyLoadError(f"cannot build the model described in {path / model_at}: {e}{hint}") from None

@@ -147,12 +147,12 @@ class DiT4DiTPolicy:
         """
         if compile:  # before the load: a host that cannot compile is told at once
             check_compile("compile / --compile")
-        RunTimeInstructions(None, None, max_added_instructions)  # a bad cap is told before the load too
+        RunTimeInstructions(None, None, max_added_instructions)  # a bad cap and dtype are told before the load too
+        if backbone_dtype is not None and backbone_dtype not in (torch.float32, dev.autocast_dtype()):
+            raise ValueError(f"backbone_dtype: expected float32 or {dev.autocast_dtype()}, got {backbone_dtype}")
         loaded = load_policy_folder(policy_dir, base_model=base_model, merge_lora=merge_lora, full_check=full_check)
         target = torch.device(device) if device is not None else dev.get_device()
         if backbone_dtype is not None:
-            if backbone_dtype not in (torch.float32, dev.autocast_dtype()):
-                raise ValueError(f"backbone_dtype: expected float32 or {dev.autocast_dtype()}, got {backbone_dtype}")
             loaded.model.use_backbone_dtype(backbone_dtype)
         model = loaded.model.to(target)
         if compile:

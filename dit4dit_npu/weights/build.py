@@ -38,7 +38,12 @@ from dit4dit_npu.weights.model_config import (
 )
 
 
-def build_backbone(cfg: Config) -> CosmosBackbone:
+def build_backbone(cfg: Config, load_transformer: bool = True) -> CosmosBackbone:
+    """The video backbone with the base folder's weights. ``load_transformer=False``: the
+    transformer as a module tree on the meta device, for a caller that then assigns every one of
+    its weights (``DiT4DiT.load_trainable_state_dict``: a policy folder that holds the trained
+    transformer); reading the base folder's copy would cost its size in time and memory (8.3 GB
+    in fp32 at full size) only to be overwritten."""
     from diffusers import CosmosTransformer3DModel, UniPCMultistepScheduler
 
     c = cfg.framework.cosmos25
@@ -47,7 +52,11 @@ def build_backbone(cfg: Config) -> CosmosBackbone:
     # Under LoRA the base transformer is frozen like the VAE (half the memory on accelerators);
     # the adapters are fp32.
     dtype = frozen_dtype(cfg) if c.lora.enabled else torch.float32
-    transformer = load_weights(CosmosTransformer3DModel, p, "transformer", dtype)
+    if load_transformer:
+        transformer = load_weights(CosmosTransformer3DModel, p, "transformer", dtype)
+    else:
+        with torch.device("meta"):
+            transformer = from_config(CosmosTransformer3DModel, p, "transformer").to(dtype)
     vae = build_vae(cfg)
     scheduler = load(UniPCMultistepScheduler, p, "scheduler")
     if c.lora.enabled:
@@ -72,9 +81,10 @@ def build_action_head(cfg: Config, spec: BatchSpec, cross_attention_dim: int) ->
     )
 
 
-def build_dit4dit(cfg: Config, spec: BatchSpec) -> DiT4DiT:
-    """The model for batches that fit ``spec`` (widths, chunk and clip length, frame size)."""
-    backbone = build_backbone(cfg)
+def build_dit4dit(cfg: Config, spec: BatchSpec, load_transformer: bool = True) -> DiT4DiT:
+    """The model for batches that fit ``spec`` (widths, chunk and clip length, frame size);
+    ``load_transformer``: ``build_backbone``'s."""
+    backbone = build_backbone(cfg, load_transformer)
     head = None
     if cfg.framework.cosmos25.training != "video":
         head = build_action_head(cfg, spec, backbone.hidden_size)
