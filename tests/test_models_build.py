@@ -247,3 +247,25 @@ def test_the_modules_records_are_derived_from_the_run_config():
     assert lora_adapter_config(c.lora).alpha == 2.0  # null alpha = rank (scale 1)
     # the tiny cache's key is unchanged (a fitted VAE's file is keyed by its content, weights/tiny_cache.py)
     assert dataclasses.asdict(tiny_sizes(c.tiny)) == {k: v for k, v in dataclasses.asdict(c.tiny).items() if k != "vae_weights"}
+
+
+def test_a_transformer_built_without_its_weights_must_be_given_every_one():
+    """build_dit4dit(load_transformer=False) leaves the transformer on the meta device for a policy
+    file's weights (policy/folder.py): a model with a weight still on meta is refused, strict or
+    not; given all of them it is the built model, weight for weight. LoRA's frozen base is the base
+    folder's, so it never takes this path."""
+    cfg = small_config()
+    spec = small_spec(cfg)
+    full = build_dit4dit(cfg, spec)
+    bare = build_dit4dit(cfg, spec, load_transformer=False)
+    assert all(p.is_meta for p in bare.backbone.transformer.parameters())
+    head_only = {k: v for k, v in full.trainable_state_dict().items() if not k.startswith("backbone.transformer.")}
+    with pytest.raises(KeyError, match="never loaded"):
+        bare.load_trainable_state_dict(head_only, strict=False)
+    bare = build_dit4dit(cfg, spec, load_transformer=False)
+    bare.load_trainable_state_dict(full.trainable_state_dict())
+    want = full.state_dict()
+    assert all(torch.equal(v, want[k]) for k, v in bare.state_dict().items())
+    with pytest.raises(ValueError, match="LoRA"):
+        lora = small_config("framework.cosmos25.lora.rank=4")
+        build_dit4dit(lora, small_spec(lora), load_transformer=False)

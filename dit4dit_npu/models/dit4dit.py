@@ -354,7 +354,7 @@ class DiT4DiT(nn.Module):
         """Copy ``sd`` into the trainable weights, each in its parameter's dtype. A parameter still
         on the meta device (a module tree built without its weights: ``build_dit4dit(...,
         load_transformer=False)``) takes the tensor itself (cast to its dtype) instead of a copy;
-        ``strict`` then also refuses any weight that stays on meta."""
+        a weight left on meta is refused, strict or not (the model could not run)."""
         params = self._trainable_params()
         missing = sorted(set(params) - set(sd))
         unexpected = sorted(set(sd) - set(params))
@@ -375,7 +375,7 @@ class DiT4DiT(nn.Module):
                     else:
                         p.copy_(sd[k].to(p.dtype))
         left = [k for k, t in [*self.named_parameters(), *self.named_buffers()] if t.is_meta]
-        if strict and left:
+        if left:
             raise KeyError(f"{len(left)} weights of this model were never loaded (e.g. {left[:3]})")
 
 

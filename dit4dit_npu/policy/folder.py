@@ -309,7 +309,11 @@ def load_policy_folder(
     The transformer's weights are read once: from the policy's own file when it holds them (a
     joint or video run trained them), else from the base folder (``training: action`` and LoRA
     froze them). Read from the policy's file they stay pages of its mapping until written: a
-    joint policy's fp32 load allocates no copy of them (docs/performance.md, "Loading a policy")."""
+    joint policy's fp32 load allocates no copy of them (docs/performance.md, "Loading a policy"),
+    and the loaded model reads the file for as long as it lives, as it reads the base folder's. So
+    a folder in use is replaced as ``export_policy`` replaces one (a new folder, renamed into
+    place), never by writing over its model.safetensors: a file truncated under a running process
+    ends it with SIGBUS."""
     from dit4dit_npu.models.lora import load_adapter_state_dict
     from dit4dit_npu.models.lora import merge_lora as merge
     from dit4dit_npu.weights import build_dit4dit, text_identity

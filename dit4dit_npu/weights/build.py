@@ -54,9 +54,11 @@ def build_backbone(cfg: Config, load_transformer: bool = True) -> CosmosBackbone
     dtype = frozen_dtype(cfg) if c.lora.enabled else torch.float32
     if load_transformer:
         transformer = load_weights(CosmosTransformer3DModel, p, "transformer", dtype)
+    elif c.lora.enabled:
+        raise ValueError("load_transformer=False with LoRA: its frozen base transformer is the base folder's")
     else:
-        with torch.device("meta"):
-            transformer = from_config(CosmosTransformer3DModel, p, "transformer").to(dtype)
+        with torch.device("meta"):  # fp32, as the trained weights are
+            transformer = from_config(CosmosTransformer3DModel, p, "transformer")
     vae = build_vae(cfg)
     scheduler = load(UniPCMultistepScheduler, p, "scheduler")
     if c.lora.enabled:
