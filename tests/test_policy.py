@@ -107,6 +107,26 @@ def test_a_policy_that_holds_its_transformer_never_reads_the_base_folders_copy(t
         DiT4DiTPolicy.from_pretrained(a.policy_dir, base_model=str(base))
 
 
+@pytest.mark.parametrize("frozen", ["framework.cosmos25.training=action", "framework.cosmos25.lora.rank=4"])
+def test_a_frozen_transformer_policy_with_transformer_weights_in_its_file_is_one_line(
+    setup, tmp_path: Path, frozen: str
+) -> None:
+    """A policy whose transformer was frozen (training: action, or LoRA's base) takes it from the
+    base folder; transformer weights in its file (files of two runs mixed) are refused in one line,
+    not built into a half-loaded model."""
+    from safetensors.torch import load_file, save_file
+
+    s = build_tiny_setup(tmp_path, frozen)
+    stray = {k: v for k, v in setup.model.trainable_state_dict().items() if k.startswith("backbone.transformer.")}
+    weights = s.policy_dir / "model.safetensors"
+    meta = {"step": "0"}
+    save_file({**load_file(str(weights)), **{k: v.contiguous() for k, v in stray.items()}}, str(weights), metadata=meta)
+    reseal(s.policy_dir)
+    with pytest.raises(PolicyLoadError, match="unexpected") as e:
+        DiT4DiTPolicy.from_pretrained(s.policy_dir)
+    assert "\n" not in str(e.value)
+
+
 def test_outputs_are_robot_units_and_unnormalization_inverts_training(setup, policy: DiT4DiTPolicy) -> None:
     io = setup.data.io
     assert policy.io == io  # the checkpoint's transforms and statistics are the training ones, exactly

@@ -339,7 +339,8 @@ def load_policy_folder(
         if problem is not None:
             raise PolicyLoadError(problem)
     cfg = inference_config(manifest.model)
-    own_transformer = any(k.startswith(f"{TRANSFORMER}.") for k in weights)
+    # (a LoRA policy's base is the folder's whatever its file holds: stray keys are refused below)
+    own_transformer = lora.rank == 0 and any(k.startswith(f"{TRANSFORMER}.") for k in weights)
     try:
         model = build_dit4dit(cfg, io.spec, load_transformer=not own_transformer)
     except ConfigError as e:
