@@ -22,7 +22,9 @@
 #                       TRAIN_MINUTES, the trainer's trainer.max_train_time_s); a checkpoint every third.
 #                       Each run's LR schedule runs on training time (the recipe sets
 #                       trainer.lr_schedule_clock=train_time): every arm anneals by its budget's end,
-#                       whatever its steps cost; STEPS only bounds the runs
+#                       whatever its steps cost; STEPS only bounds the runs. With the budget in CPU
+#                       time (trainer.train_time_clock=process_cpu) compare the arms of one run only: a
+#                       step's CPU time grows with the host's load (docs/simulation.md, "Equal training time")
 #   EPISODES (100)      closed-loop episodes per checkpoint, on unseen seeds 0..EPISODES-1
 #   INTERMEDIATE_EPISODES (EPISODES) episodes for each checkpoint before a run's last (seeds
 #                       0..M-1): the plot's earlier points at a fraction of the cost; the headline
