@@ -24,6 +24,7 @@ fp32.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import subprocess
 import sys
@@ -169,7 +170,7 @@ def bench(a: argparse.Namespace) -> None:
     from safetensors import safe_open
 
     with safe_open(str(policies["joint"] / "model.safetensors"), framework="pt") as f:
-        gb = sum(_numel(f.get_slice(k).get_shape()) for k in f.keys() if k.startswith("backbone.transformer.")) * 4 / GIB
+        gb = sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys() if k.startswith("backbone.transformer.")) * 4 / GIB
     print(f"transformer: {gb:.2f} GiB of fp32 weights ({a.layers if not a.smoke else 'tiny'} blocks)")
     print(f"{'policy':<8} {'way':<16} {'load s':>7} {'peak anon GiB':>14} {'peak RSS GiB':>13}")
     peak: dict[tuple[str, str], float] = {}
@@ -180,13 +181,6 @@ def bench(a: argparse.Namespace) -> None:
             s, peak[training, way], rss = (min(r[i] for r in runs) for i in range(3))
             print(f"{training:<8} {way:<16} {s:>7.2f} {peak[training, way]:>14.2f} {rss:>13.2f}")
     print(f"speedup: {peak['joint', 'base read first'] / peak['joint', 'fp32']:.2f}")
-
-
-def _numel(shape: list[int]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
 
 
 if __name__ == "__main__":
