@@ -53,6 +53,11 @@
 #   INTERMEDIATE_EPISODES=M  every checkpoint but the last evaluated on seeds 0..M-1 only (M <=
 #                      EPISODES; default EPISODES): the curve at a fraction of its cost, the last
 #                      checkpoint (the last line) on all EPISODES
+#   ENCODE_RANKS=1     the latent cache's VAE encode as this many ranks of one `accelerate launch`
+#                      (each rank every ENCODE_RANKS-th episode, a CPU each: at most the CPUs this
+#                      process may use; an accelerator host: at most its cards). The episodes are
+#                      independent and the VAE is the cost: 2 ranks encoded 9600 5-frame clips in 16
+#                      minutes here where one rank made 5 clips a second (docs/simulation.md, "Equal training time")
 #   PREPARE_ONLY=1     the checks, demos, statistics and latent cache of the run these settings
 #                      name, then stop (no training, no eval: WORKERS, EPISODES and
 #                      INTERMEDIATE_EPISODES are refused); the
@@ -95,6 +100,17 @@ if [ "$PREPARE_ONLY" = 1 ]; then
 fi
 WORKERS="${WORKERS:-1}"
 positive WORKERS " (eval processes)"
+ENCODE_RANKS="${ENCODE_RANKS:-1}"
+positive ENCODE_RANKS " (the latent cache's encoding processes)"
+CPUS="$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)"  # (nproc would answer OMP_NUM_THREADS)
+if [ "${#ENCODE_RANKS}" -gt 4 ] || [ "$ENCODE_RANKS" -gt "$CPUS" ]; then
+    refuse "ENCODE_RANKS=$ENCODE_RANKS: expected at most $CPUS, the CPUs this process may use (a rank each)"
+fi
+# on an accelerator host rank k encodes on card k: no more ranks than visible cards (the device
+# layer's own check, which a CPU host passes)
+if [ "$ENCODE_RANKS" != 1 ] && ! err="$($PY -m dit4dit_npu.device env --ranks "$ENCODE_RANKS" 2>&1 >/dev/null)"; then
+    refuse "ENCODE_RANKS=$ENCODE_RANKS: $(printf '%s\n' "$err" | tail -n 1 | sed 's/^error: //')"
+fi
 OBJECTIVE="${OBJECTIVE:-no_video}" TASK="${TASK:-transfer_cube}" VAE="${VAE:-random}"
 case "$TASK" in
     transfer_cube) TASK_TAG="" ;;
@@ -295,6 +311,25 @@ fi
 FITTED="$([ "$VAE" = fitted ] && echo "_fitted$(sha256sum "$VAE_WEIGHTS" | cut -c1-12)" || true)"
 CACHE="${DATA}_latents$([ "$OBJECTIVE" = joint ] && echo _5frames || true)$FITTED"
 OVERRIDES+=("datasets.vla_data.latent_cache=$CACHE")
+encode_latents() {  # the encoder's arguments after --config: ENCODE_RANKS processes, one launch
+    if [ "$ENCODE_RANKS" = 1 ]; then
+        $PY -m dit4dit_npu.data.encode_latents --config "$CONFIG" "$@"
+        return
+    fi
+    # (--multi_gpu: accelerate's several-process launch; on a CPU host its ranks talk over gloo.) A
+    # rank that fails prints its one error line, then the launcher a traceback: that line is said last.
+    local out rc=0
+    out="$(mktemp)"
+    $PY -m accelerate.commands.launch --multi_gpu --num_processes "$ENCODE_RANKS" --main_process_port 0 \
+        -m dit4dit_npu.data.encode_latents --config "$CONFIG" "$@" 2>&1 | tee "$out" || rc=$?
+    if [ "$rc" != 0 ]; then
+        local line
+        line="$(grep -m 1 '^error: ' "$out" | sed 's/^error: //' || true)"
+        rm -f "$out"
+        refuse "the latent cache's encode ($ENCODE_RANKS ranks): ${line:-the launch failed (exit code $rc; its output is above)}"
+    fi
+    rm -f "$out"
+}
 latent_stats() {  # $1: the statistics file to fill when missing; then the overrides of the run it is for
     local out="$1"; shift
     if [ ! -s "$out" ]; then  # (the log gets stderr: stdout is the overrides)
@@ -321,7 +356,7 @@ else
     STATS_OVERRIDES=($(latent_stats "${PT_DATA}_tiny_vae${FITTED}_stats.txt" "${PT[@]}"))
     PT+=("${STATS_OVERRIDES[@]}")
     stage "video pretraining: latent cache of $PT_DATA's 5-frame clips"
-    $PY -m dit4dit_npu.data.encode_latents --config "$CONFIG" --out "${PT_DATA}_latents_5frames$FITTED" "${PT[@]}"
+    encode_latents --out "${PT_DATA}_latents_5frames$FITTED" "${PT[@]}"
     stage "video pretraining: $PRETRAIN steps, the video loss only"
     $PY -m dit4dit_npu.train --config "$CONFIG" "${PT[@]}" trainer.resume=auto "trainer.max_train_steps=$PRETRAIN" \
         "trainer.save_interval=$PRETRAIN" "trainer.eval_interval=$PRETRAIN" trainer.keep_last_checkpoints=1
@@ -329,7 +364,7 @@ else
 fi
 t_demos=$SECONDS
 stage "latent cache: every training sample's clip, VAE-encoded once"
-$PY -m dit4dit_npu.data.encode_latents --config "$CONFIG" --out "$CACHE" "${OVERRIDES[@]}"
+encode_latents --out "$CACHE" "${OVERRIDES[@]}"
 t_cache=$SECONDS
 if [ "$PREPARE_ONLY" = 1 ]; then
     echo "prepared in seconds: demos $((t_demos - t0)), cache $((t_cache - t_demos))"

@@ -39,14 +39,15 @@
 #   SMOKE=1             the recipe's SMOKE data (1 demo at 32x48, one 16-step episode per
 #                       checkpoint), TRAIN_MINUTES 0.1, one training seed; DEMOS and EPISODES refused
 #   PY, TASK, VAE, BACKPROP, VIDEO_WEIGHT, STEPS, DATA_ROOT: passed to the recipe (VIDEO_WEIGHT to the
-#                       joint arms only); OBJECTIVE, ONE_PASS, RUN_ID, WORKERS, PREPARE_ONLY are this
-#                       script's to set per arm and refused from the caller
+#                       joint arms only); OBJECTIVE, ONE_PASS, RUN_ID, WORKERS, PREPARE_ONLY, ENCODE_RANKS
+#                       are this script's to set per arm and refused from the caller
 #
 # Stages: (1) every arm's data, one run after the other (aloha_recipe.sh PREPARE_ONLY=1: its checks,
 # the demos, statistics and latent caches, timed apart: the table lists them beside the training
-# time); (2) the runs side by side, each the whole recipe on its core (train for the budget, then its
-# closed-loop eval); (3) python -m dit4dit_npu.train.success_curve over every run (--x time: reads the
-# evaluations kept in each run) -> OUT/success_vs_time.png, OUT/checkpoints.md; OUT/table.md holds
+# time; each cache encoded by a rank per core of CORES, the recipe's ENCODE_RANKS); (2) the runs side
+# by side, each the whole recipe on its core (train for the budget, then its closed-loop eval); (3)
+# python -m dit4dit_npu.train.success_curve over every run (--x time: reads the evaluations kept in
+# each run) -> OUT/success_vs_time.png, OUT/checkpoints.md; OUT/table.md holds
 # the time accounting, the runs and the headline (each arm's last checkpoint, pooled over seeds).
 # Times: docs/simulation.md ("Equal training time").
 set -euo pipefail
@@ -58,6 +59,7 @@ unread() { if [ -n "${!1+x}" ]; then refuse "$1=${!1}: $2"; fi; }
 for v in OBJECTIVE ONE_PASS RUN_ID WORKERS PREPARE_ONLY; do
     unread "$v" "set by scripts/equal_time.sh for each arm (choose the arms with ARMS)"
 done
+unread ENCODE_RANKS "set by scripts/equal_time.sh from CORES (a rank per core encodes each latent cache)"
 SMOKE="${SMOKE:-0}"
 case "$SMOKE" in 0|1) ;; *) refuse "SMOKE=$SMOKE: expected 0 or 1" ;; esac
 PY="${PY:-.venv/bin/python}"
@@ -174,8 +176,9 @@ for seed in "${SEED_LIST[@]}"; do
         PREPARED[$kind/$seed]=1
         log="$OUT/logs/prepare_${arm}_seed$seed.log"
         stage "data of $arm (seed $seed): $log"
-        recipe_cmd "$arm" "$seed" PREPARE_ONLY=1
-        if ! "${CMD[@]}" > "$log" 2>&1; then
+        recipe_cmd "$arm" "$seed" PREPARE_ONLY=1 "ENCODE_RANKS=${#CORE_LIST[@]}"
+        # on CORES: its encode's ranks (and the recipe's count of the CPUs it may use) are theirs
+        if ! taskset -c "$(IFS=,; echo "${CORE_LIST[*]}")" "${CMD[@]}" > "$log" 2>&1; then
             refuse "$arm (seed $seed), preparing its data: $(tail -n 1 "$log" | sed 's/^error: //') (log: $log)"
         fi
         d="" c=""

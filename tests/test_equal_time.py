@@ -53,6 +53,7 @@ def equal_time(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedPr
     ({"OBJECTIVE": "joint"}, [], "error: OBJECTIVE=joint: set by scripts/equal_time.sh for each arm"),
     ({"ONE_PASS": "1"}, [], "error: ONE_PASS=1: set by scripts/equal_time.sh for each arm"),
     ({"RUN_ID": "mine"}, [], "error: RUN_ID=mine: set by scripts/equal_time.sh for each arm"),
+    ({"ENCODE_RANKS": "2"}, [], "error: ENCODE_RANKS=2: set by scripts/equal_time.sh from CORES"),
     # the extra training overrides, through the config's own checks
     ({}, ["trainer.max_train_step=5"], "error: the extra overrides: unknown config key 'trainer.max_train_step'"),
     ({}, ["trainer.max_train_time_s=0"], "error: the extra overrides: trainer.max_train_time_s: got 0.0"),
@@ -68,10 +69,15 @@ def test_a_bad_setting_is_one_line_before_anything_runs(tmp_path: Path, env, arg
 def test_smoke_two_arms_side_by_side_one_table_and_one_plot(tmp_path: Path) -> None:
     if importlib.util.find_spec("gym_aloha") is None:
         pytest.skip("simulation extra not installed (pip install -e '.[sim]')")
+    cores = sorted(os.sched_getaffinity(0))[:2]  # (a rank per core encodes each cache: two at most here)
     r = equal_time(tmp_path, f"run_root_dir={tmp_path / 'runs'}", SMOKE="1", ARMS="no_video one_pass",
-                   TRAIN_MINUTES="0.05", MUJOCO_GL=os.environ.get("MUJOCO_GL", "egl"))
+                   TRAIN_MINUTES="0.05", CORES=" ".join(map(str, cores)), MUJOCO_GL=os.environ.get("MUJOCO_GL", "egl"))
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     out = tmp_path / "runs" / "equal_time_smoke"
+    if len(cores) == 2:  # each arm's cache by one rank per core, in one launch
+        for arm in ("no_video", "one_pass"):
+            log = (out / "logs" / f"prepare_{arm}_seed42.log").read_text()
+            assert re.search(r"^latent cache .*: encoded \d+ clips \(\d episodes\) by 2 ranks in ", log, re.M), log[-2000:]
     assert r.stdout.strip().splitlines()[-1] == f"table -> {out}/table.md, plot -> {out}/success_vs_time.png"
     assert (out / "success_vs_time.png").stat().st_size > 0
     table = (out / "table.md").read_text()

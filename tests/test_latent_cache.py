@@ -57,7 +57,7 @@ def root(tmp_path_factory) -> Path:
     ]
     r = subprocess.run(cmd, env=ENV, capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    assert f"encoded {5 * LENGTH} clips (5 episodes)" in r.stdout, r.stdout
+    assert f"encoded {5 * LENGTH} clips (5 episodes) by 2 ranks in " in r.stdout, r.stdout
     return root
 
 

@@ -112,10 +112,11 @@ def encode_latents_main(argv: list[str] | None = None) -> int:
         raise ConfigError(f"--batch-size {args.batch_size}: expected >= 1")
     counts = encode_latents(cfg, Path(out), args.batch_size)
     if int(os.environ.get("RANK", "0")) == 0:
-        n = counts["samples"]
+        n, world = counts["samples"], int(os.environ.get("WORLD_SIZE", "1"))
+        ranks = f" by {world} ranks" if world > 1 else ""
         total, clips = cache_bytes(Path(out))
         print(
-            f"latent cache {out}: encoded {n} clips ({counts['episodes']} episodes) in {counts['seconds']} s, "
+            f"latent cache {out}: encoded {n} clips ({counts['episodes']} episodes){ranks} in {counts['seconds']} s, "
             f"{counts['cached_before']} episodes were already cached; {total / 2**20:.1f} MiB on disk for "
             f"{clips} clips ({total / max(clips, 1) / 1024:.1f} KiB per clip)"
         )
