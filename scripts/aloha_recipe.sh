@@ -12,7 +12,8 @@
 # checkpoint's `success k/EPISODES = p% (95% Wilson CI lo-hi%)`.
 #
 #   bash scripts/aloha_recipe.sh [a.b=c ...]   # extra training overrides (a new RUN_ID for a new run)
-#   STEPS=6000 WORKERS=2 bash scripts/aloha_recipe.sh  # its own run (..._6000steps); WORKERS: eval processes
+#   STEPS=6000 WORKERS=2 bash scripts/aloha_recipe.sh  # its own run (..._6000steps); WORKERS: sim processes
+#                                                      # (the demos' and the eval's, each with its own scene)
 #   DEMOS=100 EPISODES=100 bash scripts/aloha_recipe.sh  # 100 demos (own data, cache, run), 100 eval seeds
 #   TASK=insertion bash scripts/aloha_recipe.sh   # the second task (configs/aloha/dit4dit_aloha_insertion_tiny.yaml)
 #   SMOKE=1 bash scripts/aloha_recipe.sh       # the same commands, tiny: 1 demo at 32x48, 2 steps,
@@ -59,7 +60,7 @@
 #                      independent and the VAE is the cost: 2 ranks encoded 9600 5-frame clips in 16
 #                      minutes here where one rank made 5 clips a second (docs/simulation.md, "Equal training time")
 #   PREPARE_ONLY=1     the checks, demos, statistics and latent cache of the run these settings
-#                      name, then stop (no training, no eval: WORKERS, EPISODES and
+#                      name, then stop (no training, no eval: EPISODES and
 #                      INTERMEDIATE_EPISODES are refused); the
 #                      last line is `prepared in seconds: demos D, cache C` (scripts/equal_time.sh
 #                      prepares every arm's data so, one after the other, before the arms run side by side)
@@ -96,10 +97,10 @@ if ! command -v "$PY" >/dev/null; then refuse "PY=$PY: expected a Python executa
 PREPARE_ONLY="${PREPARE_ONLY:-0}"
 case "$PREPARE_ONLY" in 0|1) ;; *) refuse "PREPARE_ONLY=$PREPARE_ONLY: expected 0 or 1" ;; esac
 if [ "$PREPARE_ONLY" = 1 ]; then
-    for v in WORKERS EPISODES INTERMEDIATE_EPISODES; do unread "$v" "PREPARE_ONLY=1 stops before the eval"; done
+    for v in EPISODES INTERMEDIATE_EPISODES; do unread "$v" "PREPARE_ONLY=1 stops before the eval"; done
 fi
 WORKERS="${WORKERS:-1}"
-positive WORKERS " (eval processes)"
+positive WORKERS " (sim processes: the demos' and the eval's)"
 ENCODE_RANKS="${ENCODE_RANKS:-1}"
 positive ENCODE_RANKS " (the latent cache's encoding processes)"
 CPUS="$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)"  # (nproc would answer OMP_NUM_THREADS)
@@ -299,7 +300,7 @@ stage() { echo "== $(date +%H:%M:%S) $*"; }
 t0=$SECONDS
 if [ ! -d "$DATA" ]; then
     stage "demos: $DEMOS expert episodes, seeds 100000.., $SIZE"
-    $PY -m dit4dit_npu.sim.demos --task "$TASK" --episodes "$DEMOS" --size "$SIZE" --out "$DATA"
+    $PY -m dit4dit_npu.sim.demos --task "$TASK" --episodes "$DEMOS" --size "$SIZE" --workers "$WORKERS" --out "$DATA"
 fi
 if [ "$VAE" = fitted ] && [ ! -s "$VAE_WEIGHTS" ]; then
     stage "fit the tiny VAE to the demos' frames -> $VAE_WEIGHTS"
@@ -350,7 +351,8 @@ else
     # learned latents normalized by them.
     if [ ! -d "$PT_DATA" ]; then
         stage "demos for video pretraining: $PRETRAIN_DEMOS expert episodes, seeds 100000.., $SIZE"
-        $PY -m dit4dit_npu.sim.demos --task "$TASK" --episodes "$PRETRAIN_DEMOS" --size "$SIZE" --out "$PT_DATA"
+        $PY -m dit4dit_npu.sim.demos --task "$TASK" --episodes "$PRETRAIN_DEMOS" --size "$SIZE" --workers "$WORKERS" \
+            --out "$PT_DATA"
     fi
     PT+=("datasets.vla_data.latent_cache=${PT_DATA}_latents_5frames$FITTED")
     STATS_OVERRIDES=($(latent_stats "${PT_DATA}_tiny_vae${FITTED}_stats.txt" "${PT[@]}"))

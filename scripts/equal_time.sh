@@ -44,7 +44,8 @@
 #
 # Stages: (1) every arm's data, one run after the other (aloha_recipe.sh PREPARE_ONLY=1: its checks,
 # the demos, statistics and latent caches, timed apart: the table lists them beside the training
-# time; each cache encoded by a rank per core of CORES, the recipe's ENCODE_RANKS); (2) the runs side
+# time; the demos simulated and each cache encoded by a process per core of CORES, the recipe's WORKERS
+# and ENCODE_RANKS); (2) the runs side
 # by side, each the whole recipe on its core (train for the budget, then its closed-loop eval); (3)
 # python -m dit4dit_npu.train.success_curve over every run (--x time: reads the evaluations kept in
 # each run) -> OUT/success_vs_time.png, OUT/checkpoints.md; OUT/table.md holds
@@ -176,8 +177,8 @@ for seed in "${SEED_LIST[@]}"; do
         PREPARED[$kind/$seed]=1
         log="$OUT/logs/prepare_${arm}_seed$seed.log"
         stage "data of $arm (seed $seed): $log"
-        recipe_cmd "$arm" "$seed" PREPARE_ONLY=1 "ENCODE_RANKS=${#CORE_LIST[@]}"
-        # on CORES: its encode's ranks (and the recipe's count of the CPUs it may use) are theirs
+        recipe_cmd "$arm" "$seed" PREPARE_ONLY=1 "WORKERS=${#CORE_LIST[@]}" "ENCODE_RANKS=${#CORE_LIST[@]}"
+        # on CORES: its demo workers and encode's ranks (and the recipe's count of the CPUs it may use) are theirs
         if ! taskset -c "$(IFS=,; echo "${CORE_LIST[*]}")" "${CMD[@]}" > "$log" 2>&1; then
             refuse "$arm (seed $seed), preparing its data: $(tail -n 1 "$log" | sed 's/^error: //') (log: $log)"
         fi

@@ -59,6 +59,27 @@ def test_demos_round_trip_through_our_reader(tmp_path: Path) -> None:
         assert np.abs(decoded[0] - ds.frames_at([0], key)[0]).mean() > 0.5  # not episode 0's view
 
 
+@pytest.mark.slow
+def test_workers_write_the_dataset_one_process_writes(tmp_path: Path) -> None:
+    """Two worker processes, each with its own scene, give the same files as one scene in this
+    process: the episodes come back in seed order whichever worker finished first."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    s1 = write_demos(one, "transfer_cube", 2, (32, 40), progress=False)
+    s2 = write_demos(two, "transfer_cube", 2, (32, 40), progress=False, workers=2)
+    assert (s1["workers"], s2["workers"]) == (1, 2)
+    files = sorted(p.relative_to(one) for p in one.rglob("*") if p.is_file())
+    assert files == sorted(p.relative_to(two) for p in two.rglob("*") if p.is_file())
+    assert any(f.suffix == ".mp4" for f in files) and any(f.suffix == ".parquet" for f in files)
+    for f in files:
+        if f.name == "sim_demos.json":  # the same but for its timing and worker count
+            a, b = json.loads((one / f).read_text()), json.loads((two / f).read_text())
+            for key in ("sim_and_write_s", "workers"):
+                a.pop(key), b.pop(key)
+            assert a == b
+        else:
+            assert (one / f).read_bytes() == (two / f).read_bytes(), f
+
+
 def test_demo_cli_bad_input_exit_2(tmp_path: Path, capsys) -> None:
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "x").write_text("keep me")
@@ -66,6 +87,7 @@ def test_demo_cli_bad_input_exit_2(tmp_path: Path, capsys) -> None:
         (["--task", "fold_shirt"], "unknown task 'fold_shirt'"),
         (["--seed", "7"], f"demo seeds start at {TRAIN_SEED0}"),
         (["--size", "240"], "--size: expected HxW"),
+        (["--workers", "0"], "--workers: expected >= 1, got 0"),
         (["--out", str(tmp_path / "full")], "exists and is not empty"),
     ]
     for args, message in cases:

@@ -43,15 +43,19 @@ def demos_main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--version", default="v3.0", choices=["v2.1", "v3.0"], help="LeRobot format version (default: %(default)s)"
     )
+    p.add_argument("--workers", type=int, default=1,
+                   help="parallel worker processes (each: a scene), written in seed order: the same dataset")
     a = p.parse_args(argv)
     get_task(a.task)
     size_hw = parse_size(a.size)
+    if a.workers < 1:  # before MuJoCo loads
+        raise SimError(f"--workers: expected >= 1, got {a.workers}")
     require_simulator()
-    s = demos.write_demos(a.out, a.task, a.episodes, size_hw, a.seed, a.horizon, a.version)
+    s = demos.write_demos(a.out, a.task, a.episodes, size_hw, a.seed, a.horizon, a.version, workers=a.workers)
     print(
         f"wrote {s['episodes']} {a.task} demos ({s['frames_per_episode']} frames, 3 cameras {a.size}, seeds "
         f"{s['seeds'][0]}..{s['seeds'][-1]}, {len(s['failed_seeds'])} failed seed(s) skipped) in "
-        f"{s['sim_and_write_s']} s -> {a.out}"
+        f"{s['sim_and_write_s']} s by {s['workers']} worker(s) -> {a.out}"
     )
     return 0
 

@@ -5,8 +5,10 @@
 Each episode: reset the scene with the next training seed, run the task's scripted expert for
 ``--horizon`` steps, record (three camera images, 14-d state, the expert's 14-d action) at every step, and keep
 the episode only if it succeeded (reward 4) - the seeds used are listed in ``meta/sim_demos.json``.
-Memory holds one episode (its frames are encoded before the next starts): 50 episodes at 240x320
-would need 13.8 GB held together. Training seeds start at 100000, disjoint from the evaluation
+``--workers W`` simulates W seeds at a time in W processes, each with its own scene; this process
+writes their episodes in seed order, so the data and videos are those ``--workers 1`` writes, byte
+for byte.
+Memory holds at most W + 2 episodes (276 MB each at 240x320; 50 of them held together would be 13.8 GB). Training seeds start at 100000, disjoint from the evaluation
 seeds (0, 1, ... by default in ``dit4dit_npu.sim.eval``). The command's flags are ``demos_main`` in
 ``sim/cli.py``.
 """
@@ -15,6 +17,9 @@ from __future__ import annotations
 
 import json
 import time
+import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +38,8 @@ from dit4dit_npu.sim.tasks import (
 
 # A failing seed is skipped; this many failures in a row means the expert is broken, not unlucky.
 MAX_CONSECUTIVE_FAILURES = 10
+# A worker's episode (about 15 s at 240x320 here) is late past this: a hung scene, not a slow one.
+EPISODE_DEADLINE_S = 900.0
 
 
 def record_expert_episode(scene, seed: int, horizon: int) -> tuple[dict, int | None]:
@@ -63,6 +70,87 @@ def record_expert_episode(scene, seed: int, horizon: int) -> tuple[dict, int | N
     return episode, first_success
 
 
+def _worker_main(task: str, size_hw: tuple[int, int], horizon: int, seeds, results) -> None:
+    """Process body: ("ready", None) or ("error", line) once, then ("result", (seed, episode, first))
+    for each seed it is given, until its parent stops it (or is gone: ``sim.workers.next_task``)."""
+    from dit4dit_npu.sim.scene import AlohaScene
+    from dit4dit_npu.sim.workers import next_task
+
+    try:
+        scene = AlohaScene(task, size_hw)
+    except SimError as e:
+        results.put(("error", str(e)))
+        return
+    except Exception:
+        results.put(("crash", traceback.format_exc()))
+        return
+    try:
+        results.put(("ready", None))
+        while (seed := next_task(seeds, results)) is not None:
+            results.put(("result", (seed, *record_expert_episode(scene, seed, horizon))))
+    except Exception:
+        results.put(("crash", traceback.format_exc()))
+    finally:
+        scene.close()
+
+
+@contextmanager
+def expert_episodes(
+    task: str, size_hw: tuple[int, int], horizon: int, seed0: int, workers: int, worker=_worker_main
+) -> Iterator[Iterator[tuple[int, dict, int | None]]]:
+    """(seed, episode, first success step) for seed0, seed0 + 1, ... (below SEED_LIMIT), in seed order:
+    from this process's scene, or from ``workers`` spawned processes running ``worker`` (a fork would
+    copy MuJoCo's GL context), each simulating one seed at a time. At most ``workers`` + 1 seeds are
+    out at once, so at most that many episodes are held here; a seed whose episode has not come
+    back EPISODE_DEADLINE_S after it became the next one due, or a worker that died, is an error.
+    Leaving the block stops the workers."""
+    from dit4dit_npu.sim.scene import AlohaScene
+
+    if workers == 1:
+        with AlohaScene(task, size_hw) as scene:
+            yield ((s, *record_expert_episode(scene, s, horizon)) for s in range(seed0, SEED_LIMIT))
+        return
+
+    import multiprocessing as mp
+
+    from dit4dit_npu.sim.workers import receive
+
+    ctx = mp.get_context("spawn")
+    seed_q, result_q = ctx.Queue(), ctx.Queue()
+    procs = [
+        ctx.Process(target=worker, args=(task, size_hw, horizon, seed_q, result_q), daemon=True) for _ in range(workers)
+    ]
+    for p in procs:
+        p.start()
+
+    def in_order() -> Iterator[tuple[int, dict, int | None]]:
+        start = time.monotonic()
+        for _ in procs:  # every worker has built its scene, or one says why it cannot
+            receive(result_q, procs, "a demo worker's start", EPISODE_DEADLINE_S, start)
+        sent = seed0
+        done: dict[int, tuple] = {}  # episodes that came back before the seed due next
+        for want in range(seed0, SEED_LIMIT):
+            while sent < min(want + workers + 1, SEED_LIMIT):  # a worker never waits for a seed
+                seed_q.put(sent)
+                sent += 1
+            due = time.monotonic()
+            while want not in done:
+                seed, episode, first = receive(result_q, procs, f"simulating seed {want}", EPISODE_DEADLINE_S, due)
+                done[seed] = (episode, first)
+            yield (want, *done.pop(want))
+
+    try:
+        yield in_order()
+    finally:  # the seeds still out are not needed: their episodes are dropped with the workers
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():  # stuck where SIGTERM cannot reach (a native call)
+                p.kill()
+                p.join(timeout=10)
+
+
 def write_demos(
     out: Path,
     task: str,
@@ -72,17 +160,19 @@ def write_demos(
     horizon: int | None = None,
     version: str = "v3.0",
     progress: bool = True,
+    workers: int = 1,
 ) -> dict:
     """Write ``episodes`` successful expert episodes to ``out`` (atomically); returns a summary."""
     from tqdm import tqdm
 
     from dit4dit_npu.data.writer import DatasetSpec, Episode, LeRobotWriter, aloha_modality
     from dit4dit_npu.sim.experts import EXPERTS
-    from dit4dit_npu.sim.scene import AlohaScene
 
     spec_task = get_task(task)
     if episodes < 1:
         raise SimError(f"--episodes: expected >= 1, got {episodes}")
+    if workers < 1:
+        raise SimError(f"--workers: expected >= 1, got {workers}")
     check_seed_range(seed0, episodes, low=TRAIN_SEED0)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise SimError(f"--out: {out} exists and is not empty; refusing to overwrite a dataset")
@@ -101,14 +191,13 @@ def write_demos(
     t0 = time.perf_counter()
     # a reader never sees a half-written dataset
     with atomic_folder(out, replace=False) as tmp:
-        with AlohaScene(task, size_hw) as scene, LeRobotWriter(tmp, version, spec) as writer:
+        with (
+            LeRobotWriter(tmp, version, spec) as writer,
+            expert_episodes(task, size_hw, horizon, seed0, min(workers, episodes)) as stream,
+        ):
             bar = tqdm(total=episodes, desc=f"{task} demos", unit="ep", disable=not progress)
-            seed, streak = seed0, 0
-            while len(kept) < episodes:
-                if seed >= SEED_LIMIT:  # failed seeds pushed the range past the simulator's (nothing is written)
-                    raise SimError(f"--seed {seed0}: {len(failed)} failed seed(s) took the demos' seeds to 2**32, "
-                                   "the simulator's limit, before --episodes were kept; start lower")
-                ep, first = record_expert_episode(scene, seed, horizon)
+            streak = 0
+            for seed, ep, first in stream:
                 if first is None:
                     failed.append(seed)
                     streak += 1
@@ -122,7 +211,11 @@ def write_demos(
                     kept.append(seed)
                     first_steps.append(first)
                     bar.update(1)
-                seed += 1
+                    if len(kept) == episodes:
+                        break
+            else:  # failed seeds pushed the range past the simulator's (nothing is written)
+                raise SimError(f"--seed {seed0}: {len(failed)} failed seed(s) took the demos' seeds to 2**32, "
+                               "the simulator's limit, before --episodes were kept; start lower")
             bar.close()
             summary = {
                 "task": task,
@@ -136,6 +229,7 @@ def write_demos(
                 "failed_seeds": failed,
                 "first_success_step": {"min": min(first_steps), "max": max(first_steps)},
                 "sim_and_write_s": round(time.perf_counter() - t0, 1),
+                "workers": min(workers, episodes),
             }
         # Provenance next to lerobot's metadata: which seeds, which expert outcome.
         (tmp / "meta" / "sim_demos.json").write_text(json.dumps(summary, indent=2))

@@ -149,32 +149,17 @@ def run_serial(setup: EvalSetup, seeds: list[int], output: Path, on_result) -> d
         worker.close()
 
 
-def _next_message(result_q, procs) -> tuple[str, Any]:
-    """The next worker message; a worker that died without one (a crash in native code) is an
-    error, not an eval that waits forever."""
-    import queue
-
-    while True:
-        try:
-            return result_q.get(timeout=2.0)
-        except queue.Empty:
-            dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
-            if dead:
-                raise RuntimeError(
-                    f"an eval worker died with exit code {dead[0]} (see its output above)"
-                ) from None
-
-
 def run_parallel(setup: EvalSetup, seeds: list[int], workers: int, output: Path, on_result) -> dict[str, Any]:
     """W spawned processes (a fork would copy MuJoCo's GL context and torch's thread pool)."""
     import multiprocessing as mp
 
     from dit4dit_npu.sim.rollout import worker_main
+    from dit4dit_npu.sim.workers import receive
 
     ctx = mp.get_context("spawn")
-    seed_q, result_q, go = ctx.Queue(), ctx.Queue(), ctx.Event()
+    seed_q, result_q = ctx.Queue(), ctx.Queue()
     procs = [
-        ctx.Process(target=worker_main, args=(setup, seed_q, result_q, go), daemon=True)
+        ctx.Process(target=worker_main, args=(setup, seed_q, result_q), daemon=True)
         for _ in range(workers)
     ]
     for p in procs:
@@ -182,12 +167,7 @@ def run_parallel(setup: EvalSetup, seeds: list[int], workers: int, output: Path,
     try:
         info = None
         for _ in procs:  # every worker has built its scene and policy, or one says why it cannot
-            kind, payload = _next_message(result_q, procs)
-            if kind == "error":
-                raise SimError(payload)
-            if kind == "crash":
-                raise RuntimeError(f"eval worker failed to start:\n{payload}")
-            info = payload
+            info = receive(result_q, procs, "an eval worker's start")
         output.mkdir(parents=True, exist_ok=True)
         if setup.video_dir:
             Path(setup.video_dir).mkdir(exist_ok=True)
@@ -195,16 +175,10 @@ def run_parallel(setup: EvalSetup, seeds: list[int], workers: int, output: Path,
             seed_q.put(s)
         for _ in procs:
             seed_q.put(None)
-        go.set()
         for _ in seeds:
-            kind, payload = _next_message(result_q, procs)
-            if kind == "error":
-                raise SimError(payload)
-            if kind == "crash":
-                raise RuntimeError(f"eval worker failed:\n{payload}")
-            on_result(payload)
-        for p in procs:
-            p.join()
+            on_result(receive(result_q, procs, "an eval worker"))
+        for p in procs:  # each has its None; a worker still alive after this is terminated below
+            p.join(timeout=60)
         return info
     finally:
         for p in procs:

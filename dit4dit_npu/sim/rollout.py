@@ -223,8 +223,11 @@ def _receive(executor: ChunkExecutor, chunk: np.ndarray, step: int) -> str | Non
     return None
 
 
-def worker_main(setup: EvalSetup, seeds, results, go) -> None:
-    """Process body: ('ready', info) | ('error', line) once, then ('result', dict) per seed."""
+def worker_main(setup: EvalSetup, seeds, results) -> None:
+    """Process body: ('ready', info) | ('error', line) once, then ('result', dict) per seed until a
+    None (or its parent is gone: ``sim.workers.next_task``)."""
+    from dit4dit_npu.sim.workers import next_task
+
     try:
         worker = Worker(setup)
     except SimError as e:
@@ -235,8 +238,7 @@ def worker_main(setup: EvalSetup, seeds, results, go) -> None:
         return
     try:
         results.put(("ready", worker.info))
-        go.wait()
-        while (seed := seeds.get()) is not None:
+        while (seed := next_task(seeds, results)) is not None:
             results.put(("result", worker.run(seed)))
     except SimError as e:
         results.put(("error", str(e)))

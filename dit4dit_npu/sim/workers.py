@@ -1,0 +1,52 @@
+"""The one way a simulation command and its spawned worker processes (demos, eval) wait on each other.
+
+A worker puts ``(kind, payload)`` on its result queue: ``("ready" | "result", ...)``, or
+``("error", line)`` for a bad input it found (a ``SimError``), or ``("crash", traceback)``.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import queue
+import time
+from typing import Any
+
+from dit4dit_npu.sim.errors import SimError
+
+
+def receive(result_q, procs, what: str, deadline_s: float | None = None, since: float | None = None) -> Any:
+    """The next message's payload. A worker's error is raised here as a ``SimError``, its crash as a
+    RuntimeError with its traceback. A dead worker (a crash in native code, the OOM killer) is an
+    error as soon as it is seen, and with ``deadline_s`` so is no message within it of ``since``
+    (``time.monotonic()``; default: now): never a wait forever."""
+    start = time.monotonic() if since is None else since
+    while True:
+        dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+        if dead:
+            raise RuntimeError(f"{what}: a worker died with exit code {dead[0]} (see its output above)")
+        if deadline_s is not None and time.monotonic() - start > deadline_s:
+            raise SimError(f"{what}: no answer within {deadline_s:.0f} s")
+        try:
+            kind, payload = result_q.get(timeout=2.0)
+            break
+        except queue.Empty:
+            continue
+    if kind == "error":
+        raise SimError(payload)
+    if kind == "crash":
+        raise RuntimeError(f"{what} failed:\n{payload}")
+    return payload
+
+
+def next_task(tasks, results) -> Any:
+    """In a worker: the next task its parent sent, or None once the parent is gone, so that a parent
+    killed before it could stop its workers (SIGTERM, SIGKILL) leaves no orphans behind. What this
+    worker has not yet sent is dropped (the queue's flush would wait on a reader that is gone)."""
+    parent = mp.parent_process()
+    while True:
+        try:
+            return tasks.get(timeout=1.0)
+        except queue.Empty:
+            if parent is not None and not parent.is_alive():
+                results.cancel_join_thread()
+                return None
