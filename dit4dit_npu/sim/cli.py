@@ -48,8 +48,6 @@ def demos_main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     get_task(a.task)
     size_hw = parse_size(a.size)
-    if a.workers < 1:  # before MuJoCo loads
-        raise SimError(f"--workers: expected >= 1, got {a.workers}")
     require_simulator()
     s = demos.write_demos(a.out, a.task, a.episodes, size_hw, a.seed, a.horizon, a.version, workers=a.workers)
     print(
