@@ -7,8 +7,8 @@ Each episode: reset the scene with the next training seed, run the task's script
 the episode only if it succeeded (reward 4) - the seeds used are listed in ``meta/sim_demos.json``.
 ``--workers W`` simulates W seeds at a time in W processes, each with its own scene; this process
 writes their episodes in seed order, so the data and videos are those ``--workers 1`` writes, byte
-for byte.
-Memory holds at most W + 2 episodes (276 MB each at 240x320; 50 of them held together would be 13.8 GB). Training seeds start at 100000, disjoint from the evaluation
+for byte. Memory holds at most W + 2 episodes (276 MB each at 240x320; 50 episodes held together
+would need 13.8 GB). Training seeds start at 100000, disjoint from the evaluation
 seeds (0, 1, ... by default in ``dit4dit_npu.sim.eval``). The command's flags are ``demos_main`` in
 ``sim/cli.py``.
 """
