@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,7 @@ from dit4dit_npu.sim import demos
 from dit4dit_npu.sim.demos import expert_episodes
 from dit4dit_npu.sim.errors import SimError
 from dit4dit_npu.sim.tasks import TRAIN_SEED0
-from dit4dit_npu.sim.workers import next_task, receive
+from dit4dit_npu.sim.workers import receive, work
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -60,28 +61,27 @@ def test_a_silent_worker_meets_the_deadline() -> None:
 
 # Stand-in demo workers (sim/demos.py's protocol, no scene): the order, deadline and clean-up of
 # expert_episodes without MuJoCo's cost. Module-level, so that spawned processes can import them.
+def _stand_in(first_seed: Callable[[], None], seeds, results) -> None:
+    """Answers each seed at once with a tiny episode; on the first seed it calls ``first_seed``."""
+
+    def run(seed: int):
+        if seed == TRAIN_SEED0:
+            first_seed()
+        return seed, {"seed": seed}, 1
+
+    work(lambda: (None, run, lambda: None), seeds, results)
+
+
 def _first_seed_late(task, size_hw, horizon, seeds, results) -> None:
-    results.put(("ready", None))
-    while (seed := next_task(seeds, results)) is not None:
-        if seed == TRAIN_SEED0:  # the others come back first
-            time.sleep(1.5)
-        results.put(("result", (seed, {"seed": seed}, 1)))
+    _stand_in(lambda: time.sleep(1.5), seeds, results)  # the others come back first
 
 
 def _first_seed_hangs(task, size_hw, horizon, seeds, results) -> None:
-    results.put(("ready", None))
-    while (seed := next_task(seeds, results)) is not None:
-        if seed == TRAIN_SEED0:
-            time.sleep(3600)
-        results.put(("result", (seed, {"seed": seed}, 1)))
+    _stand_in(lambda: time.sleep(3600), seeds, results)
 
 
 def _first_seed_kills_its_worker(task, size_hw, horizon, seeds, results) -> None:
-    results.put(("ready", None))
-    while (seed := next_task(seeds, results)) is not None:
-        if seed == TRAIN_SEED0:
-            os._exit(9)
-        results.put(("result", (seed, {"seed": seed}, 1)))
+    _stand_in(lambda: os._exit(9), seeds, results)
 
 
 def test_episodes_come_in_seed_order_whichever_worker_finishes_first() -> None:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import time
-import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -71,27 +70,15 @@ def record_expert_episode(scene, seed: int, horizon: int) -> tuple[dict, int | N
 
 
 def _worker_main(task: str, size_hw: tuple[int, int], horizon: int, seeds, results) -> None:
-    """Process body: ("ready", None) or ("error", line) once, then ("result", (seed, episode, first))
-    for each seed it is given, until its parent stops it (or is gone: ``sim.workers.next_task``)."""
+    """Process body (``sim.workers.work``): its own scene, then (seed, episode, first) per seed."""
     from dit4dit_npu.sim.scene import AlohaScene
-    from dit4dit_npu.sim.workers import next_task
+    from dit4dit_npu.sim.workers import work
 
-    try:
+    def start():
         scene = AlohaScene(task, size_hw)
-    except SimError as e:
-        results.put(("error", str(e)))
-        return
-    except Exception:
-        results.put(("crash", traceback.format_exc()))
-        return
-    try:
-        results.put(("ready", None))
-        while (seed := next_task(seeds, results)) is not None:
-            results.put(("result", (seed, *record_expert_episode(scene, seed, horizon))))
-    except Exception:
-        results.put(("crash", traceback.format_exc()))
-    finally:
-        scene.close()
+        return None, lambda seed: (seed, *record_expert_episode(scene, seed, horizon)), scene.close
+
+    work(start, seeds, results)
 
 
 @contextmanager

@@ -9,7 +9,6 @@ waits for the go, then runs the seeds it takes from a shared queue.
 from __future__ import annotations
 
 import time
-import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -224,25 +223,11 @@ def _receive(executor: ChunkExecutor, chunk: np.ndarray, step: int) -> str | Non
 
 
 def worker_main(setup: EvalSetup, seeds, results) -> None:
-    """Process body: ('ready', info) | ('error', line) once, then ('result', dict) per seed until a
-    None (or its parent is gone: ``sim.workers.next_task``)."""
-    from dit4dit_npu.sim.workers import next_task
+    """Process body (``sim.workers.work``): its own scene and policy, then a result dict per seed."""
+    from dit4dit_npu.sim.workers import work
 
-    try:
+    def start():
         worker = Worker(setup)
-    except SimError as e:
-        results.put(("error", str(e)))
-        return
-    except Exception:
-        results.put(("crash", traceback.format_exc()))
-        return
-    try:
-        results.put(("ready", worker.info))
-        while (seed := next_task(seeds, results)) is not None:
-            results.put(("result", worker.run(seed)))
-    except SimError as e:
-        results.put(("error", str(e)))
-    except Exception:
-        results.put(("crash", traceback.format_exc()))
-    finally:
-        worker.close()
+        return worker.info, worker.run, worker.close
+
+    work(start, seeds, results)

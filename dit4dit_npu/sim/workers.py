@@ -1,7 +1,8 @@
-"""The one way a simulation command and its spawned worker processes (demos, eval) wait on each other.
+"""The one way a simulation command and its spawned worker processes (demos, eval) talk and wait.
 
-A worker puts ``(kind, payload)`` on its result queue: ``("ready" | "result", ...)``, or
-``("error", line)`` for a bad input it found (a ``SimError``), or ``("crash", traceback)``.
+A worker (``work``) puts ``(kind, payload)`` on its result queue: ``("ready", info)`` once, then
+``("result", ...)`` per task; or, once and last, ``("error", line)`` for a bad input it found (a
+``SimError``) or ``("crash", traceback)``. The command reads them with ``receive``.
 """
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ from __future__ import annotations
 import multiprocessing as mp
 import queue
 import time
+import traceback
+from collections.abc import Callable
 from typing import Any
 
 from dit4dit_npu.sim.errors import SimError
@@ -50,3 +53,27 @@ def next_task(tasks, results) -> Any:
             if parent is not None and not parent.is_alive():
                 results.cancel_join_thread()
                 return None
+
+
+def work(start: Callable[[], tuple[Any, Callable[[Any], Any], Callable[[], None]]], tasks, results) -> None:
+    """A worker's whole life. ``start()`` builds what it needs (a scene, a policy) and returns
+    ``(info, run, close)``; then ``("ready", info)``, and ``("result", run(task))`` for each task
+    until a None or its parent is gone; ``close()`` at the end, whatever ended it."""
+    try:
+        info, run, close = start()
+    except SimError as e:
+        results.put(("error", str(e)))
+        return
+    except Exception:
+        results.put(("crash", traceback.format_exc()))
+        return
+    try:
+        results.put(("ready", info))
+        while (task := next_task(tasks, results)) is not None:
+            results.put(("result", run(task)))
+    except SimError as e:
+        results.put(("error", str(e)))
+    except Exception:
+        results.put(("crash", traceback.format_exc()))
+    finally:
+        close()
