@@ -62,7 +62,7 @@ def test_demos_round_trip_through_our_reader(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_workers_write_the_dataset_one_process_writes(tmp_path: Path) -> None:
     """Two worker processes, each with its own scene, give the same files as one scene in this
-    process: the episodes come back in seed order whichever worker finished first."""
+    process (that a late first seed is still written first: tests/test_sim_workers.py)."""
     one, two = tmp_path / "one", tmp_path / "two"
     s1 = write_demos(one, "transfer_cube", 2, (32, 40), progress=False)
     s2 = write_demos(two, "transfer_cube", 2, (32, 40), progress=False, workers=2)
