@@ -44,6 +44,9 @@
 #                      "Cheaper joint steps"). Default 0: two passes, as the original
 #   VIDEO_EVERY=k      (OBJECTIVE=joint) the video loss on every k-th step only, the others no-video
 #                      steps (trainer.video_loss_interval). Default 1: every step
+#   VIDEO_SPAN=a-b     (OBJECTIVE=joint) the video loss only while the share of the training done lies
+#                      in [a, b), the other steps no-video (trainer.video_loss_span): 0-0.5 the video
+#                      objective first, 0.5-1 last. Default 0-1: every step
 #   TRAIN_MINUTES=N    a budget of N training minutes (a decimal number; trainer.max_train_time_s: the
 #                      run stops at the first step past it, or at STEPS, which now only bounds it: the
 #                      LR schedule runs on training time, trainer.lr_schedule_clock=train_time, and
@@ -140,10 +143,17 @@ if [ "$OBJECTIVE" = joint ]; then
     case "$ONE_PASS" in 0|1) ;; *) refuse "ONE_PASS=$ONE_PASS: expected 0 or 1" ;; esac
     VIDEO_EVERY="${VIDEO_EVERY:-1}"
     positive VIDEO_EVERY " (the video loss on every k-th step; 1 = every step)"
+    VIDEO_SPAN="${VIDEO_SPAN:-0-1}"
+    # two plain decimal numbers (they name the run); the training config checks 0 <= a < b <= 1
+    DECIMAL='([0-9]+([.][0-9]*)?|[.][0-9]+)'
+    if ! [[ "$VIDEO_SPAN" =~ ^${DECIMAL}-${DECIMAL}$ ]]; then
+        refuse "VIDEO_SPAN=$VIDEO_SPAN: expected a-b, the share of the training with the video loss (e.g. 0-0.5; 0-1 = every step)"
+    fi
 else
     unread VIDEO_WEIGHT "applies only to OBJECTIVE=joint (no_video trains no video loss)"
     unread ONE_PASS "applies only to OBJECTIVE=joint (no_video has no video-loss pass)"
     unread VIDEO_EVERY "applies only to OBJECTIVE=joint (no_video trains no video loss)"
+    unread VIDEO_SPAN "applies only to OBJECTIVE=joint (no_video trains no video loss)"
 fi
 if [ -n "${TRAIN_MINUTES+x}" ]; then
     # a plain decimal number > 0 (it names the run; training takes it in seconds)
@@ -223,6 +233,9 @@ if [ "$OBJECTIVE" = joint ]; then
     fi
     if [ "$VIDEO_EVERY" != 1 ]; then
         VARIANT+="_vevery${VIDEO_EVERY}" EXTRA+=("trainer.video_loss_interval=$VIDEO_EVERY")
+    fi
+    if ! awk -v a="${VIDEO_SPAN%-*}" -v b="${VIDEO_SPAN#*-}" 'BEGIN { exit !(a + 0 == 0 && b + 0 == 1) }'; then
+        VARIANT+="_vspan${VIDEO_SPAN}" EXTRA+=("trainer.video_loss_span=[${VIDEO_SPAN/-/, }]")
     fi
 fi
 if [ "$VAE" = fitted ]; then VARIANT+="_fittedvae"; fi

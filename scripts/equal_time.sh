@@ -15,6 +15,8 @@
 #   one_pass           OBJECTIVE=joint ONE_PASS=1 (the head reads the video-loss pass)
 #   every_k            OBJECTIVE=joint VIDEO_EVERY=$VIDEO_EVERY (the video loss every k-th step)
 #   one_pass_every_k   both
+#   video_first        OBJECTIVE=joint VIDEO_SPAN=0-$VIDEO_SWITCH (the video loss in the training's first part)
+#   video_last         OBJECTIVE=joint VIDEO_SPAN=$VIDEO_SWITCH-1 (the video loss in its last part)
 # Settings (each checked before anything runs; a bad one is one line, exit code 2):
 #   DEMOS (50)          expert demos (the same for every arm), as the recipe's
 #   TRAIN_MINUTES (30)  each run's budget of training minutes (a decimal number): start-up, the
@@ -31,6 +33,8 @@
 #                       (each run's last checkpoint) keeps EPISODES
 #   TRAIN_SEEDS ("42 43") the training seeds, each a run of every arm (the headline pools them)
 #   VIDEO_EVERY (4)     k of the every_k arms (>= 2; only with such an arm)
+#   VIDEO_SWITCH (0.5)  the share of the training where video_first's video loss stops and
+#                       video_last's starts (0 < VIDEO_SWITCH < 1; only with such an arm)
 #   CORES (every CPU this process may use) one run per core at a time (taskset, OMP_NUM_THREADS=1);
 #                       with fewer cores than runs the runs go in waves of len(CORES), each still on a
 #                       core of its own. SMOKE=1 runs them all at once, sharing the cores round-robin
@@ -39,7 +43,7 @@
 #   SMOKE=1             the recipe's SMOKE data (1 demo at 32x48, one 16-step episode per
 #                       checkpoint), TRAIN_MINUTES 0.1, one training seed; DEMOS and EPISODES refused
 #   PY, TASK, VAE, BACKPROP, VIDEO_WEIGHT, STEPS, DATA_ROOT: passed to the recipe (VIDEO_WEIGHT to the
-#                       joint arms only); OBJECTIVE, ONE_PASS, RUN_ID, WORKERS, PREPARE_ONLY, ENCODE_RANKS
+#                       joint arms only); OBJECTIVE, ONE_PASS, VIDEO_SPAN, RUN_ID, WORKERS, PREPARE_ONLY, ENCODE_RANKS
 #                       are this script's to set per arm and refused from the caller
 #
 # Stages: (1) every arm's data, one run after the other (aloha_recipe.sh PREPARE_ONLY=1: its checks,
@@ -57,7 +61,7 @@ cd "$ROOT"
 refuse() { echo "error: $*" >&2; exit 2; }
 positive() { case "${!1}" in ''|0*|*[!0-9]*) refuse "$1=${!1}: expected a positive integer${2:-}" ;; esac; }
 unread() { if [ -n "${!1+x}" ]; then refuse "$1=${!1}: $2"; fi; }
-for v in OBJECTIVE ONE_PASS RUN_ID WORKERS PREPARE_ONLY; do
+for v in OBJECTIVE ONE_PASS VIDEO_SPAN RUN_ID WORKERS PREPARE_ONLY; do
     unread "$v" "set by scripts/equal_time.sh for each arm (choose the arms with ARMS)"
 done
 unread ENCODE_RANKS "set by scripts/equal_time.sh from CORES (a rank per core encodes each latent cache)"
@@ -71,11 +75,12 @@ case "$TASK" in transfer_cube) TASK_TAG="" ;; insertion) TASK_TAG="_insertion" ;
     *) refuse "TASK=$TASK: expected transfer_cube or insertion" ;; esac
 ARMS="${ARMS:-no_video joint one_pass every_k}"
 read -r -a ARM_LIST <<< "$ARMS"
-if [ "${#ARM_LIST[@]}" = 0 ]; then refuse "ARMS=$ARMS: expected arms among no_video joint one_pass every_k one_pass_every_k"; fi
-EVERY_ARM=0
+ALL_ARMS="no_video joint one_pass every_k one_pass_every_k video_first video_last"
+if [ "${#ARM_LIST[@]}" = 0 ]; then refuse "ARMS=$ARMS: expected arms among $ALL_ARMS"; fi
+EVERY_ARM=0 SWITCH_ARM=0
 for a in "${ARM_LIST[@]}"; do
-    case "$a" in no_video|joint|one_pass) ;; every_k|one_pass_every_k) EVERY_ARM=1 ;;
-        *) refuse "ARMS=$ARMS: unknown arm '$a' (expected among no_video joint one_pass every_k one_pass_every_k)" ;; esac
+    case "$a" in no_video|joint|one_pass) ;; every_k|one_pass_every_k) EVERY_ARM=1 ;; video_first|video_last) SWITCH_ARM=1 ;;
+        *) refuse "ARMS=$ARMS: unknown arm '$a' (expected among $ALL_ARMS)" ;; esac
 done
 if [ "$(printf '%s\n' "${ARM_LIST[@]}" | sort | uniq -d)" ]; then refuse "ARMS=$ARMS: an arm named twice"; fi
 if [ "$EVERY_ARM" = 1 ]; then
@@ -84,6 +89,14 @@ if [ "$EVERY_ARM" = 1 ]; then
     if [ "$VIDEO_EVERY" = 1 ]; then refuse "VIDEO_EVERY=1: expected >= 2 (1 is the joint arm)"; fi
 else
     unread VIDEO_EVERY "applies only with an every_k or one_pass_every_k arm in ARMS"
+fi
+if [ "$SWITCH_ARM" = 1 ]; then
+    VIDEO_SWITCH="${VIDEO_SWITCH:-0.5}"
+    if ! [[ "$VIDEO_SWITCH" =~ ^(0?[.][0-9]*[1-9][0-9]*)$ ]]; then
+        refuse "VIDEO_SWITCH=$VIDEO_SWITCH: expected a share of the training between 0 and 1 (e.g. 0.5)"
+    fi
+else
+    unread VIDEO_SWITCH "applies only with a video_first or video_last arm in ARMS"
 fi
 if [ "$SMOKE" = 1 ]; then
     for v in DEMOS EPISODES INTERMEDIATE_EPISODES; do unread "$v" "SMOKE=1 sets its own (1 demo, one 16-step episode per checkpoint)"; done
@@ -149,6 +162,8 @@ arm_env() {  # $1: the arm -> the recipe's settings for it, one per line
         one_pass) printf '%s\n' OBJECTIVE=joint ONE_PASS=1 ;;
         every_k) printf '%s\n' OBJECTIVE=joint "VIDEO_EVERY=$VIDEO_EVERY" ;;
         one_pass_every_k) printf '%s\n' OBJECTIVE=joint ONE_PASS=1 "VIDEO_EVERY=$VIDEO_EVERY" ;;
+        video_first) printf '%s\n' OBJECTIVE=joint "VIDEO_SPAN=0-$VIDEO_SWITCH" ;;
+        video_last) printf '%s\n' OBJECTIVE=joint "VIDEO_SPAN=$VIDEO_SWITCH-1" ;;
     esac
 }
 recipe_cmd() {  # $1: arm, $2: seed, then the recipe's extra settings (NAME=value) -> CMD, its command

@@ -79,6 +79,9 @@ def recipe(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProces
     ({"OBJECTIVE": "joint", "VIDEO_EVERY": "2.5"}, "error: VIDEO_EVERY=2.5: expected a positive integer"),
     ({"ONE_PASS": "1"}, "error: ONE_PASS=1: applies only to OBJECTIVE=joint"),
     ({"VIDEO_EVERY": "4"}, "error: VIDEO_EVERY=4: applies only to OBJECTIVE=joint"),
+    ({"OBJECTIVE": "joint", "VIDEO_SPAN": "0.5"}, "error: VIDEO_SPAN=0.5: expected a-b, the share of the training"),
+    ({"OBJECTIVE": "joint", "VIDEO_SPAN": "-0.5"}, "error: VIDEO_SPAN=-0.5: expected a-b, the share of the training"),
+    ({"VIDEO_SPAN": "0-0.5"}, "error: VIDEO_SPAN=0-0.5: applies only to OBJECTIVE=joint"),
     ({"TRAIN_MINUTES": "1h"}, "error: TRAIN_MINUTES=1h: expected a number of training minutes > 0"),
     ({"TRAIN_MINUTES": "0"}, "error: TRAIN_MINUTES=0: expected a number of training minutes > 0"),
     ({"TRAIN_MINUTES": "-3"}, "error: TRAIN_MINUTES=-3: expected a number of training minutes > 0"),
@@ -138,7 +141,9 @@ def test_a_fitted_vae_path_the_fit_cannot_write_is_one_line_before_the_demos(tmp
      "framework.cosmos25.video_loss_batch_fraction: got 0.5, expected 1.0 with one_pass.enabled"),
     ({"OBJECTIVE": "joint", "VIDEO_EVERY": "4"}, ["framework.cosmos25.training=action"],
      "trainer.video_loss_interval: got 4, expected 1 unless framework.cosmos25.training is 'joint'"),
-], ids=["typo", "bad-value", "untrained-backbone", "pretraining-weight-0", "one-pass", "video-every"])
+    ({"OBJECTIVE": "joint", "VIDEO_SPAN": "0.5-0.25"}, [],
+     "trainer.video_loss_span: got [0.5, 0.25], expected [start, end] with 0 <= start < end <= 1"),
+], ids=["typo", "bad-value", "untrained-backbone", "pretraining-weight-0", "one-pass", "video-every", "video-span"])
 def test_the_training_overrides_are_checked_before_anything_runs(tmp_path: Path, env, overrides, message) -> None:
     """The run's config, with the settings and the extra overrides, through train --dry-run before
     the first stage (it used to be found after the demos, statistics and caches were built)."""

@@ -33,6 +33,9 @@ def equal_time(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedPr
     ({"VIDEO_EVERY": "1"}, [], "error: VIDEO_EVERY=1: expected >= 2 (1 is the joint arm)"),
     ({"VIDEO_EVERY": "x"}, [], "error: VIDEO_EVERY=x: expected a positive integer"),
     ({"ARMS": "no_video joint", "VIDEO_EVERY": "4"}, [], "error: VIDEO_EVERY=4: applies only with an every_k"),
+    ({"ARMS": "video_first", "VIDEO_SWITCH": "1"}, [], "error: VIDEO_SWITCH=1: expected a share of the training between 0 and 1"),
+    ({"ARMS": "video_last", "VIDEO_SWITCH": "0.0"}, [], "error: VIDEO_SWITCH=0.0: expected a share of the training between 0 and 1"),
+    ({"ARMS": "no_video joint", "VIDEO_SWITCH": "0.5"}, [], "error: VIDEO_SWITCH=0.5: applies only with a video_first or video_last"),
     ({"TRAIN_MINUTES": "1h"}, [], "error: TRAIN_MINUTES=1h: expected a number of training minutes > 0"),
     ({"TRAIN_SEEDS": "42 x"}, [], "error: TRAIN_SEEDS=42 x: 'x' is not a seed"),
     ({"TRAIN_SEEDS": "7 7"}, [], "error: TRAIN_SEEDS=7 7: a seed named twice"),
@@ -52,6 +55,7 @@ def equal_time(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedPr
     # the script sets these per arm: refused, not silently overridden
     ({"OBJECTIVE": "joint"}, [], "error: OBJECTIVE=joint: set by scripts/equal_time.sh for each arm"),
     ({"ONE_PASS": "1"}, [], "error: ONE_PASS=1: set by scripts/equal_time.sh for each arm"),
+    ({"VIDEO_SPAN": "0-0.5"}, [], "error: VIDEO_SPAN=0-0.5: set by scripts/equal_time.sh for each arm"),
     ({"RUN_ID": "mine"}, [], "error: RUN_ID=mine: set by scripts/equal_time.sh for each arm"),
     ({"ENCODE_RANKS": "2"}, [], "error: ENCODE_RANKS=2: set by scripts/equal_time.sh from CORES"),
     # the extra training overrides, through the config's own checks

@@ -213,7 +213,16 @@ def test_video_loss_on_fewer_future_latent_frames(cache):
         (["trainer.video_loss_interval=2", "framework.cosmos25.training=action"],
          r"trainer\.video_loss_interval: got 2.*unless framework\.cosmos25\.training is 'joint'"),
         ([ONE_PASS, "datasets.vla_data.video_delta_indices=[0]"],
-         r"datasets\.vla_data\.video_delta_indices: got \[0\].*one_pass\.enabled or trainer\.video_loss_interval"),
+         r"datasets\.vla_data\.video_delta_indices: got \[0\].*one_pass\.enabled, trainer\.video_loss_interval"),
+        (["trainer.video_loss_span=[0, 0.5]", "datasets.vla_data.video_delta_indices=[0]"],
+         r"datasets\.vla_data\.video_delta_indices: got \[0\].*trainer\.video_loss_span other than \[0, 1\]"),
+        (["trainer.video_loss_span=[0.5, 0.5]"], r"trainer\.video_loss_span: got \[0\.5, 0\.5\], expected \[start, end\] "
+                                                 r"with 0 <= start < end <= 1"),
+        (["trainer.video_loss_span=[0, 1.5]"], r"trainer\.video_loss_span: got \[0\.0, 1\.5\]"),
+        (["trainer.video_loss_span=[0.5]"], r"trainer\.video_loss_span: got \[0\.5\], expected \[start, end\]"),
+        (["trainer.video_loss_span=0.5"], r"trainer\.video_loss_span: got 0\.5, expected a list of float"),
+        (["trainer.video_loss_span=[0, 0.5]", "framework.cosmos25.training=action"],
+         r"trainer\.video_loss_span: got \[0\.0, 0\.5\], expected \[0, 1\] unless framework\.cosmos25\.training is 'joint'"),
     ],
 )
 def test_bad_option_values_are_one_line(overrides, message):
@@ -225,3 +234,26 @@ def test_more_future_frames_than_the_clip_has_is_refused_at_build(cache):
     with pytest.raises(ConfigError, match=r"framework\.cosmos25\.video_loss_future_frames: 2, but clips of 5 frames "
                                           r"have 1 future latent frame"):
         _model(cache, "framework.cosmos25.video_loss_future_frames=2")
+
+
+def test_the_video_loss_span_counts_the_further_of_steps_and_the_budget():
+    """trainer.video_loss_span: a step has the video loss while the share of the training done lies
+    in [start, end): by steps alone, or with a budget the further of the steps' and the seconds'
+    share (the LR schedule's position), each bound inclusive at the start; with
+    video_loss_interval > 1 a step needs both."""
+    from dit4dit_npu.config import TrainerConfig
+    from dit4dit_npu.train.trainer import has_video_loss
+
+    by_steps = TrainerConfig(max_train_steps=8, video_loss_span=[0.25, 0.75])
+    assert [has_video_loss(by_steps, s, 0.0) for s in range(8)] == [False, False, True, True, True, True, False, False]
+    first_half = TrainerConfig(max_train_steps=1000, max_train_time_s=100.0, video_loss_span=[0.0, 0.5])
+    # step 10 of 1000 is 1% by steps: the seconds decide
+    assert [has_video_loss(first_half, 10, s) for s in (0.0, 49.9, 50.0, 99.0)] == [True, True, False, False]
+    # the steps decide when they are further (a run that reaches max_train_steps before its budget)
+    assert not has_video_loss(first_half, 500, 1.0)
+    last_half = TrainerConfig(max_train_steps=1000, max_train_time_s=100.0, video_loss_span=[0.5, 1.0])
+    assert [has_video_loss(last_half, 10, s) for s in (0.0, 49.9, 50.0, 99.9)] == [False, False, True, True]
+    every_other = TrainerConfig(max_train_steps=8, video_loss_interval=2, video_loss_span=[0.5, 1.0])
+    assert [has_video_loss(every_other, s, 0.0) for s in range(8)] == [False] * 4 + [True, False, True, False]
+    # the default: every step
+    assert all(has_video_loss(TrainerConfig(max_train_steps=8), s, 0.0) for s in range(8))

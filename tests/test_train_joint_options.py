@@ -8,8 +8,9 @@ import math
 
 import pytest
 import torch
-from train_runs import VIDEO_CLIPS, run_training, tiny_overrides
+from train_runs import TINY, VIDEO_CLIPS, run_training, tiny_overrides, train_here
 
+from dit4dit_npu.config import load_config
 from dit4dit_npu.train.metrics import read_metrics
 from dit4dit_npu.weights.testing import make_batch
 
@@ -54,6 +55,21 @@ def test_video_loss_every_second_step(tmp_path, demo_root):
     assert rows[1]["video_loss"] > 0 and rows[3]["video_loss"] > 0
     assert rows[2]["video_loss"] == 0 and rows[4]["video_loss"] == 0
     assert all(r["action_loss"] > 0 for r in rows.values())
+
+
+@pytest.mark.slow
+def test_video_loss_on_the_middle_half_of_the_training(tmp_path, demo_root, capfd):
+    overrides = tiny_overrides(tmp_path, demo_root, **{**VIDEO_CLIPS, "trainer.video_loss_span": "[0.25, 0.75]"})
+    r = train_here(overrides, capfd)
+    assert r.returncode == 0, r.stdout[-3000:]
+    rows = _rows(load_config(TINY, overrides).run_dir)
+    # 4 updates: update s - 1 (logged as step s) is (s - 1) / 4 of the training: 0.25 and 0.5 have it
+    assert rows[2]["video_loss"] > 0 and rows[3]["video_loss"] > 0
+    assert rows[1]["video_loss"] == 0 and rows[4]["video_loss"] == 0
+    assert all(r["action_loss"] > 0 for r in rows.values())
+    said = [line for line in r.stdout.splitlines() if ": the video loss " in line]
+    assert said == [f"step {s}: the video loss {on} (trainer.video_loss_span=[0.25, 0.75])"
+                    for s, on in ((1, "off"), (2, "on"), (4, "off"))], said
 
 
 @pytest.mark.slow

@@ -222,11 +222,16 @@ def validate(cfg: Config) -> None:
         cfg.trainer.video_loss_interval, "1 unless framework.cosmos25.training is 'joint' (the steps it skips "
         "would train nothing in 'video' mode; 'action' mode has no video loss)",
     )
-    if c.one_pass.enabled or cfg.trainer.video_loss_interval > 1:
+    require(
+        cfg.trainer.video_loss_span == [0.0, 1.0] or c.training == "joint", "trainer.video_loss_span",
+        cfg.trainer.video_loss_span, "[0, 1] unless framework.cosmos25.training is 'joint' (only a joint step can "
+        "skip its video loss)",
+    )
+    if c.one_pass.enabled or cfg.trainer.video_loss_interval > 1 or cfg.trainer.video_loss_span != [0.0, 1.0]:
         require(
             len(d.clip_offsets) > 1, "datasets.vla_data.video_delta_indices", d.video_delta_indices,
-            "future frames after 0 with framework.cosmos25.one_pass.enabled or trainer.video_loss_interval > 1 "
-            "(both are options of the video loss, which needs a frame to predict)",
+            "future frames after 0 with framework.cosmos25.one_pass.enabled, trainer.video_loss_interval > 1 or "
+            "trainer.video_loss_span other than [0, 1] (all are options of the video loss, which needs a frame to predict)",
         )
 
 

@@ -343,6 +343,14 @@ class TrainerConfig:
     # loss_scale.future_video on the steps that have it (on average future_video / k per step), and
     # metrics.jsonl's video_loss averages the no-video steps' 0 in.
     video_loss_interval: int = 1
+    # Joint training: the video loss only on the steps taken while the run's share of its training
+    # lies in [start, end) (0 = the first step; 1 = the end of max_train_steps or of
+    # max_train_time_s, whichever comes first: the LR schedule's position under
+    # lr_schedule_clock=train_time); the other steps are no-video steps, as video_loss_interval's.
+    # [0, 0.5]: the video objective shapes the backbone in the first half, the head then gets
+    # no-video steps at their cost; [0.5, 1]: the other way round. With video_loss_interval > 1
+    # a step needs both. [0, 1] = every step.
+    video_loss_span: list[float] = field(default_factory=lambda: [0.0, 1.0])
     # A budget of training seconds (equal-time comparisons of objectives whose steps cost
     # differently): the run stops at the first step boundary past it (or at max_train_steps),
     # saves a whole checkpoint and exports its policy there. Training seconds leave out start-up,
@@ -426,6 +434,9 @@ class TrainerConfig:
         self.optimizer.check(f"{key}.optimizer")
         self.ema.check(f"{key}.ema")
         self.sim_eval.check(f"{key}.sim_eval")
+        span = self.video_loss_span
+        require(len(span) == 2 and all(math.isfinite(v) for v in span) and 0 <= span[0] < span[1] <= 1,
+                f"{key}.video_loss_span", span, "[start, end] with 0 <= start < end <= 1 (shares of the training; [0, 1] = every step)")
         stds = self.state_noise_std if isinstance(self.state_noise_std, list) else [self.state_noise_std]
         require(bool(stds) and all(math.isfinite(v) and v >= 0 for v in stds), f"{key}.state_noise_std",
                 self.state_noise_std, "a number >= 0 (0 = off), or a non-empty list of them (one per encoded state dim)")

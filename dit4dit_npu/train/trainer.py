@@ -14,6 +14,7 @@ change to either lands there, a few lines each.
 from __future__ import annotations
 
 import contextlib
+import math
 import shutil
 import time
 from collections.abc import Iterator, Sequence
@@ -22,7 +23,7 @@ from pathlib import Path
 import torch
 
 from dit4dit_npu.batch import Batch
-from dit4dit_npu.config import Config, ConfigError
+from dit4dit_npu.config import Config, ConfigError, TrainerConfig
 from dit4dit_npu.train import checkpoint as ckpt_io
 from dit4dit_npu.train import distributed
 from dit4dit_npu.train.budget import TrainClock
@@ -52,6 +53,23 @@ def check_ema_supported(cfg: Config, accelerator) -> None:
             f"trainer.ema: not supported with ZeRO-3 ({cfg.trainer.deepspeed_config}); "
             "use ZeRO-2 or set trainer.ema.decay=null"
         )
+
+
+
+def has_video_loss(t: TrainerConfig, step: int, seconds: float) -> bool:
+    """Whether optimizer update ``step`` (0-based) of a joint run has the video loss, ``seconds``
+    into the training: ``t.video_loss_interval`` (steps 0, k, 2k, ...) and ``in_video_loss_span``."""
+    return step % t.video_loss_interval == 0 and in_video_loss_span(t, step, seconds)
+
+
+def in_video_loss_span(t: TrainerConfig, step: int, seconds: float) -> bool:
+    """Whether the share of the training done lies in ``t.video_loss_span``: the step count's share
+    of ``max_train_steps``, or with a budget the further of that and the budget's share spent (the
+    LR schedule's position under ``lr_schedule_clock=train_time``)."""
+    limit = t.max_train_time_s if t.max_train_time_s is not None else math.inf
+    share = schedule_position(step, seconds, t.max_train_steps, limit) / t.max_train_steps
+    start, end = t.video_loss_span
+    return start <= share < end  # a step that runs is short of the end: share < 1
 
 
 class Trainer:
@@ -84,6 +102,8 @@ class Trainer:
         self.clock = TrainClock(cfg.trainer.max_train_time_s, cfg.trainer.save_every_s,
                                 CLOCKS[cfg.trainer.train_time_clock])
         self.out_of_time = False  # the budget is spent: the loop stops at this step
+        self._boundary_seconds = 0.0  # training seconds at the last step boundary (rank 0's)
+        self._in_video_span = True  # whether the last step was in trainer.video_loss_span
         self._time_mark = False  # this step boundary is a time checkpoint (or the budget's stop)
         self.watch = DivergenceWatch(accelerator, self.model, self.ema)
         self.checkpoints = CheckpointManager(cfg, accelerator, run_dir, self.model, self.ema, self.scheduler,
@@ -105,6 +125,7 @@ class Trainer:
             return str(e)
         # a budget's seconds (recorded, on this run's clock) were checked with the config: resume.check_train_time
         self.clock.restore(seconds)
+        self._boundary_seconds = self.clock.seconds
         self.out_of_time = self.clock.spent()
         self._truncate_metrics(self.global_step)
         self.watch.resumed_from = ckpt
@@ -127,9 +148,7 @@ class Trainer:
         accum = self.cfg.trainer.gradient_accumulation_steps
         self._time_mark = False
         self.activity = f"training step {self.global_step + 1}"
-        # trainer.video_loss_interval: steps 0, k, 2k, ... have the video loss (the step count is
-        # restored on resume, so a resumed run keeps the same steps)
-        forward = self._forward if self.global_step % self.cfg.trainer.video_loss_interval == 0 else self._forward_no_video
+        forward = self._forward if self._has_video_loss() else self._forward_no_video
         for _ in range(accum):
             with self._window.loading():
                 batch = self._to_device(self.stream.next())
@@ -148,6 +167,18 @@ class Trainer:
         self._window.steps += 1
         if self._progress is not None:
             self._progress.update(1)
+
+    def _has_video_loss(self) -> bool:
+        """Whether this step has the video loss (``has_video_loss``), on rank 0's seconds at the last
+        step boundary: every rank decides alike. A resumed run restores the step count and the
+        seconds, so it keeps the same steps. Says so when ``trainer.video_loss_span`` turns it on or off."""
+        t = self.cfg.trainer
+        in_span = in_video_loss_span(t, self.global_step, self._boundary_seconds)
+        if in_span != self._in_video_span:
+            self._in_video_span = in_span
+            self.accelerator.print(f"step {self.global_step + 1}: the video loss {'on' if in_span else 'off'} "
+                                   f"(trainer.video_loss_span={t.video_loss_span})")
+        return has_video_loss(t, self.global_step, self._boundary_seconds)
 
     def due(self, every: int) -> bool:
         """Every ``every`` steps, and always at the last step (the budget's stop included) and at
@@ -169,6 +200,7 @@ class Trainer:
             # gets the same rounded value, so all decide alike
             seconds = float(broadcast(torch.tensor([seconds], dtype=torch.float32, device=self.accelerator.device))[0])
         self.out_of_time, self._time_mark = self.clock.crossed(seconds)
+        self._boundary_seconds = seconds
         t = self.cfg.trainer
         if t.lr_schedule_clock == "train_time":
             place_schedule(self.scheduler, schedule_position(self.global_step, seconds, t.max_train_steps,
