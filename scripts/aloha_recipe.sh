@@ -217,7 +217,7 @@ fi
 # The defaults (no_video, random VAE, 50 demos, 15000 steps) keep the plain names (run aloha_recipe,
 # its cache and statistics); every other setting gets its own run, latent cache and statistics,
 # named by what changes them.
-VARIANT=""
+VARIANT="" JOINT_STEP=()
 # The chunk's 16 steps ahead as 5 frames (1 + 4: one future latent frame of the causal VAE, the
 # cheapest clip that has one); the latent cache makes the VAE's 5x cost a one-off.
 VIDEO_CLIPS=("datasets.vla_data.video_delta_indices=[0, 4, 8, 12, 16]" datasets.vla_data.action_video_freq_ratio=1)
@@ -228,14 +228,16 @@ if [ "$OBJECTIVE" = joint ]; then
             "trainer.loss_scale.future_video=$VIDEO_WEIGHT")
     # weight 1.0 (the original's, the default before) keeps its runs' names; any other is in the name
     if ! awk -v v="$VIDEO_WEIGHT" 'BEGIN { exit !(v + 0 == 1) }'; then VARIANT+="_vw${VIDEO_WEIGHT}"; fi
+    # the options of the joint step (JOINT_STEP): the joint run's only, never a video pretraining
+    # run's (the video loss alone has no feature pass to share and no step to leave the loss out of)
     if [ "$ONE_PASS" = 1 ]; then
-        VARIANT+="_onepass" EXTRA+=(framework.cosmos25.one_pass.enabled=true)
+        VARIANT+="_onepass" JOINT_STEP+=(framework.cosmos25.one_pass.enabled=true)
     fi
     if [ "$VIDEO_EVERY" != 1 ]; then
-        VARIANT+="_vevery${VIDEO_EVERY}" EXTRA+=("trainer.video_loss_interval=$VIDEO_EVERY")
+        VARIANT+="_vevery${VIDEO_EVERY}" JOINT_STEP+=("trainer.video_loss_interval=$VIDEO_EVERY")
     fi
     if ! awk -v a="${VIDEO_SPAN%-*}" -v b="${VIDEO_SPAN#*-}" 'BEGIN { exit !(a + 0 == 0 && b + 0 == 1) }'; then
-        VARIANT+="_vspan${VIDEO_SPAN}" EXTRA+=("trainer.video_loss_span=[${VIDEO_SPAN/-/, }]")
+        VARIANT+="_vspan${VIDEO_SPAN}" JOINT_STEP+=("trainer.video_loss_span=[${VIDEO_SPAN/-/, }]")
     fi
 fi
 if [ "$VAE" = fitted ]; then VARIANT+="_fittedvae"; fi
@@ -274,7 +276,7 @@ if [ "$VAE" = fitted ]; then
 fi
 OVERRIDES=(
     "datasets.vla_data.data_root_dir=$DATA_ROOT" "datasets.vla_data.data_mix=[{path: $(basename "$DATA"), weight: 1.0}]"
-    "run_id=$RUN_ID" "${EXTRA[@]}" "$@"
+    "run_id=$RUN_ID" "${EXTRA[@]}" "${JOINT_STEP[@]}" "$@"
 )
 if [ "$PRETRAIN" != 0 ]; then  # the video pretraining run: the video loss alone on its demos' 5-frame clips
     PT_TAG="$([ "$PRETRAIN_DEMOS" != 50 ] && [ "$SMOKE" != 1 ] && echo "_${PRETRAIN_DEMOS}demos" || true)"

@@ -168,8 +168,9 @@ def test_the_curve_stage_takes_the_task_and_refuses_an_unknown_one(tmp_path: Pat
 def test_joint_with_the_fitted_vae_after_video_pretraining_smoke(tmp_path: Path) -> None:
     if importlib.util.find_spec("gym_aloha") is None:
         pytest.skip("simulation extra not installed (pip install -e '.[sim]')")
+    # with an option of the joint step: the joint run's alone (the pretraining run refused it)
     r = recipe(tmp_path, f"run_root_dir={tmp_path / 'runs'}", SMOKE="1", OBJECTIVE="joint", VAE="fitted",
-               PRETRAIN="2", MUJOCO_GL=os.environ.get("MUJOCO_GL", "egl"))
+               PRETRAIN="2", VIDEO_SPAN="0-0.5", MUJOCO_GL=os.environ.get("MUJOCO_GL", "egl"))
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert re.fullmatch(r"success \d+/1.*", r.stdout.strip().splitlines()[-1]), r.stdout[-1000:]
     data = tmp_path / "data"
@@ -183,7 +184,9 @@ def test_joint_with_the_fitted_vae_after_video_pretraining_smoke(tmp_path: Path)
                      r"action_model at its initialization \(not in the policy\)$", r.stdout, re.M)
     assert said and Path(said.group(1)).resolve() == (pretrained / "checkpoints" / "step_000002" / "policy").resolve()
     # OBJECTIVE=joint's defaults: the action loss into the backbone, the video loss at weight 0.2
-    assert (runs / "aloha_recipe_smoke_joint_bp1_vw0.2_fittedvae_pretrain2x1").is_dir()
+    joint = runs / "aloha_recipe_smoke_joint_bp1_vw0.2_vspan0-0.5_fittedvae_pretrain2x1"
+    assert "video_loss_span:\n  - 0.0\n  - 0.5\n" in (joint / "config.yaml").read_text()
+    assert "video_loss_span:\n  - 0.0\n  - 1.0\n" in (pretrained / "config.yaml").read_text()
 
 
 @pytest.mark.slow

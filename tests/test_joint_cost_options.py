@@ -257,3 +257,19 @@ def test_the_video_loss_span_counts_the_further_of_steps_and_the_budget():
     assert [has_video_loss(every_other, s, 0.0) for s in range(8)] == [False] * 4 + [True, False, True, False]
     # the default: every step
     assert all(has_video_loss(TrainerConfig(max_train_steps=8), s, 0.0) for s in range(8))
+
+
+def test_a_resume_with_another_video_loss_span_or_interval_is_another_config():
+    """Which steps have the video loss is part of the objective: resume.check_config refuses a
+    checkpoint whose recorded span or interval differs (checkpoint.fingerprint)."""
+    import json
+
+    from dit4dit_npu.train import checkpoint as ckpt_io
+
+    saved = json.loads(json.dumps(ckpt_io.fingerprint(small_config())))
+    assert ckpt_io.config_diffs(saved, ckpt_io.fingerprint(small_config("trainer.video_loss_span=[0, 0.5]"))) == [
+        "trainer.video_loss_span: checkpoint [0.0, 1.0] vs config [0.0, 0.5]"
+    ]
+    assert ckpt_io.config_diffs(saved, ckpt_io.fingerprint(small_config("trainer.video_loss_interval=4"))) == [
+        "trainer.video_loss_interval: checkpoint 1 vs config 4"
+    ]

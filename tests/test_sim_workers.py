@@ -1,7 +1,8 @@
 """The waits between a simulation command and its spawned workers (sim/workers.py) end: a worker's
 error is one line, a worker that dies or stays silent past the deadline is an error, not a wait
 forever, and workers whose parent is gone exit. The demos' workers (sim/demos.py's
-``expert_episodes``) come back in seed order."""
+``expert_episodes``) come back in seed order; the eval's (sim/eval.py's ``run_parallel``) meet
+--episode-timeout."""
 
 from __future__ import annotations
 
@@ -13,12 +14,14 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from dit4dit_npu.sim import demos
 from dit4dit_npu.sim.demos import expert_episodes
 from dit4dit_npu.sim.errors import SimError
+from dit4dit_npu.sim.eval import run_parallel
 from dit4dit_npu.sim.tasks import TRAIN_SEED0
 from dit4dit_npu.sim.workers import receive, work
 
@@ -103,6 +106,28 @@ def test_a_killed_worker_is_an_error_while_the_others_answer() -> None:
     with pytest.raises(RuntimeError, match=rf"^simulating seed {TRAIN_SEED0}: a worker died with exit code 9"):
         with expert_episodes("transfer_cube", (8, 8), 10, TRAIN_SEED0, 2, worker=_first_seed_kills_its_worker) as s:
             next(s)
+
+
+def _eval_seed_0_hangs(setup, seeds, results) -> None:
+    """A stand-in eval worker (sim/rollout.py's protocol, no scene or policy)."""
+
+    def run(seed: int):
+        if seed == 0:
+            time.sleep(3600)
+        return {"seed": seed}
+
+    work(lambda: ({"stand_in": True}, run, lambda: None), seeds, results)
+
+
+def test_an_eval_worker_silent_past_the_episode_timeout_ends_the_eval(tmp_path: Path) -> None:
+    got: list[dict] = []
+    t0 = time.monotonic()
+    with pytest.raises(SimError, match=r"^an eval worker's next episode: no answer within 2 s \(--episode-timeout\)$"):
+        run_parallel(SimpleNamespace(video_dir=None), [0, 1, 2, 3], 2, tmp_path / "out", got.append, timeout_s=2.0,
+                     worker=_eval_seed_0_hangs)
+    assert time.monotonic() - t0 < 30
+    assert sorted(r["seed"] for r in got) == [1, 2, 3]  # the other worker's episodes came back
+    assert not mp.active_children()  # the hung worker was stopped
 
 
 def test_workers_end_when_their_parent_is_killed(tmp_path: Path) -> None:

@@ -68,8 +68,8 @@ def test_video_loss_on_the_middle_half_of_the_training(tmp_path, demo_root, capf
     assert rows[1]["video_loss"] == 0 and rows[4]["video_loss"] == 0
     assert all(r["action_loss"] > 0 for r in rows.values())
     said = [line for line in r.stdout.splitlines() if ": the video loss " in line]
-    assert said == [f"step {s}: the video loss {on} (trainer.video_loss_span=[0.25, 0.75])"
-                    for s, on in ((1, "off"), (2, "on"), (4, "off"))], said
+    assert said == [f"step {s}: the video loss {on}: {where} trainer.video_loss_span=[0.25, 0.75]"
+                    for s, on, where in ((1, "off", "outside"), (2, "on", "inside"), (4, "off", "outside"))], said
 
 
 @pytest.mark.slow

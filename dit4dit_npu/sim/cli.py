@@ -94,6 +94,11 @@ def parse_eval_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--videos", type=int, default=2, help="mp4s of the first N episodes")
     p.add_argument("--workers", type=int, default=1, help="parallel worker processes (each: scene + policy)")
     p.add_argument(
+        "--episode-timeout", type=float, default=None, metavar="S",
+        help=f"with --workers > 1: seconds the eval waits for the next episode's result (or for the workers to "
+        f"build their scenes and policies) before it stops with one line (default {sim_eval.EPISODE_TIMEOUT_S:.0f})",
+    )
+    p.add_argument(
         "--noise-stream", type=int, default=None, metavar="SEED",
         help="a policy folder draws every chunk's flow-matching noise from one RNG stream, seeded SEED once before "
         "the policy is built: lerobot-eval's protocol (Meta-World: SEED and --seed = its --seed reproduce its "

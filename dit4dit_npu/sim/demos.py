@@ -100,7 +100,7 @@ def expert_episodes(
 
     import multiprocessing as mp
 
-    from dit4dit_npu.sim.workers import receive
+    from dit4dit_npu.sim.workers import receive, stop
 
     ctx = mp.get_context("spawn")
     seed_q, result_q = ctx.Queue(), ctx.Queue()
@@ -129,13 +129,7 @@ def expert_episodes(
     try:
         yield in_order()
     finally:  # the seeds still out are not needed: their episodes are dropped with the workers
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            p.join(timeout=10)
-            if p.is_alive():  # stuck where SIGTERM cannot reach (a native call)
-                p.kill()
-                p.join(timeout=10)
+        stop(procs)
 
 
 def write_demos(

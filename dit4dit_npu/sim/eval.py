@@ -14,7 +14,8 @@ succeeds when gym-aloha's reward reaches 4 (it
 ends there, as gym-aloha's env terminates); success within gym-aloha's 300-step limit is reported
 too. Prints one line per episode and ``success k/N = p% (95% Wilson CI lo–hi%)``; writes
 ``results.json`` and mp4s (cam_high | left wrist | right wrist) of the first N episodes.
-W > 1 runs episodes in W processes, each with its own scene and policy.
+W > 1 runs episodes in W processes, each with its own scene and policy; a worker that dies, or no
+result within ``--episode-timeout`` seconds (default 3600) of the last one, ends the eval with one line.
 
 ``--task metaworld/<task>`` (e.g. ``metaworld/reach-v3``) runs the same loop in Meta-World, as
 lerobot 0.6.1's env shows it (``metaworld_scene.py``): seed S places the goal and objects as
@@ -44,6 +45,11 @@ from dit4dit_npu.sim.rollout import EvalSetup
 from dit4dit_npu.sim.success_rate import wilson_interval
 from dit4dit_npu.sim.tasks import check_seed_range, parse_size, scene_spec
 
+# --workers > 1: how long the eval waits for its workers' next message (a result, or a worker's
+# start) by default. Generous: an episode of a tiny policy takes seconds here, and a large policy on
+# a CPU can take many minutes an episode; a wait that never ends is the failure it guards against.
+EPISODE_TIMEOUT_S = 3600.0
+
 
 def make_setup(a: argparse.Namespace) -> EvalSetup:
     """Validate the arguments (one SimError per problem) and describe what every worker runs."""
@@ -72,6 +78,12 @@ def make_setup(a: argparse.Namespace) -> EvalSetup:
         raise SimError(f"--replan: expected >= 1, got {a.replan}")
     if not (math.isfinite(a.connect_timeout) and a.connect_timeout > 0):
         raise SimError(f"--connect-timeout: expected seconds > 0, got {a.connect_timeout}")
+    if a.episode_timeout is not None:
+        if not (math.isfinite(a.episode_timeout) and a.episode_timeout > 0):
+            raise SimError(f"--episode-timeout: expected seconds > 0, got {a.episode_timeout}")
+        if min(a.workers, a.episodes) == 1:
+            raise SimError(f"--episode-timeout {a.episode_timeout:g}: applies only with --workers > 1 (and as many "
+                           "episodes): one process runs its episodes itself and waits on no worker")
     execution = Execution(a.execution, a.delay_ms, spec.fps)
     # --out is made only once the policy and scene are known good: a file in the way is said now
     for folder in (a.out, *a.out.parents):
@@ -149,17 +161,23 @@ def run_serial(setup: EvalSetup, seeds: list[int], output: Path, on_result) -> d
         worker.close()
 
 
-def run_parallel(setup: EvalSetup, seeds: list[int], workers: int, output: Path, on_result) -> dict[str, Any]:
-    """W spawned processes (a fork would copy MuJoCo's GL context and torch's thread pool)."""
+def run_parallel(
+    setup: EvalSetup, seeds: list[int], workers: int, output: Path, on_result,
+    timeout_s: float = EPISODE_TIMEOUT_S, worker=None,
+) -> dict[str, Any]:
+    """W spawned processes (a fork would copy MuJoCo's GL context and torch's thread pool), each
+    ``worker(setup, seeds, results)`` (default ``rollout.worker_main``; the tests' stand-ins). Every
+    wait on them ends: a worker that dies is an error at once, and so is no message within
+    ``timeout_s`` (--episode-timeout) of the last one."""
     import multiprocessing as mp
 
     from dit4dit_npu.sim.rollout import worker_main
-    from dit4dit_npu.sim.workers import receive
+    from dit4dit_npu.sim.workers import receive, stop
 
     ctx = mp.get_context("spawn")
     seed_q, result_q = ctx.Queue(), ctx.Queue()
     procs = [
-        ctx.Process(target=worker_main, args=(setup, seed_q, result_q), daemon=True)
+        ctx.Process(target=worker or worker_main, args=(setup, seed_q, result_q), daemon=True)
         for _ in range(workers)
     ]
     for p in procs:
@@ -167,7 +185,7 @@ def run_parallel(setup: EvalSetup, seeds: list[int], workers: int, output: Path,
     try:
         info = None
         for _ in procs:  # every worker has built its scene and policy, or one says why it cannot
-            info = receive(result_q, procs, "an eval worker's start")
+            info = receive(result_q, procs, "an eval worker's start", timeout_s, key="--episode-timeout")
         output.mkdir(parents=True, exist_ok=True)
         if setup.video_dir:
             Path(setup.video_dir).mkdir(exist_ok=True)
@@ -176,14 +194,12 @@ def run_parallel(setup: EvalSetup, seeds: list[int], workers: int, output: Path,
         for _ in procs:
             seed_q.put(None)
         for _ in seeds:
-            on_result(receive(result_q, procs, "an eval worker"))
-        for p in procs:  # each has its None; a worker still alive after this is terminated below
+            on_result(receive(result_q, procs, "an eval worker's next episode", timeout_s, key="--episode-timeout"))
+        for p in procs:  # each has its None; a worker still alive after this is stopped below
             p.join(timeout=60)
         return info
     finally:
-        for p in procs:
-            if p.is_alive():
-                p.terminate()
+        stop(procs)
 
 
 def summarize(
@@ -249,7 +265,8 @@ def evaluate(a: argparse.Namespace, setup: EvalSetup, on_result) -> dict:
     if workers == 1:
         info = run_serial(setup, seeds, a.out, collect)
     else:
-        info = run_parallel(setup, seeds, workers, a.out, collect)
+        timeout_s = EPISODE_TIMEOUT_S if a.episode_timeout is None else a.episode_timeout
+        info = run_parallel(setup, seeds, workers, a.out, collect, timeout_s)
     wall = time.perf_counter() - t0
     results.sort(key=lambda r: r["seed"])
     summary = summarize(a, setup, info, results, wall)

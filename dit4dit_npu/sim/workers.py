@@ -17,18 +17,21 @@ from typing import Any
 from dit4dit_npu.sim.errors import SimError
 
 
-def receive(result_q, procs, what: str, deadline_s: float | None = None, since: float | None = None) -> Any:
+def receive(
+    result_q, procs, what: str, deadline_s: float | None = None, since: float | None = None, key: str | None = None
+) -> Any:
     """The next message's payload. A worker's error is raised here as a ``SimError``, its crash as a
     RuntimeError with its traceback. A dead worker (a crash in native code, the OOM killer) is an
     error as soon as it is seen, and with ``deadline_s`` so is no message within it of ``since``
-    (``time.monotonic()``; default: now): never a wait forever."""
+    (``time.monotonic()``; default: now): never a wait forever. ``key``: the flag that sets the
+    deadline, named in that error."""
     start = time.monotonic() if since is None else since
     while True:
         dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
         if dead:
             raise RuntimeError(f"{what}: a worker died with exit code {dead[0]} (see its output above)")
         if deadline_s is not None and time.monotonic() - start > deadline_s:
-            raise SimError(f"{what}: no answer within {deadline_s:.0f} s")
+            raise SimError(f"{what}: no answer within {deadline_s:g} s" + (f" ({key})" if key else ""))
         try:
             kind, payload = result_q.get(timeout=2.0)
             break
@@ -39,6 +42,19 @@ def receive(result_q, procs, what: str, deadline_s: float | None = None, since: 
     if kind == "crash":
         raise RuntimeError(f"{what} failed:\n{payload}")
     return payload
+
+
+def stop(procs) -> None:
+    """End every worker still running: SIGTERM, up to 10 s each to go, then SIGKILL for one stuck
+    where SIGTERM cannot reach (a native call). What they had not sent is dropped with them."""
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    for p in procs:
+        p.join(timeout=10)
+        if p.is_alive():
+            p.kill()
+            p.join(timeout=10)
 
 
 def next_task(tasks, results) -> Any:

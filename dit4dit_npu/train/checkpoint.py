@@ -71,6 +71,9 @@ def fingerprint(cfg: Config) -> dict[str, Any]:
         "trainer.gradient_accumulation_steps": cfg.trainer.gradient_accumulation_steps,
         "trainer.learning_rate": cfg.trainer.learning_rate,
         "trainer.freeze_modules": cfg.trainer.freeze_modules,
+        # which steps have the video loss: a resume that changed them would continue another objective
+        "trainer.video_loss_interval": cfg.trainer.video_loss_interval,
+        "trainer.video_loss_span": cfg.trainer.video_loss_span,
         # A resume continues the average it saved: its settings (and whether it exists) must agree.
         "trainer.ema": to_dict(cfg.trainer.ema),
     }

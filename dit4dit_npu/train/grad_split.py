@@ -238,6 +238,8 @@ def header(run: Path, cfg, count: int, seed: int) -> str:
     return (f"{run}: extract_layer L={c.extract_layer}, one pass {c.one_pass.enabled}, action loss into the backbone "
             f"{c.backprop_action_to_backbone}, video weight {t.loss_scale.future_video}"
             + (f", the video loss on every {k}-th step" if k > 1 else "")
+            + (f", the video loss within trainer.video_loss_span={t.video_loss_span}" if t.video_loss_span != [0.0, 1.0]
+               else "")
             + (f"; the EMA's weights (trainer.ema.decay={t.ema.decay}), as the policy holds them" if t.ema.decay
                is not None else "")
             + f"; {count} batches of {cfg.datasets.vla_data.per_device_batch_size}, seed {seed}")

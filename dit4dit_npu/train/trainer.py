@@ -55,7 +55,6 @@ def check_ema_supported(cfg: Config, accelerator) -> None:
         )
 
 
-
 def has_video_loss(t: TrainerConfig, step: int, seconds: float) -> bool:
     """Whether optimizer update ``step`` (0-based) of a joint run has the video loss, ``seconds``
     into the training: ``t.video_loss_interval`` (steps 0, k, 2k, ...) and ``in_video_loss_span``."""
@@ -170,14 +169,17 @@ class Trainer:
 
     def _has_video_loss(self) -> bool:
         """Whether this step has the video loss (``has_video_loss``), on rank 0's seconds at the last
-        step boundary: every rank decides alike. A resumed run restores the step count and the
-        seconds, so it keeps the same steps. Says so when ``trainer.video_loss_span`` turns it on or off."""
+        step boundary: every rank decides alike. A resumed run continues from the step count and the
+        seconds its checkpoint recorded (taken at the save, a little after that boundary: a step right
+        at a span's edge may fall on the other side). Says when the run enters or leaves
+        ``trainer.video_loss_span``."""
         t = self.cfg.trainer
         in_span = in_video_loss_span(t, self.global_step, self._boundary_seconds)
         if in_span != self._in_video_span:
             self._in_video_span = in_span
-            self.accelerator.print(f"step {self.global_step + 1}: the video loss {'on' if in_span else 'off'} "
-                                   f"(trainer.video_loss_span={t.video_loss_span})")
+            every = f" (on every {t.video_loss_interval}-th step)" if t.video_loss_interval > 1 else ""
+            self.accelerator.print(f"step {self.global_step + 1}: the video loss {'on' if in_span else 'off'}{every}: "
+                                   f"{'inside' if in_span else 'outside'} trainer.video_loss_span={t.video_loss_span}")
         return has_video_loss(t, self.global_step, self._boundary_seconds)
 
     def due(self, every: int) -> bool:
