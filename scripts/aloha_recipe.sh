@@ -90,21 +90,21 @@ positive() { case "${!1}" in ''|0*|*[!0-9]*) refuse "$1=${!1}: expected a positi
 unread() {  # $1: a variable the chosen run does not read, $2: why; set, it is refused rather than ignored
     if [ -n "${!1+x}" ]; then refuse "$1=${!1}: $2"; fi
 }
-SMOKE="${SMOKE:-0}"
+SMOKE="${SMOKE-0}"
 case "$SMOKE" in 0|1) ;; *) refuse "SMOKE=$SMOKE: expected 0 or 1" ;; esac
-OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
+OMP_NUM_THREADS="${OMP_NUM_THREADS-1}"
 positive OMP_NUM_THREADS " (threads per process)"
 export OMP_NUM_THREADS PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
-PY="${PY:-.venv/bin/python}"
+PY="${PY-.venv/bin/python}"
 if ! command -v "$PY" >/dev/null; then refuse "PY=$PY: expected a Python executable (the project's .venv/bin/python)"; fi
-PREPARE_ONLY="${PREPARE_ONLY:-0}"
+PREPARE_ONLY="${PREPARE_ONLY-0}"
 case "$PREPARE_ONLY" in 0|1) ;; *) refuse "PREPARE_ONLY=$PREPARE_ONLY: expected 0 or 1" ;; esac
 if [ "$PREPARE_ONLY" = 1 ]; then
     for v in EPISODES INTERMEDIATE_EPISODES; do unread "$v" "PREPARE_ONLY=1 stops before the eval"; done
 fi
-WORKERS="${WORKERS:-1}"
+WORKERS="${WORKERS-1}"
 positive WORKERS " (sim processes: the demos' and the eval's)"
-ENCODE_RANKS="${ENCODE_RANKS:-1}"
+ENCODE_RANKS="${ENCODE_RANKS-1}"
 positive ENCODE_RANKS " (the latent cache's encoding processes)"
 CPUS="$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)"  # (nproc would answer OMP_NUM_THREADS)
 if [ "${#ENCODE_RANKS}" -gt 4 ] || [ "$ENCODE_RANKS" -gt "$CPUS" ]; then
@@ -115,7 +115,7 @@ fi
 if [ "$ENCODE_RANKS" != 1 ] && ! err="$($PY -m dit4dit_npu.device env --ranks "$ENCODE_RANKS" 2>&1 >/dev/null)"; then
     refuse "ENCODE_RANKS=$ENCODE_RANKS: $(printf '%s\n' "$err" | tail -n 1 | sed 's/^error: //')"
 fi
-OBJECTIVE="${OBJECTIVE:-no_video}" TASK="${TASK:-transfer_cube}" VAE="${VAE:-random}"
+OBJECTIVE="${OBJECTIVE-no_video}" TASK="${TASK-transfer_cube}" VAE="${VAE-random}"
 case "$TASK" in
     transfer_cube) TASK_TAG="" ;;
     insertion) TASK_TAG="_insertion" ;;
@@ -124,13 +124,13 @@ esac
 CONFIG="configs/aloha/dit4dit_aloha_${TASK}_tiny.yaml"
 case "$OBJECTIVE" in no_video|joint) ;; *) refuse "OBJECTIVE=$OBJECTIVE: expected no_video or joint" ;; esac
 case "$VAE" in random|fitted) ;; *) refuse "VAE=$VAE: expected random or fitted" ;; esac
-BACKPROP="${BACKPROP:-1}"  # both objectives: the action loss into the backbone (joint: the best measured)
+BACKPROP="${BACKPROP-1}"  # both objectives: the action loss into the backbone (joint: the best measured)
 case "$BACKPROP" in 0|1) ;; *) refuse "BACKPROP=$BACKPROP: expected 0 or 1" ;; esac
 if [ "$OBJECTIVE" = no_video ] && [ "$BACKPROP" = 0 ]; then
     refuse "BACKPROP=0 with OBJECTIVE=no_video: the action loss is all that trains its backbone"
 fi
 if [ "$OBJECTIVE" = joint ]; then
-    VIDEO_WEIGHT="${VIDEO_WEIGHT:-0.2}"  # the best measured weight (docs/simulation.md)
+    VIDEO_WEIGHT="${VIDEO_WEIGHT-0.2}"  # the best measured weight (docs/simulation.md)
     # a plain number >= 0: no sign, no nan/inf (it names the run, and training takes it as is)
     if ! [[ "$VIDEO_WEIGHT" =~ ^([0-9]+([.][0-9]*)?|[.][0-9]+)([eE][-+]?[0-9]+)?$ ]] \
         || ! awk -v v="$VIDEO_WEIGHT" 'BEGIN { exit !(v + 0 < 1e300) }'; then
@@ -139,11 +139,11 @@ if [ "$OBJECTIVE" = joint ]; then
     if [ "$BACKPROP" = 0 ] && awk -v v="$VIDEO_WEIGHT" 'BEGIN { exit !(v + 0 == 0) }'; then
         refuse "VIDEO_WEIGHT=$VIDEO_WEIGHT with BACKPROP=0: no loss would train the backbone (weight the video loss > 0, or BACKPROP=1)"
     fi
-    ONE_PASS="${ONE_PASS:-0}"
+    ONE_PASS="${ONE_PASS-0}"
     case "$ONE_PASS" in 0|1) ;; *) refuse "ONE_PASS=$ONE_PASS: expected 0 or 1" ;; esac
-    VIDEO_EVERY="${VIDEO_EVERY:-1}"
+    VIDEO_EVERY="${VIDEO_EVERY-1}"
     positive VIDEO_EVERY " (the video loss on every k-th step; 1 = every step)"
-    VIDEO_SPAN="${VIDEO_SPAN:-0-1}"
+    VIDEO_SPAN="${VIDEO_SPAN-0-1}"
     # two plain decimal numbers (they name the run); the training config checks 0 <= a < b <= 1
     DECIMAL='([0-9]+([.][0-9]*)?|[.][0-9]+)'
     if ! [[ "$VIDEO_SPAN" =~ ^${DECIMAL}-${DECIMAL}$ ]]; then
@@ -168,7 +168,7 @@ if [ -n "${VAE_WEIGHTS+x}" ] && [ -z "$VAE_WEIGHTS" ]; then  # (it would take th
 fi
 # A given file that is missing is fitted and written there after the demos (minutes in): its folder
 # must be there and writable now, not found wrong after that work (a typo'd folder was created anew).
-if [ "$VAE" = fitted ] && [ -n "${VAE_WEIGHTS:-}" ]; then
+if [ "$VAE" = fitted ] && [ -n "${VAE_WEIGHTS-}" ]; then
     if [ -d "$VAE_WEIGHTS" ]; then refuse "VAE_WEIGHTS=$VAE_WEIGHTS: is a folder, expected a tiny VAE's safetensors file"; fi
     VAE_DIR="$(dirname -- "$VAE_WEIGHTS")"
     if [ ! -s "$VAE_WEIGHTS" ] && [ ! -d "$VAE_DIR" ]; then
@@ -182,7 +182,7 @@ if [ -n "${RUN_ID+x}" ]; then
     case "$RUN_ID" in ''|*/*|.|..) refuse "RUN_ID=$RUN_ID: expected a run folder name (no /)" ;; esac
 fi
 if [ -n "${DATA_ROOT+x}" ] && [ -z "$DATA_ROOT" ]; then refuse "DATA_ROOT=: expected a folder for the demos and caches"; fi
-PRETRAIN="${PRETRAIN:-0}"
+PRETRAIN="${PRETRAIN-0}"
 case "$PRETRAIN" in 0) ;; ''|0*|*[!0-9]*) refuse "PRETRAIN=$PRETRAIN: expected a number of steps (0 = none)" ;; esac
 if [ "$PRETRAIN" = 0 ]; then unread PRETRAIN_DEMOS "applies only with PRETRAIN > 0 (the video pretraining's demos)"; fi
 if [ "$SMOKE" = 1 ]; then
@@ -196,8 +196,8 @@ if [ "$SMOKE" = 1 ]; then
     EXTRA=(datasets.vla_data.val_fraction=0.0 trainer.eval_samples=0 datasets.vla_data.per_device_batch_size=2
            trainer.num_warmup_steps=0 "datasets.vla_data.image_size=[32, 48]")
 else
-    DEMOS="${DEMOS:-50}" SIZE=240x320 STEPS="${STEPS:-15000}" EPISODES="${EPISODES:-50}" EPISODE_STEPS=400
-    PRETRAIN_DEMOS="${PRETRAIN_DEMOS:-50}"
+    DEMOS="${DEMOS-50}" SIZE=240x320 STEPS="${STEPS-15000}" EPISODES="${EPISODES-50}" EPISODE_STEPS=400
+    PRETRAIN_DEMOS="${PRETRAIN_DEMOS-50}"
     RUN="aloha_recipe${TASK_TAG}"
     for v in DEMOS EPISODES STEPS PRETRAIN_DEMOS; do positive "$v"; done  # EPISODES is first used after training
     # bash's arithmetic (the checkpoint interval below) wraps past 2**63 and the run would start
@@ -259,11 +259,11 @@ if [ -n "${TRAIN_MINUTES+x}" ]; then
               "trainer.save_every_s=$(awk -v m="$TRAIN_MINUTES" 'BEGIN { printf "%.6g", m * 20 }')"
               "trainer.lr_schedule_clock=train_time")
 fi
-RUN_ID="${RUN_ID:-$RUN$VARIANT}"
+RUN_ID="${RUN_ID-$RUN$VARIANT}"
 # The recipe's choices (one-frame clips, the action loss into the backbone, the cam_high crop, state
 # noise) are the config's own, each with its reason there; the measurements are in
 # docs/sim_recipe_log.md.
-DATA_ROOT="${DATA_ROOT:-data/aloha}"  # (tests: a temp folder)
+DATA_ROOT="${DATA_ROOT-data/aloha}"  # (tests: a temp folder)
 DATA="$DATA_ROOT/${TASK}_${SIZE}_recipe$DEMOS_TAG"
 if [ "$VAE" = fitted ]; then
     # transfer cube: the committed fit (dit4dit-fit-tiny-vae on 12 demos' frames); insertion: its own
@@ -271,7 +271,7 @@ if [ "$VAE" = fitted ]; then
     if [ "$SMOKE" = 1 ]; then DEFAULT_VAE="${DATA}_tiny_vae_smoke.safetensors"
     elif [ "$TASK" = insertion ]; then DEFAULT_VAE="${DATA}_tiny_vae.safetensors"
     else DEFAULT_VAE=configs/aloha/tiny_vae_transfer_cube.safetensors; fi
-    VAE_WEIGHTS="${VAE_WEIGHTS:-$DEFAULT_VAE}"
+    VAE_WEIGHTS="${VAE_WEIGHTS-$DEFAULT_VAE}"
     EXTRA+=("framework.cosmos25.tiny.vae_weights=$VAE_WEIGHTS")
 fi
 OVERRIDES=(

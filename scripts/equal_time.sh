@@ -65,15 +65,15 @@ for v in OBJECTIVE ONE_PASS VIDEO_SPAN RUN_ID WORKERS PREPARE_ONLY; do
     unread "$v" "set by scripts/equal_time.sh for each arm (choose the arms with ARMS)"
 done
 unread ENCODE_RANKS "set by scripts/equal_time.sh from CORES (a rank per core encodes each latent cache)"
-SMOKE="${SMOKE:-0}"
+SMOKE="${SMOKE-0}"
 case "$SMOKE" in 0|1) ;; *) refuse "SMOKE=$SMOKE: expected 0 or 1" ;; esac
-PY="${PY:-.venv/bin/python}"
+PY="${PY-.venv/bin/python}"
 if ! command -v "$PY" >/dev/null; then refuse "PY=$PY: expected a Python executable (the project's .venv/bin/python)"; fi
 if ! command -v taskset >/dev/null; then refuse "taskset not found: it pins each run to its core (util-linux)"; fi
-TASK="${TASK:-transfer_cube}"
+TASK="${TASK-transfer_cube}"
 case "$TASK" in transfer_cube) TASK_TAG="" ;; insertion) TASK_TAG="_insertion" ;;
     *) refuse "TASK=$TASK: expected transfer_cube or insertion" ;; esac
-ARMS="${ARMS:-no_video joint one_pass every_k}"
+ARMS="${ARMS-no_video joint one_pass every_k}"
 read -r -a ARM_LIST <<< "$ARMS"
 ALL_ARMS="no_video joint one_pass every_k one_pass_every_k video_first video_last"
 if [ "${#ARM_LIST[@]}" = 0 ]; then refuse "ARMS=$ARMS: expected arms among $ALL_ARMS"; fi
@@ -84,14 +84,14 @@ for a in "${ARM_LIST[@]}"; do
 done
 if [ "$(printf '%s\n' "${ARM_LIST[@]}" | sort | uniq -d)" ]; then refuse "ARMS=$ARMS: an arm named twice"; fi
 if [ "$EVERY_ARM" = 1 ]; then
-    VIDEO_EVERY="${VIDEO_EVERY:-4}"
+    VIDEO_EVERY="${VIDEO_EVERY-4}"
     positive VIDEO_EVERY " >= 2 (1 is the joint arm)"
     if [ "$VIDEO_EVERY" = 1 ]; then refuse "VIDEO_EVERY=1: expected >= 2 (1 is the joint arm)"; fi
 else
     unread VIDEO_EVERY "applies only with an every_k or one_pass_every_k arm in ARMS"
 fi
 if [ "$SWITCH_ARM" = 1 ]; then
-    VIDEO_SWITCH="${VIDEO_SWITCH:-0.5}"
+    VIDEO_SWITCH="${VIDEO_SWITCH-0.5}"
     if ! [[ "$VIDEO_SWITCH" =~ ^(0?[.][0-9]*[1-9][0-9]*)$ ]]; then
         refuse "VIDEO_SWITCH=$VIDEO_SWITCH: expected a share of the training between 0 and 1 (e.g. 0.5)"
     fi
@@ -100,10 +100,10 @@ else
 fi
 if [ "$SMOKE" = 1 ]; then
     for v in DEMOS EPISODES INTERMEDIATE_EPISODES; do unread "$v" "SMOKE=1 sets its own (1 demo, one 16-step episode per checkpoint)"; done
-    TRAIN_MINUTES="${TRAIN_MINUTES:-0.1}" TRAIN_SEEDS="${TRAIN_SEEDS:-42}" EPISODES=1 EPISODE_STEPS=16 TAG=smoke
+    TRAIN_MINUTES="${TRAIN_MINUTES-0.1}" TRAIN_SEEDS="${TRAIN_SEEDS-42}" EPISODES=1 EPISODE_STEPS=16 TAG=smoke
 else
-    DEMOS="${DEMOS:-50}" EPISODES="${EPISODES:-100}" TRAIN_MINUTES="${TRAIN_MINUTES:-30}"
-    TRAIN_SEEDS="${TRAIN_SEEDS:-42 43}" EPISODE_STEPS=400
+    DEMOS="${DEMOS-50}" EPISODES="${EPISODES-100}" TRAIN_MINUTES="${TRAIN_MINUTES-30}"
+    TRAIN_SEEDS="${TRAIN_SEEDS-42 43}" EPISODE_STEPS=400
     positive DEMOS
     positive EPISODES
     # the recipe's own bound, said here before the data preparation (and not as a complaint about
@@ -111,7 +111,7 @@ else
     if [ "${#EPISODES}" -gt 10 ] || [ "$EPISODES" -gt 4294967296 ]; then
         refuse "EPISODES=$EPISODES: expected at most 2**32 (eval seeds 0..EPISODES-1 < 2**32, the simulator's range)"
     fi
-    INTERMEDIATE_EPISODES="${INTERMEDIATE_EPISODES:-$EPISODES}"
+    INTERMEDIATE_EPISODES="${INTERMEDIATE_EPISODES-$EPISODES}"
     positive INTERMEDIATE_EPISODES
     if [ "${#INTERMEDIATE_EPISODES}" -gt 10 ] || [ "$INTERMEDIATE_EPISODES" -gt "$EPISODES" ]; then
         refuse "INTERMEDIATE_EPISODES=$INTERMEDIATE_EPISODES: expected at most EPISODES=$EPISODES (the earlier checkpoints' episodes)"
@@ -128,7 +128,7 @@ for s in "${SEED_LIST[@]}"; do
     case "$s" in 0) ;; ''|0*|*[!0-9]*) refuse "TRAIN_SEEDS=$TRAIN_SEEDS: '$s' is not a seed (a whole number >= 0)" ;; esac
 done
 if [ "$(printf '%s\n' "${SEED_LIST[@]}" | sort | uniq -d)" ]; then refuse "TRAIN_SEEDS=$TRAIN_SEEDS: a seed named twice"; fi
-CORES="${CORES:-$(taskset -cp $$ | sed 's/.*: //' | tr ',' '\n' | awk -F- '{ for (c = $1; c <= ($2 == "" ? $1 : $2); c++) print c }' | paste -sd' ')}"
+CORES="${CORES-$(taskset -cp $$ | sed 's/.*: //' | tr ',' '\n' | awk -F- '{ for (c = $1; c <= ($2 == "" ? $1 : $2); c++) print c }' | paste -sd' ')}"
 read -r -a CORE_LIST <<< "$CORES"
 if [ "${#CORE_LIST[@]}" = 0 ]; then refuse "CORES=$CORES: expected CPU numbers (e.g. \"0 1 2 3\")"; fi
 for c in "${CORE_LIST[@]}"; do
@@ -150,7 +150,8 @@ except ConfigError as e:
     sys.exit(f"{e}")' "$CONFIG" "$@" 2>&1)"; then
     refuse "the extra overrides: $(printf '%s' "$RUN_ROOT" | tail -n 1)"
 fi
-OUT="${OUT:-$RUN_ROOT/equal_time${TASK_TAG}_$TAG}"
+if [ -n "${OUT+x}" ] && [ -z "$OUT" ]; then refuse "OUT=: expected a folder for the table, the plot and the logs (unset it for the default)"; fi
+OUT="${OUT-$RUN_ROOT/equal_time${TASK_TAG}_$TAG}"
 mkdir -p "$OUT/logs"
 
 arm_env() {  # $1: the arm -> the recipe's settings for it, one per line

@@ -75,6 +75,12 @@ def recipe(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProces
     ({"SMOKE": "1", "STEPS": "100"}, "error: STEPS=100: SMOKE=1 sets its own"),
     # the cheaper joint steps and the time budget (equal-time comparisons)
     ({"OBJECTIVE": "joint", "ONE_PASS": "yes"}, "error: ONE_PASS=yes: expected 0 or 1"),
+    # set but empty: refused like any other bad value (it was taken as the default)
+    ({"WORKERS": ""}, "error: WORKERS=: expected a positive integer"),
+    ({"ENCODE_RANKS": ""}, "error: ENCODE_RANKS=: expected a positive integer"),
+    ({"DEMOS": ""}, "error: DEMOS=: expected a positive integer"),
+    ({"OBJECTIVE": ""}, "error: OBJECTIVE=: expected no_video or joint"),
+    ({"OBJECTIVE": "joint", "VIDEO_SPAN": ""}, "error: VIDEO_SPAN=: expected a-b"),
     ({"OBJECTIVE": "joint", "VIDEO_EVERY": "0"}, "error: VIDEO_EVERY=0: expected a positive integer"),
     ({"OBJECTIVE": "joint", "VIDEO_EVERY": "2.5"}, "error: VIDEO_EVERY=2.5: expected a positive integer"),
     ({"ONE_PASS": "1"}, "error: ONE_PASS=1: applies only to OBJECTIVE=joint"),
