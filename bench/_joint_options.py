@@ -11,6 +11,10 @@ command line's overrides apply to every arm):
 - ``one-pass+level``: the same with the head conditioned on the noise level;
 - ``every-2`` / ``every-4``: ``trainer.video_loss_interval`` 2 / 4 (a round runs k steps, the first
   with the video loss: the arm's time is their mean);
+- ``joint-skip``: a joint model's step without its video loss, the steps ``video_loss_interval``
+  and ``trainer.video_loss_span`` leave it out of (the feature pass reads the clip's future latent
+  frames as noise, so it costs more than a no-video step); a span [a, b] costs (b - a) x joint +
+  (1 - b + a) x joint-skip per step on average;
 - ``fraction-0.5``: ``framework.cosmos25.video_loss_batch_fraction=0.5`` (for comparison);
 - ``future-1``: ``framework.cosmos25.video_loss_future_frames=1``, only where the clip has more than
   one future latent frame (give a longer clip, e.g. ``datasets.vla_data.video_delta_indices=[0, 1,
@@ -39,13 +43,14 @@ from dit4dit_npu.weights import build_dit4dit, build_prompt_encoder
 from dit4dit_npu.weights.testing import make_batch
 
 ONE_PASS = "framework.cosmos25.one_pass.enabled=true"
-ARMS: dict[str, tuple[list[str], int]] = {  # name -> (overrides, video loss every k-th step)
+ARMS: dict[str, tuple[list[str], int | None]] = {  # name -> (overrides, video loss every k-th step; None: never)
     "no-video": (["datasets.vla_data.video_delta_indices=[0]"], 1),
     "joint": ([], 1),
     "one-pass": ([ONE_PASS], 1),
     "one-pass+level": ([ONE_PASS, "framework.cosmos25.one_pass.condition_head_on_noise_level=true"], 1),
     "every-2": ([], 2),
     "every-4": ([], 4),
+    "joint-skip": ([], None),
     "fraction-0.5": (["framework.cosmos25.video_loss_batch_fraction=0.5"], 1),
     "future-1": (["framework.cosmos25.video_loss_future_frames=1"], 1),
 }
@@ -57,7 +62,7 @@ class Arm:
     model: torch.nn.Module
     batch: object
     opt: torch.optim.Optimizer
-    interval: int
+    interval: int | None  # None: a joint model's step without its video loss, every step
     video_weight: float
 
     def step(self, video: bool) -> None:
@@ -66,9 +71,13 @@ class Arm:
         (out["action_loss"] + self.video_weight * out["video_loss"]).backward()
         self.opt.step()
 
+    def videos(self) -> list[bool]:
+        """One period of the video-loss schedule: whether each step has the video loss."""
+        return [False] if self.interval is None else [i == 0 for i in range(self.interval)]
+
     def round(self) -> float:
         """Mean seconds of one step over a period of the video-loss schedule."""
-        return sum(timed(lambda: self.step(i == 0)) for i in range(self.interval)) / self.interval  # noqa: B023
+        return sum(timed(lambda: self.step(v)) for v in self.videos()) / len(self.videos())  # noqa: B023
 
 
 def cached(model, batch):
@@ -123,7 +132,7 @@ def run_options(config: str, overrides: list[str], batch_size: int, steps: int, 
         for a in arms:
             times[a.name].append(a.round())
     med = {n: statistics.median(ts) for n, ts in times.items()}
-    flops = {a.name: sum(count_flops(lambda: a.step(i == 0)) for i in range(a.interval)) / a.interval  # noqa: B023
+    flops = {a.name: sum(count_flops(lambda: a.step(v)) for v in a.videos()) / len(a.videos())  # noqa: B023
              for a in arms}
     print(f"{'arm':<15} {'step median s':>14} {'min':>8} {'max':>8} {'x no-video':>11} {'x joint':>8} {'GFLOP':>8}")
     for a in arms:

@@ -49,7 +49,7 @@ def test_train_step_options_smoke_times_every_arm_against_no_video_and_joint() -
     assert_headline(lines[-1])
     assert lines[-2].startswith("reference: today's joint step"), lines[-2]
     arms = {line.split()[0] for line in lines}
-    assert {"no-video", "joint", "one-pass", "one-pass+level", "every-2", "every-4", "fraction-0.5", "future-1"} <= arms
+    assert {"no-video", "joint", "one-pass", "one-pass+level", "every-2", "every-4", "joint-skip", "fraction-0.5", "future-1"} <= arms
 
 
 def test_compile_smoke_compares_eager_and_compiled_and_reports_the_warm_up() -> None:
