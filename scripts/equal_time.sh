@@ -175,7 +175,14 @@ recipe_cmd() {  # $1: arm, $2: seed, then the recipe's extra settings (NAME=valu
     CMD+=($(arm_env "$arm") "RUN_ID=$(run_id "$arm" "$seed")" "$@"
           bash scripts/aloha_recipe.sh "seed=$seed" "${EXTRA_OVERRIDES[@]}")
 }
-run_id() { echo "equal_time${TASK_TAG}_${TAG}_$1_seed$2"; }
+run_id() {  # $1: arm, $2: seed; an arm's setting other than its default is in the name (another run)
+    local v=""
+    case "$1" in
+        every_k|one_pass_every_k) if [ "$VIDEO_EVERY" != 4 ]; then v="$VIDEO_EVERY"; fi ;;
+        video_first|video_last) if [ "$VIDEO_SWITCH" != 0.5 ]; then v="$VIDEO_SWITCH"; fi ;;
+    esac
+    echo "equal_time${TASK_TAG}_${TAG}_$1${v}_seed$2"
+}
 cache_kind() { if [ "$1" = no_video ]; then echo "1-frame clips (no_video)"; else echo "5-frame clips (the joint arms)"; fi; }
 EXTRA_OVERRIDES=("$@")
 stage() { echo "== $(date +%H:%M:%S) $*"; }
