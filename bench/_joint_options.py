@@ -13,8 +13,9 @@ command line's overrides apply to every arm):
   with the video loss: the arm's time is their mean);
 - ``joint-skip``: a joint model's step without its video loss, the steps ``video_loss_interval``
   and ``trainer.video_loss_span`` leave it out of (the feature pass reads the clip's future latent
-  frames as noise, so it costs more than a no-video step); a span [a, b] costs (b - a) x joint +
-  (1 - b + a) x joint-skip per step on average;
+  frames as noise, so it costs more than a no-video step). A span [a, b] of a run counted in steps
+  costs f x joint + (1 - f) x joint-skip per step on average (f = b - a); of a run under a time
+  budget (the equal-time arms), 1 / (f / joint + (1 - f) / joint-skip) (a share f of the time);
 - ``fraction-0.5``: ``framework.cosmos25.video_loss_batch_fraction=0.5`` (for comparison);
 - ``future-1``: ``framework.cosmos25.video_loss_future_frames=1``, only where the clip has more than
   one future latent frame (give a longer clip, e.g. ``datasets.vla_data.video_delta_indices=[0, 1,

@@ -175,14 +175,16 @@ recipe_cmd() {  # $1: arm, $2: seed, then the recipe's extra settings (NAME=valu
     CMD+=($(arm_env "$arm") "RUN_ID=$(run_id "$arm" "$seed")" "$@"
           bash scripts/aloha_recipe.sh "seed=$seed" "${EXTRA_OVERRIDES[@]}")
 }
-run_id() {  # $1: arm, $2: seed; an arm's setting other than its default is in the name (another run)
+name() {  # $1: arm -> its name in runs, logs and labels: its VIDEO_EVERY or VIDEO_SWITCH after it when
+          # not the default (another setting is another run, never a resume of the first)
     local v=""
     case "$1" in
         every_k|one_pass_every_k) if [ "$VIDEO_EVERY" != 4 ]; then v="$VIDEO_EVERY"; fi ;;
-        video_first|video_last) if [ "$VIDEO_SWITCH" != 0.5 ]; then v="$VIDEO_SWITCH"; fi ;;
+        video_first|video_last) if ! awk -v s="$VIDEO_SWITCH" 'BEGIN { exit !(s + 0 == 0.5) }'; then v="$VIDEO_SWITCH"; fi ;;
     esac
-    echo "equal_time${TASK_TAG}_${TAG}_$1${v}_seed$2"
+    echo "$1$v"
 }
+run_id() { echo "equal_time${TASK_TAG}_${TAG}_$(name "$1")_seed$2"; }
 cache_kind() { if [ "$1" = no_video ]; then echo "1-frame clips (no_video)"; else echo "5-frame clips (the joint arms)"; fi; }
 EXTRA_OVERRIDES=("$@")
 stage() { echo "== $(date +%H:%M:%S) $*"; }
@@ -198,7 +200,7 @@ for seed in "${SEED_LIST[@]}"; do
         kind="$(cache_kind "$arm")"
         if [ "$SMOKE" = 1 ] && [ -n "${PREPARED[$kind/$seed]+x}" ]; then continue; fi
         PREPARED[$kind/$seed]=1
-        log="$OUT/logs/prepare_${arm}_seed$seed.log"
+        log="$OUT/logs/prepare_$(name "$arm")_seed$seed.log"
         stage "data of $arm (seed $seed): $log"
         recipe_cmd "$arm" "$seed" PREPARE_ONLY=1 "WORKERS=${#CORE_LIST[@]}" "ENCODE_RANKS=${#CORE_LIST[@]}"
         # on CORES: its demo workers and encode's ranks (and the recipe's count of the CPUs it may use) are theirs
@@ -223,18 +225,18 @@ for ((i = 0; i < ${#JOBS[@]}; i += WAVE)); do
     for ((j = i; j < i + WAVE && j < ${#JOBS[@]}; j++)); do
         arm="${JOBS[$j]%/*}" seed="${JOBS[$j]#*/}" core="${CORE_LIST[$(((j - i) % ${#CORE_LIST[@]}))]}"
         CORE_OF[${JOBS[$j]}]=$core
-        log="$OUT/logs/${arm}_seed$seed.log"
+        log="$OUT/logs/$(name "$arm")_seed$seed.log"
         stage "run $arm (seed $seed) on CPU $core: $TRAIN_MINUTES training minutes, then its eval: $log"
         recipe_cmd "$arm" "$seed" WORKERS=1 $([ "$SMOKE" = 1 ] || echo "EPISODES=$EPISODES INTERMEDIATE_EPISODES=$INTERMEDIATE_EPISODES")
         ( t=$SECONDS; status=0; taskset -c "$core" "${CMD[@]}" > "$log" 2>&1 || status=$?
-          echo $((SECONDS - t)) > "$OUT/logs/${arm}_seed$seed.wall_s"; exit "$status" ) &
+          echo $((SECONDS - t)) > "$OUT/logs/$(name "$arm")_seed$seed.wall_s"; exit "$status" ) &
         pids+=($!)
     done
     failed=0
     for pid in "${pids[@]}"; do wait "$pid" || failed=1; done
     for ((j = i; j < i + WAVE && j < ${#JOBS[@]}; j++)); do
         arm="${JOBS[$j]%/*}" seed="${JOBS[$j]#*/}"
-        log="$OUT/logs/${arm}_seed$seed.log"
+        log="$OUT/logs/$(name "$arm")_seed$seed.log"
         if ! grep -q '^success ' <(tail -n 1 "$log"); then
             echo "error: $arm (seed $seed) failed: $(tail -n 1 "$log") (log: $log)" >&2
             failed=1
@@ -248,7 +250,7 @@ CURVE=(--task "$TASK" --episodes "$EPISODES" --seed 0 --max-steps "$EPISODE_STEP
        $([ "$SMOKE" = 1 ] || echo "--intermediate-episodes $INTERMEDIATE_EPISODES")
        --out "$OUT/success_vs_time.png" --table "$OUT/checkpoints.md")
 for job in "${JOBS[@]}"; do
-    CURVE+=(--run "$RUN_ROOT/$(run_id "${job%/*}" "${job#*/}")" --label "${job%/*} seed${job#*/}")
+    CURVE+=(--run "$RUN_ROOT/$(run_id "${job%/*}" "${job#*/}")" --label "$(name "${job%/*}") seed${job#*/}")
 done
 stage "success against training time: $OUT/success_vs_time.png"
 $PY -m dit4dit_npu.train.success_curve "${CURVE[@]}" > "$OUT/logs/success_curve.log" 2>&1 \
@@ -267,11 +269,11 @@ $PY -m dit4dit_npu.train.success_curve "${CURVE[@]}" > "$OUT/logs/success_curve.
     echo "| --- | ---: | ---: | ---: | ---: | ---: | --- |"
     for job in "${JOBS[@]}"; do
         arm="${job%/*}" seed="${job#*/}"
-        last="$(grep "^| $arm seed$seed |" "$OUT/checkpoints.md" | tail -n 1)"
+        last="$(grep "^| $(name "$arm") seed$seed |" "$OUT/checkpoints.md" | tail -n 1)"
         IFS='|' read -r _ _ step mins success _ <<< "$last"
-        wall="$(awk -v s="$(cat "$OUT/logs/${arm}_seed$seed.wall_s")" 'BEGIN { printf "%.1f", s / 60 }')"
+        wall="$(awk -v s="$(cat "$OUT/logs/$(name "$arm")_seed$seed.wall_s")" 'BEGIN { printf "%.1f", s / 60 }')"
         success="${success# }"
-        echo "| $arm | $seed | ${CORE_OF[$job]} | ${step// /} | ${mins// /} | $wall | ${success% } |"
+        echo "| $(name "$arm") | $seed | ${CORE_OF[$job]} | ${step// /} | ${mins// /} | $wall | ${success% } |"
     done
     echo
     echo "Headline: each arm's last checkpoint, its episodes pooled over the training seeds (95% Wilson CI)."
@@ -281,10 +283,10 @@ $PY -m dit4dit_npu.train.success_curve "${CURVE[@]}" > "$OUT/logs/success_curve.
     for arm in "${ARM_LIST[@]}"; do
         k=0 n=0
         for seed in "${SEED_LIST[@]}"; do
-            kn="$(grep "^| $arm seed$seed |" "$OUT/checkpoints.md" | tail -n 1 | cut -d'|' -f5 | sed 's/ = .*//; s/ //g')"
+            kn="$(grep "^| $(name "$arm") seed$seed |" "$OUT/checkpoints.md" | tail -n 1 | cut -d'|' -f5 | sed 's/ = .*//; s/ //g')"
             k=$((k + ${kn%/*})) n=$((n + ${kn#*/}))
         done
-        awk -v k="$k" -v n="$n" -v arm="$arm" 'BEGIN {
+        awk -v k="$k" -v n="$n" -v arm="$(name "$arm")" 'BEGIN {
             z = 1.959964; p = k / n; d = 1 + z * z / n; c = (p + z * z / (2 * n)) / d
             h = z * sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
             lo = (k == 0) ? 0 : c - h; hi = (k == n) ? 1 : c + h

@@ -208,9 +208,11 @@ def test_bad_input_one_line_exit_2(tmp_path: Path, capsys, policy_dir: Path) -> 
         (["--scripted", "hold", "--connect-timeout", "nan"], "--connect-timeout: expected seconds > 0, got nan"),
         (["--scripted", "hold", "--workers", "2", "--episode-timeout", "0"], "--episode-timeout: expected seconds > 0, got 0"),
         (["--scripted", "hold", "--workers", "2", "--episode-timeout", "inf"], "--episode-timeout: expected seconds > 0"),
-        (["--scripted", "hold", "--episode-timeout", "60"], "--episode-timeout 60: applies only with --workers > 1"),
+        (["--scripted", "hold", "--episode-timeout", "60"],
+         "--episode-timeout 60: --workers 1 runs the episodes in this process, which waits on no worker"),
         (["--scripted", "hold", "--workers", "2", "--episodes", "1", "--episode-timeout", "60"],
-         "--episode-timeout 60: applies only with --workers > 1 (and as many episodes)"),
+         "--episode-timeout 60: --workers 2 with --episodes 1 runs in this process, which waits on no worker; it "
+         "applies with --workers > 1 and --episodes > 1"),
         (["--scripted", "hold", "--noise-stream", "1"], "--noise-stream: applies to a policy folder (--policy DIR), not hold"),
         (["--server", "ws://127.0.0.1:9", "--noise-stream", "1"], "--noise-stream: applies to a policy folder"),
         (["--policy", str(policy_dir), "--noise-stream", "-1"], "--noise-stream -1: expected a seed in [0, 2**32)"),

@@ -14,8 +14,9 @@ succeeds when gym-aloha's reward reaches 4 (it
 ends there, as gym-aloha's env terminates); success within gym-aloha's 300-step limit is reported
 too. Prints one line per episode and ``success k/N = p% (95% Wilson CI lo–hi%)``; writes
 ``results.json`` and mp4s (cam_high | left wrist | right wrist) of the first N episodes.
-W > 1 runs episodes in W processes, each with its own scene and policy; a worker that dies, or no
-result within ``--episode-timeout`` seconds (default 3600) of the last one, ends the eval with one line.
+W > 1 runs episodes in W processes, each with its own scene and policy; a worker that dies ends the
+eval at once (an error naming its exit code), and no result within ``--episode-timeout`` seconds
+(default 3600) of the last one ends it with one line.
 
 ``--task metaworld/<task>`` (e.g. ``metaworld/reach-v3``) runs the same loop in Meta-World, as
 lerobot 0.6.1's env shows it (``metaworld_scene.py``): seed S places the goal and objects as
@@ -82,8 +83,10 @@ def make_setup(a: argparse.Namespace) -> EvalSetup:
         if not (math.isfinite(a.episode_timeout) and a.episode_timeout > 0):
             raise SimError(f"--episode-timeout: expected seconds > 0, got {a.episode_timeout}")
         if min(a.workers, a.episodes) == 1:
-            raise SimError(f"--episode-timeout {a.episode_timeout:g}: applies only with --workers > 1 (and as many "
-                           "episodes): one process runs its episodes itself and waits on no worker")
+            why = (f"--workers {a.workers} with --episodes {a.episodes} runs in this process" if a.workers > 1
+                   else "--workers 1 runs the episodes in this process")
+            raise SimError(f"--episode-timeout {a.episode_timeout:g}: {why}, which waits on no worker; it applies "
+                           "with --workers > 1 and --episodes > 1")
     execution = Execution(a.execution, a.delay_ms, spec.fps)
     # --out is made only once the policy and scene are known good: a file in the way is said now
     for folder in (a.out, *a.out.parents):
@@ -200,6 +203,9 @@ def run_parallel(
         return info
     finally:
         stop(procs)
+        # seeds no worker took (an eval ended by an error) would hold the queue's feeder thread, and
+        # with it this process's exit, on a pipe nobody reads
+        seed_q.cancel_join_thread()
 
 
 def summarize(

@@ -47,6 +47,7 @@ def receive(
 def stop(procs) -> None:
     """End every worker still running: SIGTERM, up to 10 s each to go, then SIGKILL for one stuck
     where SIGTERM cannot reach (a native call). What they had not sent is dropped with them."""
+    procs = [p for p in procs if p.pid is not None]  # (one never started has nothing to end)
     for p in procs:
         if p.is_alive():
             p.terminate()
