@@ -12,7 +12,7 @@ A leaf module (nothing from the project imported): models/, data/ and config/ ca
 on it. The robot-side client package (``client/``) cannot, since it installs alone: its errors
 subclass ``dit4dit_client.errors.ClientError``, which ``dit4dit_npu.console`` treats the same way.
 ``ConfigError`` lives here because the run config validates its sections next to their
-declarations (``config/schema.py``, ``config/framework.py``) and the models, which never import the
+declarations (``config/schema.py``, ``config/framework.py``, ``config/datasets.py``) and the models, which never import the
 config layer, raise it too when what they are built with does not fit (a width, a depth), naming
 the run-config key to change.
 """

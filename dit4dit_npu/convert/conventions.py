@@ -1,7 +1,7 @@
 """Which data conventions an imported DiT4DiT run gets, as ``datasets.vla_data`` values.
 
 DiT4DiT's conventions lived in code (its data config per robot type, its clients); here they are
-keys of the run config (``config/schema.py`` ``VLADataConfig``; ``transforms/encodings.py`` makes
+keys of the run config (``config/datasets.py`` ``VLADataConfig``; ``transforms/encodings.py`` makes
 them steps). An import takes, for each key, in order: the user's value (a flag of ``convert
 dit4dit`` or an ``datasets.vla_data.KEY=...`` override: one name per concept), else the robot
 type's (its data config and client), else DiT4DiT's general client behaviour; every value not
@@ -19,8 +19,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from dit4dit_npu.config.datasets import PART_ENCODINGS
 from dit4dit_npu.config.original_data import GENERIC_TAGS, NAMED_MIXTURES, ROBOT_TYPES, RobotType
-from dit4dit_npu.config.schema import PART_ENCODINGS
 from dit4dit_npu.convert.checkpoint import ConversionError
 
 CUSTOM = "custom"

@@ -23,7 +23,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from dit4dit_npu.config.schema import crop_problem
+from dit4dit_npu.config.datasets import crop_problem
 from dit4dit_npu.errors import DiT4DiTError
 from dit4dit_npu.transforms.feature_stats import FeatureStats
 from dit4dit_npu.transforms.images import (
