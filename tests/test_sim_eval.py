@@ -189,10 +189,14 @@ def test_mismatched_policies_are_refused(policy_dir: Path) -> None:
 
 def test_bad_input_one_line_exit_2(tmp_path: Path, capsys, policy_dir: Path) -> None:
     out = tmp_path / "o"
+    empty = tmp_path / "empty_policy"
+    empty.mkdir()
     cases = [
         (["--scripted", "hold", "--task", "fold_shirt"], "error: unknown task 'fold_shirt'; expected one of"),
         (["--policy", str(tmp_path / "nope")], "is not a policy folder (a server: --server ws://HOST:PORT; a scripted"),
         (["--server", "localhost:8000"], "--server: expected ws://HOST:PORT, got 'localhost:8000'"),
+        # a folder that holds no policy: said here, before the workers import torch and load it
+        (["--policy", str(empty), "--workers", "2", "--episodes", "2"], f"{empty} is not a policy folder: no policy.json"),
         (["--scripted", "hold", "--execution", "rtc"], "--execution rtc: policy hold cannot inpaint onto a previous chunk"),
         (["--scripted", "expert", "--execution", "async"], "--execution: the async modes need a chunk policy"),
         (["--policy", str(policy_dir), "--execution", "rtc", "--replan", "4", "--delay-ms", "100"],

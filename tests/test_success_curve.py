@@ -126,3 +126,32 @@ def test_the_time_axis_names_the_clock_the_checkpoints_record(clocks: set, axis:
     from dit4dit_npu.train.success_curve import time_axis
 
     assert time_axis(clocks) == axis
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--workers", "2", "--episode-timeout", "0"], "--episode-timeout: expected seconds > 0, got 0"),
+    (["--episode-timeout", "60"], "--episode-timeout 60: --workers 1 runs the episodes in this process"),
+    (["--workers", "2", "--intermediate-episodes", "1", "--episode-timeout", "60"],
+     "--episode-timeout 60: --workers 2 with --episodes 1 runs in this process"),
+])
+def test_episode_timeout_bad_values_are_one_line_before_any_eval(tmp_path: Path, capsys, argv: list[str],
+                                                                  message: str) -> None:
+    """The eval's own check, said before the first checkpoint's eval (an earlier checkpoint's smaller
+    eval counts: with one episode it runs in this process, so the deadline would do nothing)."""
+    a = fake_run(tmp_path, "a", {1: (1.0, 1)})
+    assert main(["--run", str(a), "--episodes", "4", "--out", str(tmp_path / "c.png"), *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
+    assert not (tmp_path / "c.png").exists()
+
+
+def test_episode_timeout_reaches_the_eval(tmp_path: Path, capsys) -> None:
+    """A checkpoint without kept results is evaluated with the curve's --episode-timeout (here its
+    policy folder is empty, so the eval then refuses it: what is checked is the eval's command)."""
+    a = fake_run(tmp_path, "a", {1: (1.0, 1)})
+    (a / "checkpoints" / "step_000002" / "policy").mkdir(parents=True)
+    torch.save({"step": 2}, a / "checkpoints" / "step_000002" / "trainer_state.pt")
+    code = main(["--run", str(a), "--episodes", "4", "--workers", "2", "--episode-timeout", "30",
+                 "--out", str(tmp_path / "c.png")])
+    out = capsys.readouterr().out
+    assert code != 0 and "--workers 2 --videos 0" in out and "--episode-timeout 30.0" in out, out

@@ -52,6 +52,18 @@ from dit4dit_npu.sim.tasks import check_seed_range, parse_size, scene_spec
 EPISODE_TIMEOUT_S = 3600.0
 
 
+def check_episode_timeout(timeout_s: float, workers: int, episodes: int) -> None:
+    """--episode-timeout's values: seconds > 0, and only where the eval waits on workers (one
+    worker, or one episode, runs in this process: a deadline there would be a flag that does nothing)."""
+    if not (math.isfinite(timeout_s) and timeout_s > 0):
+        raise SimError(f"--episode-timeout: expected seconds > 0, got {timeout_s}")
+    if min(workers, episodes) == 1:
+        why = (f"--workers {workers} with --episodes {episodes} runs in this process" if workers > 1
+               else "--workers 1 runs the episodes in this process")
+        raise SimError(f"--episode-timeout {timeout_s:g}: {why}, which waits on no worker; it applies "
+                       "with --workers > 1 and --episodes > 1")
+
+
 def make_setup(a: argparse.Namespace) -> EvalSetup:
     """Validate the arguments (one SimError per problem) and describe what every worker runs."""
     spec = scene_spec(a.task)
@@ -80,13 +92,7 @@ def make_setup(a: argparse.Namespace) -> EvalSetup:
     if not (math.isfinite(a.connect_timeout) and a.connect_timeout > 0):
         raise SimError(f"--connect-timeout: expected seconds > 0, got {a.connect_timeout}")
     if a.episode_timeout is not None:
-        if not (math.isfinite(a.episode_timeout) and a.episode_timeout > 0):
-            raise SimError(f"--episode-timeout: expected seconds > 0, got {a.episode_timeout}")
-        if min(a.workers, a.episodes) == 1:
-            why = (f"--workers {a.workers} with --episodes {a.episodes} runs in this process" if a.workers > 1
-                   else "--workers 1 runs the episodes in this process")
-            raise SimError(f"--episode-timeout {a.episode_timeout:g}: {why}, which waits on no worker; it applies "
-                           "with --workers > 1 and --episodes > 1")
+        check_episode_timeout(a.episode_timeout, a.workers, a.episodes)
     execution = Execution(a.execution, a.delay_ms, spec.fps)
     # --out is made only once the policy and scene are known good: a file in the way is said now
     for folder in (a.out, *a.out.parents):
@@ -105,6 +111,10 @@ def make_setup(a: argparse.Namespace) -> EvalSetup:
     ):
         raise SimError(f"--policy: {a.policy!r} is not a policy folder (a server: --server ws://HOST:PORT; a "
                        f"scripted policy: --scripted {'|'.join(BUILTIN)})")
+    if Path(a.policy).is_dir():  # its manifest and files, here: not after W workers have imported torch
+        from dit4dit_npu.policy.folder import find_policy_dir, read_policy_json
+
+        read_policy_json(find_policy_dir(a.policy))
     seeds = list(range(a.seed, a.seed + a.episodes))
     workers = min(a.workers, a.episodes)
     cores = os.cpu_count() or 1

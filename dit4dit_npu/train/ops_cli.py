@@ -108,8 +108,10 @@ def fit_tiny_vae_main(argv: list[str] | None = None) -> int:
 
 @entry_point
 def success_curve_main(argv: list[str] | None = None) -> int:
+    from dit4dit_npu.sim.eval import check_episode_timeout
     from dit4dit_npu.sim.tasks import check_seed_range, get_task
     from dit4dit_npu.train import success_curve
+    from dit4dit_npu.train.success_curve import intermediate_episodes
 
     p = argparse.ArgumentParser(prog="python -m dit4dit_npu.train.success_curve", description=success_curve.__doc__.splitlines()[0])
     p.add_argument("--run", type=Path, action="append", required=True,
@@ -122,6 +124,9 @@ def success_curve_main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0, help="first evaluation seed")
     p.add_argument("--replan", type=int, default=None, help="actions executed per query (default: whole chunk)")
     p.add_argument("--workers", type=int, default=1, help="parallel eval processes (default: %(default)s)")
+    p.add_argument("--episode-timeout", type=float, default=None, metavar="S",
+                   help="with --workers > 1: each eval's deadline for its workers' next result "
+                        "(python -m dit4dit_npu.sim.eval's flag; default: its default)")
     p.add_argument("--max-steps", type=int, default=400, help="episode length (ACT: 400)")
     p.add_argument("--out", type=Path, default=Path("docs/aloha_success_vs_steps.png"), help="the plot (default: %(default)s)")
     p.add_argument("--smoke", action="store_true", help="one 16-step episode per checkpoint, plot in the (first) run")
@@ -146,6 +151,8 @@ def success_curve_main(argv: list[str] | None = None) -> int:
     if a.smoke:
         a.episodes, a.max_steps, a.out = 1, 16, a.run[0] / "sim_curve" / "smoke.png"
     check_seed_range(a.seed, a.episodes)  # every checkpoint's episodes, before the first one runs
+    if a.episode_timeout is not None:  # the smallest eval of the curve waits on its workers too
+        check_episode_timeout(a.episode_timeout, a.workers, min(a.episodes, intermediate_episodes(a)))
     return success_curve.curve(a)
 
 

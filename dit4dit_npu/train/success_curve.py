@@ -55,6 +55,8 @@ def evaluate(policy: Path, out: Path, episodes: int, a: argparse.Namespace) -> d
         ]
         if a.replan is not None:
             argv += ["--replan", str(a.replan)]
+        if a.episode_timeout is not None:
+            argv += ["--episode-timeout", str(a.episode_timeout)]
         print("+ python -m dit4dit_npu.sim.eval", " ".join(argv), flush=True)
         code = sim_eval(argv)
         if code != 0:
