@@ -110,6 +110,11 @@ CPUS="$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)"  # (nproc would answe
 if [ "${#ENCODE_RANKS}" -gt 4 ] || [ "$ENCODE_RANKS" -gt "$CPUS" ]; then
     refuse "ENCODE_RANKS=$ENCODE_RANKS: expected at most $CPUS, the CPUs this process may use (a rank each)"
 fi
+# Each sim process holds a scene and (the eval's) its own copy of the policy, ~0.4 GB at 240x320:
+# more of them than CPUs only queue for the cores and add memory.
+if [ "${#WORKERS}" -gt 4 ] || [ "$WORKERS" -gt "$CPUS" ]; then
+    refuse "WORKERS=$WORKERS: expected at most $CPUS, the CPUs this process may use (a sim process each)"
+fi
 # on an accelerator host rank k encodes on card k: no more ranks than visible cards (the device
 # layer's own check, which a CPU host passes)
 if [ "$ENCODE_RANKS" != 1 ] && ! err="$($PY -m dit4dit_npu.device env --ranks "$ENCODE_RANKS" 2>&1 >/dev/null)"; then

@@ -34,6 +34,10 @@
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
+# A setting set but empty is refused, not taken as its default (LEROBOT06_DIR= would build under /venv).
+for v in LEROBOT06_DIR PYTHON312 PROJECT_PYTHON METAWORLD_TASK METAWORLD_COST_TASKS METAWORLD_COST_EPISODES; do
+    if [ -n "${!v+x}" ] && [ -z "${!v}" ]; then echo "error: $v=: expected a value (unset it for the default)" >&2; exit 2; fi
+done
 SIDE="${LEROBOT06_DIR:-$ROOT/.lerobot06}"
 WORK="$SIDE/work"
 PY="${PROJECT_PYTHON:-$ROOT/.venv/bin/python}"  # this project's environment (scripts/setup_env.sh): trains the tiny policy

@@ -71,11 +71,15 @@ positive() {  # (at most 9 digits: bash's arithmetic and the seeds stay in range
     case "${!1}" in ''|0*|*[!0-9]*|??????????*) refuse "$1=${!1}: expected a positive integer below 10**9" ;; esac
 }
 unread() { if [ -n "${!1+x}" ]; then refuse "$1=${!1}: $2"; fi; }
+default() {  # $1: a setting, $2: its default when unset; set but empty is refused, not taken as the default
+    if [ -n "${!1+x}" ] && [ -z "${!1}" ]; then refuse "$1=: expected a value (unset it for the default, $2)"; fi
+    printf -v "$1" '%s' "${!1-$2}"
+}
 stage() { echo "[metaworld_recipe] $*" >&2; }
 
-SMOKE="${SMOKE:-0}"
+default SMOKE 0
 case "$SMOKE" in 0|1) ;; *) refuse "SMOKE=$SMOKE: expected 0 or 1" ;; esac
-POLICY="${POLICY:-dit4dit}"
+default POLICY dit4dit
 case "$POLICY" in
     dit4dit) unread RUN_ROOT "applies only to POLICY=act or diffusion (DiT4DiT's run folder: the run_root_dir=DIR override)" ;;
     act|diffusion)
@@ -89,15 +93,15 @@ if [ "$SMOKE" = 1 ]; then
     for v in TASKS DEMOS TRAIN_MINUTES EPISODES; do unread "$v" "SMOKE=1 sets it (reach-v3, 1 demo, 2 steps, 1 episode)"; done
     TASKS=reach-v3 DEMOS=1 EPISODES=1
 fi
-TASKS="${TASKS:-mt10}" DEMOS="${DEMOS:-10}" SIZE="${SIZE:-128}" EPISODES="${EPISODES:-20}" WORKERS="${WORKERS:-1}"
-OBJECTIVE="${OBJECTIVE:-no_video}" OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
+default TASKS mt10; default DEMOS 10; default SIZE 128; default EPISODES 20; default WORKERS 1
+default OBJECTIVE no_video; default OMP_NUM_THREADS 1
 for v in DEMOS SIZE EPISODES WORKERS OMP_NUM_THREADS; do positive "$v"; done
 if [ $((SIZE % 16)) != 0 ]; then refuse "SIZE=$SIZE: expected a multiple of 16 (the backbone's patches of the VAE's latents)"; fi
 case "$TASKS" in mt10) TASK_LIST="$MT10" TASKS_TAG=mt10 ;; *[!a-z0-9,_-]*|'') refuse "TASKS=$TASKS: expected mt10 or comma-separated Meta-World task names and groups (reach-v3, easy, ...)" ;;
     *) TASK_LIST="$TASKS" TASKS_TAG="$(echo "$TASKS" | tr ',' '+')" ;; esac
 case "$OBJECTIVE" in
     no_video) unread VIDEO_WEIGHT "applies only to OBJECTIVE=joint (no_video trains no video loss)"; OBJ=(); VARIANT="" ;;
-    joint) VIDEO_WEIGHT="${VIDEO_WEIGHT:-0.2}"
+    joint) default VIDEO_WEIGHT 0.2
         awk -v v="$VIDEO_WEIGHT" 'BEGIN { exit !(v ~ /^[0-9]*\.?[0-9]+$/ && v + 0 > 0) }' \
             || refuse "VIDEO_WEIGHT=$VIDEO_WEIGHT: expected a number > 0 (the video loss's weight, e.g. 0.2)"
         OBJ=("datasets.vla_data.video_delta_indices=[0, 2, 4, 6, 8]" datasets.vla_data.action_video_freq_ratio=1
@@ -110,7 +114,7 @@ if [ "$SMOKE" = 1 ]; then
     # lerobot-train's 2 steps end by themselves long before this cap (a checkpoint after each)
     SECS=1800 LR_SCHEDULE=(--steps=2 --save_freq=1 --log_freq=1)
 else
-    TRAIN_MINUTES="${TRAIN_MINUTES:-40}"
+    default TRAIN_MINUTES 40
     awk -v m="$TRAIN_MINUTES" 'BEGIN { exit !(m ~ /^[0-9]*\.?[0-9]+$/ && m + 0 > 0) }' \
         || refuse "TRAIN_MINUTES=$TRAIN_MINUTES: expected a number of minutes > 0"
     SECS="$(awk -v m="$TRAIN_MINUTES" 'BEGIN { printf "%.6g", m * 60 }')"
@@ -123,7 +127,7 @@ else
     # therefore warms up and stays near its peak LR (ACT's LR is constant anyway).
     LR_SCHEDULE=(--steps=1000000 --save_freq=100 --log_freq=100)
 fi
-PY="${PY:-.venv/bin/python}"
+default PY .venv/bin/python
 command -v "$PY" >/dev/null || refuse "PY=$PY: expected a Python executable (the project's .venv/bin/python)"
 # lerobot-eval's seeds start at 1000: demos on seeds 0..DEMOS-1 must stay below them
 if [ "$DEMOS" -gt 1000 ]; then refuse "DEMOS=$DEMOS: expected at most 1000 (demo seeds 0..DEMOS-1 stay below lerobot-eval's, 1000..)"; fi
@@ -152,14 +156,14 @@ for o in "$@"; do
         *) refuse "$o: expected a lerobot-train flag --key=value (POLICY=$POLICY's extra arguments go to lerobot-train)" ;;
     esac
 done
-SIDE="${LEROBOT06_DIR:-$ROOT/.lerobot06}"
+default LEROBOT06_DIR "$ROOT/.lerobot06"; SIDE="$LEROBOT06_DIR"
 LR="$SIDE/venv/bin"
-DATA_ROOT="${DATA_ROOT:-data/metaworld}"
+default DATA_ROOT data/metaworld
 SMOKE_TAG="$([ "$SMOKE" = 1 ] && echo _smoke || true)"
 DATA="${TASKS_TAG}_${SIZE}_${DEMOS}demos$SMOKE_TAG"
 # Extra overrides make another run (and statistics: one may name another VAE): a hash of them in its names.
 USER_TAG="$([ $# -gt 0 ] && printf '_o%s' "$(printf '%s\n' "$@" | sha256sum | cut -c1-8)" || true)"
-RUN_ID="${RUN_ID:-metaworld_$([ "$POLICY" = dit4dit ] && echo recipe || echo "$POLICY")_${DATA}$VARIANT$USER_TAG}"
+default RUN_ID "metaworld_$([ "$POLICY" = dit4dit ] && echo recipe || echo "$POLICY")_${DATA}$VARIANT$USER_TAG"
 case "$RUN_ID" in ''|*/*|.|..) refuse "RUN_ID=$RUN_ID: expected a run folder name (no /)" ;; esac
 CONFIG=configs/metaworld/dit4dit_metaworld_tiny.yaml
 CACHE="$DATA_ROOT/${DATA}_latents$([ "$OBJECTIVE" = joint ] && echo _5frames || true)"

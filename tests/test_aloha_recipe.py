@@ -51,6 +51,8 @@ def recipe(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProces
     ({"OBJECTIVE": "joint", "VIDEO_WEIGHT": "1e400"}, "error: VIDEO_WEIGHT=1e400: expected a number >= 0"),
     ({"WORKERS": "0"}, "error: WORKERS=0: expected a positive integer"),
     ({"WORKERS": "abc"}, "error: WORKERS=abc: expected a positive integer"),
+    ({"WORKERS": str(len(os.sched_getaffinity(0)) + 1)},
+     f"error: WORKERS={len(os.sched_getaffinity(0)) + 1}: expected at most {len(os.sched_getaffinity(0))}, the CPUs"),
     ({"ENCODE_RANKS": "0"}, "error: ENCODE_RANKS=0: expected a positive integer"),
     ({"ENCODE_RANKS": "100000"}, f"error: ENCODE_RANKS=100000: expected at most {len(os.sched_getaffinity(0))}, the CPUs"),
     ({"ENCODE_RANKS": str(len(os.sched_getaffinity(0)) + 1)},

@@ -66,9 +66,24 @@ def assert_refused(r: subprocess.CompletedProcess, tmp_path: Path, message: str)
     ({"POLICY": "act", "SWAP": ""}, "error: SWAP=: POLICY=act reads no instruction"),
     ({"RUN_ROOT": "/tmp/runs"}, "error: RUN_ROOT=/tmp/runs: applies only to POLICY=act or diffusion"),
     ({"POLICY": "act", "RUN_ROOT": ""}, "error: RUN_ROOT=: expected a folder"),
+    # set but empty: refused, not taken as the default (LEROBOT06_DIR= would have built under /venv)
+    ({"DEMOS": ""}, "error: DEMOS=: expected a value (unset it for the default, 10)"),
+    ({"TRAIN_MINUTES": ""}, "error: TRAIN_MINUTES=: expected a value (unset it for the default, 40)"),
+    ({"OBJECTIVE": "joint", "VIDEO_WEIGHT": ""}, "error: VIDEO_WEIGHT=: expected a value (unset it for the default, 0.2)"),
+    ({"PY": ""}, "error: PY=: expected a value"),
+    ({"RUN_ID": ""}, "error: RUN_ID=: expected a value (unset it for the default, metaworld_recipe_mt10_128_10demos_40min)"),
+    ({"LEROBOT06_DIR": ""}, "error: LEROBOT06_DIR=: expected a value"),
 ])
 def test_a_bad_setting_is_one_line_before_anything_runs(tmp_path: Path, env: dict, message: str) -> None:
     assert_refused(recipe(tmp_path, **env), tmp_path, message)
+
+
+@pytest.mark.parametrize("name", ["LEROBOT06_DIR", "PROJECT_PYTHON", "PYTHON312", "METAWORLD_TASK"])
+def test_the_lerobot_check_refuses_a_setting_set_but_empty(tmp_path: Path, name: str) -> None:
+    r = subprocess.run(["bash", "scripts/lerobot_check.sh", "--build-only"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=60, env={**os.environ, "LEROBOT06_DIR": str(tmp_path / "side"), name: ""})
+    assert r.returncode == 2 and r.stderr == f"error: {name}=: expected a value (unset it for the default)\n", r.stderr
+    assert not (tmp_path / "side").exists()
 
 
 def test_a_bad_training_override_is_refused_by_the_runs_config_check(tmp_path: Path) -> None:
