@@ -13,7 +13,8 @@
 #
 #   bash scripts/aloha_recipe.sh [a.b=c ...]   # extra training overrides (a new RUN_ID for a new run)
 #   STEPS=6000 WORKERS=2 bash scripts/aloha_recipe.sh  # its own run (..._6000steps); WORKERS: sim processes
-#                                                      # (the demos' and the eval's, each with its own scene)
+#                                                      # (the demos' and the eval's, each with its own scene;
+#                                                      # at most the CPUs the recipe may use)
 #   DEMOS=100 EPISODES=100 bash scripts/aloha_recipe.sh  # 100 demos (own data, cache, run), 100 eval seeds
 #   TASK=insertion bash scripts/aloha_recipe.sh   # the second task (configs/aloha/dit4dit_aloha_insertion_tiny.yaml)
 #   SMOKE=1 bash scripts/aloha_recipe.sh       # the same commands, tiny: 1 demo at 32x48, 2 steps,
@@ -107,14 +108,16 @@ positive WORKERS " (sim processes: the demos' and the eval's)"
 ENCODE_RANKS="${ENCODE_RANKS-1}"
 positive ENCODE_RANKS " (the latent cache's encoding processes)"
 CPUS="$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)"  # (nproc would answer OMP_NUM_THREADS)
-if [ "${#ENCODE_RANKS}" -gt 4 ] || [ "$ENCODE_RANKS" -gt "$CPUS" ]; then
-    refuse "ENCODE_RANKS=$ENCODE_RANKS: expected at most $CPUS, the CPUs this process may use (a rank each)"
-fi
+at_most_cpus() {  # $1: a count of processes (a positive integer), a CPU each; $2: what each is
+    local n="${!1}"
+    if [ "${#n}" -gt 4 ] || [ "$n" -gt "$CPUS" ]; then
+        refuse "$1=$n: expected at most $CPUS, the CPUs this process may use ($2 each)"
+    fi
+}
+at_most_cpus ENCODE_RANKS "a rank"
 # Each sim process holds a scene and (the eval's) its own copy of the policy, ~0.4 GB at 240x320:
 # more of them than CPUs only queue for the cores and add memory.
-if [ "${#WORKERS}" -gt 4 ] || [ "$WORKERS" -gt "$CPUS" ]; then
-    refuse "WORKERS=$WORKERS: expected at most $CPUS, the CPUs this process may use (a sim process each)"
-fi
+at_most_cpus WORKERS "a sim process"
 # on an accelerator host rank k encodes on card k: no more ranks than visible cards (the device
 # layer's own check, which a CPU host passes)
 if [ "$ENCODE_RANKS" != 1 ] && ! err="$($PY -m dit4dit_npu.device env --ranks "$ENCODE_RANKS" 2>&1 >/dev/null)"; then
@@ -279,6 +282,19 @@ if [ "$VAE" = fitted ]; then
     VAE_WEIGHTS="${VAE_WEIGHTS-$DEFAULT_VAE}"
     EXTRA+=("framework.cosmos25.tiny.vae_weights=$VAE_WEIGHTS")
 fi
+# The extra arguments are training overrides (a flag here reached the config check's CLI: --help
+# printed its usage and passed), and none of the keys the recipe sets from its settings: the
+# schedule's come after them (an override of one was silently replaced) and the data's and run's
+# are where the recipe looks for them.
+for o in "$@"; do
+    case "$o" in [a-z_]*=*) ;; *) refuse "$o: expected a training override key=value (a.b=c)" ;; esac
+    for k in datasets.vla_data.data_root_dir datasets.vla_data.data_mix run_id trainer.resume \
+             trainer.keep_last_checkpoints "${SCHEDULE[@]%%=*}"; do
+        if [ "${o%%=*}" = "$k" ]; then
+            refuse "$o: the recipe sets $k (from DATA_ROOT, DEMOS, RUN_ID, STEPS, TRAIN_MINUTES: its settings)"
+        fi
+    done
+done
 OVERRIDES=(
     "datasets.vla_data.data_root_dir=$DATA_ROOT" "datasets.vla_data.data_mix=[{path: $(basename "$DATA"), weight: 1.0}]"
     "run_id=$RUN_ID" "${EXTRA[@]}" "${JOINT_STEP[@]}" "$@"

@@ -35,13 +35,17 @@ set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 # A setting set but empty is refused, not taken as its default (LEROBOT06_DIR= would build under /venv).
-for v in LEROBOT06_DIR PYTHON312 PROJECT_PYTHON METAWORLD_TASK METAWORLD_COST_TASKS METAWORLD_COST_EPISODES; do
+for v in LEROBOT06_DIR PYTHON312 PROJECT_PYTHON METAWORLD_TASK METAWORLD_COST_TASKS METAWORLD_COST_EPISODES OMP_NUM_THREADS; do
     if [ -n "${!v+x}" ] && [ -z "${!v}" ]; then echo "error: $v=: expected a value (unset it for the default)" >&2; exit 2; fi
 done
 SIDE="${LEROBOT06_DIR:-$ROOT/.lerobot06}"
 WORK="$SIDE/work"
 PY="${PROJECT_PYTHON:-$ROOT/.venv/bin/python}"  # this project's environment (scripts/setup_env.sh): trains the tiny policy
-# The first of these that runs and is Python >= 3.12 (a pyenv shim may exist and fail to run).
+# PYTHON312, when given, must be one (not passed over for another); else the first of these that
+# runs and is Python >= 3.12 (a pyenv shim may exist and fail to run).
+if [ -n "${PYTHON312:-}" ] && ! "$PYTHON312" -c 'import sys; sys.exit(sys.version_info < (3, 12))' >/dev/null 2>&1; then
+    echo "error: PYTHON312=$PYTHON312: expected a Python >= 3.12 that runs (unset it to take the first found)" >&2; exit 2
+fi
 BASE_PY=""
 for candidate in ${PYTHON312:-} python3.12 python3.13 /root/.pyenv/versions/3.12.*/bin/python3.12; do
   if "$candidate" -c 'import sys; sys.exit(sys.version_info < (3, 12))' >/dev/null 2>&1; then

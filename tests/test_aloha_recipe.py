@@ -162,6 +162,21 @@ def test_the_training_overrides_are_checked_before_anything_runs(tmp_path: Path,
     assert not (tmp_path / "data").exists()
 
 
+@pytest.mark.parametrize(("env", "argument", "message"), [
+    ({}, "--help", "error: --help: expected a training override key=value (a.b=c)"),
+    ({}, "trainer.max_train_steps=5", "error: trainer.max_train_steps=5: the recipe sets trainer.max_train_steps (from "),
+    ({"TRAIN_MINUTES": "5"}, "trainer.lr_schedule_clock=steps", "error: trainer.lr_schedule_clock=steps: the recipe sets "),
+    ({}, "run_id=mine", "error: run_id=mine: the recipe sets run_id (from "),
+])
+def test_an_argument_that_is_no_override_or_sets_what_the_recipe_sets_is_refused(tmp_path: Path, env, argument,
+                                                                                   message) -> None:
+    """--help reached the config check's own CLI, which printed its usage and passed; the schedule's
+    keys were silently replaced by the recipe's (they come after the extra overrides)."""
+    r = recipe(tmp_path, argument, **env)
+    assert r.returncode == 2 and r.stdout == "" and r.stderr.startswith(message), r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "data").exists()
+
+
 def test_the_curve_stage_takes_the_task_and_refuses_an_unknown_one(tmp_path: Path, capsys) -> None:
     """The recipe's eval stage (success_curve --task, passed on to sim.eval): a bad task is one line
     before any checkpoint is looked for."""

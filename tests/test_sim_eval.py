@@ -8,6 +8,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -189,14 +190,10 @@ def test_mismatched_policies_are_refused(policy_dir: Path) -> None:
 
 def test_bad_input_one_line_exit_2(tmp_path: Path, capsys, policy_dir: Path) -> None:
     out = tmp_path / "o"
-    empty = tmp_path / "empty_policy"
-    empty.mkdir()
     cases = [
         (["--scripted", "hold", "--task", "fold_shirt"], "error: unknown task 'fold_shirt'; expected one of"),
         (["--policy", str(tmp_path / "nope")], "is not a policy folder (a server: --server ws://HOST:PORT; a scripted"),
         (["--server", "localhost:8000"], "--server: expected ws://HOST:PORT, got 'localhost:8000'"),
-        # a folder that holds no policy: said here, before the workers import torch and load it
-        (["--policy", str(empty), "--workers", "2", "--episodes", "2"], f"{empty} is not a policy folder: no policy.json"),
         (["--scripted", "hold", "--execution", "rtc"], "--execution rtc: policy hold cannot inpaint onto a previous chunk"),
         (["--scripted", "expert", "--execution", "async"], "--execution: the async modes need a chunk policy"),
         (["--policy", str(policy_dir), "--execution", "rtc", "--replan", "4", "--delay-ms", "100"],
@@ -239,6 +236,20 @@ def test_bad_input_one_line_exit_2(tmp_path: Path, capsys, policy_dir: Path) -> 
     (out / "results.json").write_text("{}")
     code, _, err = run_eval(capsys, "--scripted", "hold", "--out", str(out))
     assert code == 2 and "exists; choose another folder" in err and (out / "results.json").read_text() == "{}"
+
+
+def test_a_folder_without_a_policy_is_refused_before_any_worker_starts(tmp_path: Path, capsys) -> None:
+    """Each worker would refuse it too, with the same line, after importing torch and the model
+    library (~10 s a process here, 38 s for two on a busy host): the refusal must come first."""
+    empty = tmp_path / "empty_policy"
+    empty.mkdir()
+    t0 = time.monotonic()
+    code, _, err = run_eval(capsys, "--policy", str(empty), "--workers", "2", "--episodes", "2", "--out", str(tmp_path / "o"))
+    assert code == 2 and err.strip() == (f"error: --policy {empty}: {empty} is not a policy folder: no policy.json in "
+                                         f"it, in {empty / 'policy'} or under {empty / 'checkpoints'} (an exported policy "
+                                         "has policy.json, model.safetensors, policy_io.json, prompt_cache.safetensors)"), err
+    assert time.monotonic() - t0 < 5, "the workers were started before the folder was checked"
+    assert not (tmp_path / "o").exists()
 
 
 @pytest.mark.parametrize("gl", ["bogus", "glfw"])

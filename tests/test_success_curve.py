@@ -132,7 +132,9 @@ def test_the_time_axis_names_the_clock_the_checkpoints_record(clocks: set, axis:
     (["--workers", "2", "--episode-timeout", "0"], "--episode-timeout: expected seconds > 0, got 0"),
     (["--episode-timeout", "60"], "--episode-timeout 60: --workers 1 runs the episodes in this process"),
     (["--workers", "2", "--intermediate-episodes", "1", "--episode-timeout", "60"],
-     "--episode-timeout 60: --workers 2 with --episodes 1 runs in this process"),
+     "--episode-timeout 60: --workers 2 with --intermediate-episodes 1 runs in this process"),
+    (["--workers", "2", "--smoke", "--episode-timeout", "60"],
+     "--episode-timeout 60: --workers 2 with --smoke (one episode per checkpoint) runs in this process"),
 ])
 def test_episode_timeout_bad_values_are_one_line_before_any_eval(tmp_path: Path, capsys, argv: list[str],
                                                                   message: str) -> None:

@@ -52,14 +52,15 @@ from dit4dit_npu.sim.tasks import check_seed_range, parse_size, scene_spec
 EPISODE_TIMEOUT_S = 3600.0
 
 
-def check_episode_timeout(timeout_s: float, workers: int, episodes: int) -> None:
+def check_episode_timeout(timeout_s: float, workers: int, episodes: int, episodes_given: str = "") -> None:
     """--episode-timeout's values: seconds > 0, and only where the eval waits on workers (one
-    worker, or one episode, runs in this process: a deadline there would be a flag that does nothing)."""
+    worker, or one episode, runs in this process: a deadline there would be a flag that does nothing).
+    ``episodes_given``: how the command was told its ``episodes`` (default ``--episodes N``)."""
     if not (math.isfinite(timeout_s) and timeout_s > 0):
         raise SimError(f"--episode-timeout: expected seconds > 0, got {timeout_s}")
     if min(workers, episodes) == 1:
-        why = (f"--workers {workers} with --episodes {episodes} runs in this process" if workers > 1
-               else "--workers 1 runs the episodes in this process")
+        why = (f"--workers {workers} with {episodes_given or f'--episodes {episodes}'} runs in this process"
+               if workers > 1 else "--workers 1 runs the episodes in this process")
         raise SimError(f"--episode-timeout {timeout_s:g}: {why}, which waits on no worker; it applies "
                        "with --workers > 1 and --episodes > 1")
 
@@ -111,10 +112,8 @@ def make_setup(a: argparse.Namespace) -> EvalSetup:
     ):
         raise SimError(f"--policy: {a.policy!r} is not a policy folder (a server: --server ws://HOST:PORT; a "
                        f"scripted policy: --scripted {'|'.join(BUILTIN)})")
-    if Path(a.policy).is_dir():  # its manifest and files, here: not after W workers have imported torch
-        from dit4dit_npu.policy.folder import find_policy_dir, read_policy_json
-
-        read_policy_json(find_policy_dir(a.policy))
+    if a.policy not in BUILTIN and Path(a.policy).is_dir() and min(a.workers, a.episodes) > 1:
+        check_policy_folder(a.policy)
     seeds = list(range(a.seed, a.seed + a.episodes))
     workers = min(a.workers, a.episodes)
     cores = os.cpu_count() or 1
@@ -133,6 +132,18 @@ def make_setup(a: argparse.Namespace) -> EvalSetup:
         execution=execution,
         noise_stream=a.noise_stream,
     )
+
+
+def check_policy_folder(path: str) -> None:
+    """A policy folder's manifest and the files it names, before W workers each import torch and the
+    model library (~10 s) only to refuse it; the workers' own load says it the same way. (One
+    process loads it at once anyway: no second read there.)"""
+    from dit4dit_npu.policy.folder import PolicyLoadError, find_policy_dir, read_policy_json
+
+    try:
+        read_policy_json(find_policy_dir(path))
+    except PolicyLoadError as e:
+        raise SimError(f"--policy {path}: {e}") from None
 
 
 def check_noise_stream(seed: int, policy: str, workers: int, episodes: int) -> None:

@@ -152,7 +152,10 @@ def success_curve_main(argv: list[str] | None = None) -> int:
         a.episodes, a.max_steps, a.out = 1, 16, a.run[0] / "sim_curve" / "smoke.png"
     check_seed_range(a.seed, a.episodes)  # every checkpoint's episodes, before the first one runs
     if a.episode_timeout is not None:  # the smallest eval of the curve waits on its workers too
-        check_episode_timeout(a.episode_timeout, a.workers, min(a.episodes, intermediate_episodes(a)))
+        n = min(a.episodes, intermediate_episodes(a))
+        given = ("--smoke (one episode per checkpoint)" if a.smoke
+                 else f"--intermediate-episodes {n}" if n < a.episodes else f"--episodes {n}")
+        check_episode_timeout(a.episode_timeout, a.workers, n, given)
     return success_curve.curve(a)
 
 
