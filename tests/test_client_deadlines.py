@@ -432,6 +432,7 @@ def test_the_runner_raises_when_the_server_is_killed_mid_run():
             assert sent and len(sent) < 500
 
 
+@pytest.mark.slow  # over 4 s of one core: the full tier (the fast tier keeps to 3 minutes)
 def test_holding_the_last_action_is_said_once_with_the_numbers(caplog: pytest.LogCaptureFixture):
     # 16-action chunks requested after 4 leave 12 ticks; the server takes 0.5 s = 10 ticks at 20 Hz, so
     # each request waits for the late chunk before it: 2 x 10 > 16 ticks, and the robot holds

@@ -229,6 +229,7 @@ def test_demo_frames_are_caused_by_the_state() -> None:
         assert not np.array_equal(a[:24], render(cam, d.states[30], goal, 0, 0, (32, 32))[:24])
 
 
+@pytest.mark.slow  # over 4 s of one core: the full tier (the fast tier keeps to 3 minutes)
 def test_demo_generation_when_missing_and_sincos_state(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)  # the demo is generated only at its default location, demo_data/robotwin_demo
     demo = tmp_path / "demo_data" / "robotwin_demo"
@@ -264,6 +265,7 @@ def test_demo_generation_when_missing_and_sincos_state(tmp_path: Path, monkeypat
         )
 
 
+@pytest.mark.slow  # over 4 s of one core: the full tier (the fast tier keeps to 3 minutes)
 def test_a_demo_from_another_generator_version_is_regenerated(tmp_path: Path, monkeypatch, capsys) -> None:
     """Users' demo_data/ of an older generator (the goal implied by the instruction) is written
     again, not silently reused; a dataset there that this generator did not write is left alone."""

@@ -97,6 +97,7 @@ def test_doctor_on_this_host_passes_and_skips_and_writes_nothing(tmp_path):
     assert sorted(tmp_path.rglob("*")) == before  # the run folder probe left nothing behind
 
 
+@pytest.mark.slow  # over 4 s of one core: the full tier (the fast tier keeps to 3 minutes)
 def test_torch_npu_without_cann_is_found_with_the_one_line_fix(tmp_path):
     """The real failure: torch's backend autoload imports the installed torch_npu, which cannot load CANN."""
     fake = fake_torch_npu(tmp_path / "site", f"{TORCH.split('+')[0]}.post4")
@@ -125,6 +126,7 @@ def test_torch_npu_without_cann_is_found_with_the_one_line_fix(tmp_path):
     assert all(found[n] == ("SKIP", "torch does not import (see above)") for n in ("cards", "step", "collective"))
 
 
+@pytest.mark.slow  # over 4 s of one core: the full tier (the fast tier keeps to 3 minutes)
 def test_all_reduce_for_real_over_gloo():
     assert probes.all_reduce(2, "gloo", timeout_s=60) > 0
 

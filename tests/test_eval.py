@@ -57,6 +57,7 @@ def test_baselines_and_ratios() -> None:
     assert m["ratio_to_dataset_mean"]["mse"] < 1 and m["model"]["normalized_mse"] > 0
 
 
+@pytest.mark.slow  # over 4 s of one core: the full tier (the fast tier keeps to 3 minutes)
 def test_eval_on_demo_data_writes_metrics_and_plots(tmp_path: Path) -> None:
     setup = shared_tiny_setup()
     out = tmp_path / "eval"
@@ -90,6 +91,7 @@ class RecordingPolicy:
         return self.policy.parse(observation, **kwargs)
 
 
+@pytest.mark.slow  # over 4 s of one core: the full tier (the fast tier keeps to 3 minutes)
 def test_blank_cameras_shows_the_model_constant_views_and_writes_both_scores(tmp_path: Path) -> None:
     from dit4dit_npu.policy import DiT4DiTPolicy
 

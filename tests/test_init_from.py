@@ -30,6 +30,7 @@ def pretrained(tmp_path_factory, demo_root) -> Path:
                                        **{"framework.cosmos25.training": "video"}))
 
 
+@pytest.mark.slow  # over 4 s of one core: the full tier (the fast tier keeps to 3 minutes)
 def test_an_action_run_starts_from_a_video_pretrained_transformer(pretrained, tmp_path, demo_root, capfd):
     video = weights(pretrained)
     assert video and all(k.startswith(TRANSFORMER) for k in video)  # the transformer alone

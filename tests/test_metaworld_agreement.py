@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "metaworld_agreement.py"
 
 
@@ -36,6 +38,7 @@ def test_the_table_pairs_the_seeds_and_counts_the_flips(tmp_path: Path) -> None:
     assert rows[3].startswith("| all | 2/4 = 50.0% ")
 
 
+@pytest.mark.slow  # over 4 s of one core: the full tier (the fast tier keeps to 3 minutes)
 def test_a_missing_or_foreign_file_is_one_line(tmp_path: Path) -> None:
     own, lr = write_both(tmp_path, [True], [True])
     r = run("--ours", str(own), "--lerobot", str(tmp_path / "nowhere"))

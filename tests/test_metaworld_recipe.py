@@ -161,6 +161,7 @@ for step in range(1, int(flags["--steps"]) + 1):
 """
 
 
+@pytest.mark.slow  # over 4 s of one core: the full tier (the fast tier keeps to 3 minutes)
 def test_train_budget_stops_the_trainer_at_the_budget_and_keeps_the_newest_checkpoint_within_it(tmp_path: Path) -> None:
     trainer = tmp_path / "lerobot-train"
     trainer.write_text(TRAINER.format(python=sys.executable))

@@ -109,6 +109,7 @@ def test_action_mode_runs_no_video_pass(cache):
     assert not calls  # the feature pass uses the blocks directly; no full transformer forward
 
 
+@pytest.mark.slow  # over 4 s of one core: the full tier (the fast tier keeps to 3 minutes)
 def test_tiny_model_overfits_one_batch(cache):
     model = _model(cache)
     hist = _train(model, make_batch(model.spec), steps=60)

@@ -43,6 +43,7 @@ def _train_a_little(model, data, steps: int = 2) -> None:
         opt.zero_grad()
 
 
+@pytest.mark.slow  # over 4 s of one core: the full tier (the fast tier keeps to 3 minutes)
 def test_export_load_gives_the_in_training_models_actions(tmp_path: Path) -> None:
     s = build_tiny_setup(tmp_path)
     _train_a_little(s.model, s.data)
@@ -84,6 +85,7 @@ def _base_without_transformer_weights(setup, root: Path) -> Path:
     return base
 
 
+@pytest.mark.slow  # over 4 s of one core: the full tier (the fast tier keeps to 3 minutes)
 def test_a_policy_that_holds_its_transformer_never_reads_the_base_folders_copy(tmp_path: Path) -> None:
     """A joint run's policy file holds the trained transformer: the load takes it from there and
     does not read the base folder's (at full size 8.3 GB of fp32 read, then overwritten). Proof:
@@ -107,6 +109,7 @@ def test_a_policy_that_holds_its_transformer_never_reads_the_base_folders_copy(t
         DiT4DiTPolicy.from_pretrained(a.policy_dir, base_model=str(base))
 
 
+@pytest.mark.slow  # over 4 s of one core: the full tier (the fast tier keeps to 3 minutes)
 @pytest.mark.parametrize("frozen", ["framework.cosmos25.training=action", "framework.cosmos25.lora.rank=4"])
 def test_a_frozen_transformer_policy_with_transformer_weights_in_its_file_is_one_line(
     setup, tmp_path: Path, frozen: str

@@ -408,6 +408,7 @@ def test_resume_on_changed_data_is_refused(base_runs, tmp_path, data_root, capfd
         resume.check_data(ck / "step_000003", {**saved, "split": split})
 
 
+@pytest.mark.slow  # over 4 s of one core: the full tier (the fast tier keeps to 3 minutes)
 def test_dataloader_worker_errors_come_back_as_one_line(tmp_path):
     """A real forked DataLoader worker decodes a video truncated after the dataset was opened."""
     from policy_fixtures import tiny_config
@@ -426,6 +427,7 @@ def test_dataloader_worker_errors_come_back_as_one_line(tmp_path):
     assert re.fullmatch(r"cannot open video .+\.mp4 \(truncated or corrupt mp4\?\): .+", msg) and "\n" not in msg
 
 
+@pytest.mark.slow  # over 4 s of one core: the full tier (the fast tier keeps to 3 minutes)
 def test_a_start_refused_after_the_folder_check_leaves_no_run_folder(tmp_path, data_root, capfd):
     """A fresh run refused once its folder exists (here: a latent cache that is not one) takes
     the folder it created away again; a folder that was there before stays, with its content."""

@@ -106,6 +106,7 @@ def test_episode_start_clears_the_session(server, observations) -> None:
             client.infer(observations[0], rtc={"executed": 1, "inference_delay": 0})
 
 
+@pytest.mark.slow  # over 4 s of one core: the full tier (the fast tier keeps to 3 minutes)
 def test_rtc_requests_batch_with_each_other(policy, observations) -> None:
     # A server of its own with a long batching window: the window closes as soon as every open
     # connection has a request queued, so the test does not wait for it, and a loaded machine

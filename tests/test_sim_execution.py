@@ -30,6 +30,7 @@ def test_jerk_is_the_third_difference_of_the_arm_joints():
     assert stats["interior_jerk"] == pytest.approx(FPS**3, rel=1e-6)
 
 
+@pytest.mark.slow  # over 4 s of one core: the full tier (the fast tier keeps to 3 minutes)
 def test_expert_chunks_succeed_and_a_sync_delay_pauses_the_robot():
     from dit4dit_npu.sim.policies import ExpertChunkPolicy
     from dit4dit_npu.sim.scene import AlohaScene

@@ -121,6 +121,7 @@ def lerobots_env(name: str, size_hw: tuple[int, int]):
     return env
 
 
+@pytest.mark.slow  # over 4 s of one core: the full tier (the fast tier keeps to 3 minutes)
 @needs_metaworld
 def test_the_observation_is_the_one_lerobot_gives_for_the_same_seed() -> None:
     """Same seed -> the same goal position, picture (corner2's render flipped in both axes, as

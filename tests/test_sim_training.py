@@ -37,6 +37,13 @@ def demos(tmp_path_factory) -> Path:
     return root
 
 
+@pytest.fixture(scope="module")
+def no_demos(tmp_path_factory) -> Path:
+    """An empty data folder: the sim_eval settings are checked before any data is read (two real
+    demos cost ~20 s of simulation, which the fast tier's checks of those settings do not need)."""
+    return tmp_path_factory.mktemp("no_demos")
+
+
 def overrides(run_root: Path, demos: Path, **extra) -> list[str]:
     base = {
         "run_root_dir": str(run_root),
@@ -243,10 +250,10 @@ def ran_whole_chunk(episode: dict) -> None:
         ("trainer.sim_eval.size", "[33, 48]", "trainer.sim_eval.size: got [33, 48]"),
     ],
 )
-def test_bad_sim_eval_settings_are_one_line_before_anything_is_written(tmp_path, demos, capsys, key, value, expected):
+def test_bad_sim_eval_settings_are_one_line_before_anything_is_written(tmp_path, no_demos, capsys, key, value, expected):
     from dit4dit_npu.train.cli import main as train_main
 
-    assert train_main(["--config", str(CONFIG), *overrides(tmp_path, demos, **{key: value})]) == 2
+    assert train_main(["--config", str(CONFIG), *overrides(tmp_path, no_demos, **{key: value})]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and expected in err[0], err
     assert not any(tmp_path.iterdir())
@@ -260,8 +267,8 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
-def test_sim_eval_without_the_sim_extra_is_refused_in_one_line(tmp_path, demos, monkeypatch) -> None:
-    r = train(overrides(tmp_path, demos), entry=("-c", BLOCK_SIM_EXTRA))
+def test_sim_eval_without_the_sim_extra_is_refused_in_one_line(tmp_path, no_demos, monkeypatch) -> None:
+    r = train(overrides(tmp_path, no_demos), entry=("-c", BLOCK_SIM_EXTRA))
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
     assert r.stderr.strip().splitlines()[-1] == (
         "config error: trainer.sim_eval: the simulation extra is not installed (gym_aloha missing): "
